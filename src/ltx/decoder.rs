@@ -1,0 +1,335 @@
+//! Streaming LTX decoder and verifier.
+//!
+//! Reads a file front to back through any `Read` (a local file or an HTTP body), one page at a
+//! time; the only state that grows with the file is the expected page index (a few bytes per
+//! page). Both page encodings are read: block (flag 0x0001, u32 size, payload of the header's
+//! codec) and legacy (flag 0x0000, one whole LZ4 frame, Litestream 0.5.0-0.5.15).
+//!
+//! Invariant: [`Decoder::finish`] succeeds only if the file checksum, the page index and the
+//! trailer all agree with the pages handed out, and nothing follows the trailer. Callers must
+//! treat pages as provisional until then (restore writes them to a temporary file).
+
+use std::io::{BufReader, Read};
+
+use super::checksum::{CRC64, Crc64Digest};
+use super::encoder::put_uvarint;
+use super::{
+    CHECKSUM_FLAG, Codec, HEADER_SIZE, Header, LtxError, PAGE_FLAG_SIZE, PAGE_HEADER_SIZE,
+    TRAILER_SIZE, Trailer, lock_pgno,
+};
+
+/// Largest compressed payload accepted for one page: incompressible input grows a little under
+/// every codec; anything far larger is corruption, refused before allocating for it.
+fn max_payload(page_size: u32) -> usize {
+    page_size as usize * 2 + 1024
+}
+
+/// LZ4 frame magic number (little-endian on disk).
+const LZ4_FRAME_MAGIC: u32 = 0x184D_2204;
+
+/// Reads and verifies one LTX file.
+pub struct Decoder<R: Read> {
+    r: BufReader<R>,
+    header: Header,
+    codec: Codec,
+    digest: Crc64Digest,
+    offset: u64,
+    expected_index: Vec<u8>,
+    last_pgno: u32,
+    lock_pgno: u32,
+    payload: Vec<u8>,
+    payload_is_block: bool,
+    pages_done: bool,
+    page_count: u32,
+}
+
+impl<R: Read> Decoder<R> {
+    /// Reads and validates the header.
+    pub fn new(r: R) -> Result<Self, LtxError> {
+        let mut r = BufReader::with_capacity(128 * 1024, r);
+        let mut buf = [0u8; HEADER_SIZE];
+        read_full(&mut r, &mut buf, "header")?;
+        let header = Header::decode(&buf)?;
+        let mut digest = CRC64.digest();
+        digest.update(&buf);
+        Ok(Decoder {
+            r,
+            codec: header.codec()?,
+            header,
+            digest,
+            offset: HEADER_SIZE as u64,
+            expected_index: Vec::new(),
+            last_pgno: 0,
+            lock_pgno: lock_pgno(header.page_size),
+            payload: Vec::new(),
+            payload_is_block: false,
+            pages_done: false,
+            page_count: 0,
+        })
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Number of pages returned so far.
+    pub fn page_count(&self) -> u32 {
+        self.page_count
+    }
+
+    /// The stored payload of the page last returned, if it was block-encoded with the header's
+    /// codec (so it can be copied into another file of the same codec without recompressing).
+    pub fn last_compressed(&self) -> Option<&[u8]> {
+        self.payload_is_block.then_some(&self.payload[..])
+    }
+
+    /// Decodes the next page into `buf` (exactly one page long) and returns its number, or
+    /// `None` after the last page.
+    pub fn next_page(&mut self, buf: &mut [u8]) -> Result<Option<u32>, LtxError> {
+        if self.pages_done {
+            return Ok(None);
+        }
+        if buf.len() != self.header.page_size as usize {
+            return Err(LtxError::InvalidPage {
+                offset: self.offset,
+                reason: format!("buffer of {} bytes for {}-byte pages", buf.len(), self.header.page_size),
+            });
+        }
+        let frame_offset = self.offset;
+        let mut ph = [0u8; PAGE_HEADER_SIZE];
+        read_full(&mut self.r, &mut ph, "page header")?;
+        self.offset += ph.len() as u64;
+        self.digest.update(&ph);
+        let pgno = u32::from_be_bytes([ph[0], ph[1], ph[2], ph[3]]);
+        let flags = u16::from_be_bytes([ph[4], ph[5]]);
+        let bad = |reason: String| LtxError::InvalidPage { offset: frame_offset, reason };
+        if pgno == 0 {
+            if flags != 0 {
+                return Err(bad(format!("end-of-pages marker with flags {flags:#x}")));
+            }
+            self.pages_done = true;
+            self.check_snapshot_complete()?;
+            return Ok(None);
+        }
+        self.check_pgno(pgno).map_err(bad)?;
+        match flags {
+            PAGE_FLAG_SIZE => {
+                let mut size = [0u8; 4];
+                read_full(&mut self.r, &mut size, "page size")?;
+                self.offset += 4;
+                self.digest.update(&size);
+                let size = u32::from_be_bytes(size) as usize;
+                if size > max_payload(self.header.page_size) {
+                    return Err(bad(format!("compressed size {size} is implausible")));
+                }
+                self.payload.resize(size, 0);
+                read_full(&mut self.r, &mut self.payload, "page data")?;
+                self.offset += size as u64;
+                self.codec
+                    .decompress(&self.payload, buf)
+                    .map_err(|e| bad(format!("page {pgno}: {e}")))?;
+                self.payload_is_block = true;
+            }
+            0 => {
+                if self.codec != Codec::Lz4 {
+                    return Err(bad(format!("legacy LZ4 frame in a {} file", self.codec)));
+                }
+                self.read_lz4_frame(frame_offset)?;
+                decode_lz4_frame(&self.payload, buf).map_err(|r| bad(format!("page {pgno}: {r}")))?;
+                self.payload_is_block = false;
+            }
+            other => return Err(bad(format!("unknown page flags {other:#x}"))),
+        }
+        self.digest.update(buf);
+        put_uvarint(&mut self.expected_index, u64::from(pgno));
+        put_uvarint(&mut self.expected_index, frame_offset);
+        put_uvarint(&mut self.expected_index, self.offset - frame_offset);
+        self.last_pgno = pgno;
+        self.page_count += 1;
+        Ok(Some(pgno))
+    }
+
+    fn check_pgno(&self, pgno: u32) -> Result<(), String> {
+        if pgno > self.header.commit {
+            return Err(format!("page {pgno} past commit {}", self.header.commit));
+        }
+        if pgno <= self.last_pgno {
+            return Err(format!("page {pgno} after page {}", self.last_pgno));
+        }
+        if pgno == self.lock_pgno {
+            return Err(format!("page {pgno} is the lock page"));
+        }
+        if self.header.is_snapshot() && pgno != self.next_snapshot_pgno() {
+            return Err(format!("snapshot skips from page {} to {pgno}", self.last_pgno));
+        }
+        Ok(())
+    }
+
+    fn next_snapshot_pgno(&self) -> u32 {
+        let next = self.last_pgno + 1;
+        if next == self.lock_pgno { next + 1 } else { next }
+    }
+
+    fn check_snapshot_complete(&self) -> Result<(), LtxError> {
+        if self.header.is_snapshot() && self.next_snapshot_pgno() <= self.header.commit {
+            return Err(LtxError::InvalidPage {
+                offset: self.offset,
+                reason: format!("snapshot ends at page {} of {}", self.last_pgno, self.header.commit),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies exactly one LZ4 frame from the stream into `self.payload`, walking its
+    /// structure (the frame has no length prefix; its blocks and end mark delimit it).
+    fn read_lz4_frame(&mut self, frame_offset: u64) -> Result<(), LtxError> {
+        let limit = max_payload(self.header.page_size);
+        let bad = |reason: &str| LtxError::InvalidPage { offset: frame_offset, reason: reason.to_string() };
+        self.payload.clear();
+        let take = |dec: &mut Self, n: usize| -> Result<usize, LtxError> {
+            let start = dec.payload.len();
+            if start + n > limit {
+                return Err(bad("LZ4 frame too large for one page"));
+            }
+            dec.payload.resize(start + n, 0);
+            read_full(&mut dec.r, &mut dec.payload[start..], "lz4 frame")?;
+            dec.offset += n as u64;
+            Ok(start)
+        };
+        let at = take(self, 6)?;
+        let p = &self.payload[at..];
+        if u32::from_le_bytes([p[0], p[1], p[2], p[3]]) != LZ4_FRAME_MAGIC {
+            return Err(bad("legacy page is not an LZ4 frame"));
+        }
+        let flg = p[4];
+        if flg >> 6 != 0b01 {
+            return Err(bad("unsupported LZ4 frame version"));
+        }
+        let block_checksum = flg & 0x10 != 0;
+        let content_size = flg & 0x08 != 0;
+        let content_checksum = flg & 0x04 != 0;
+        let dict_id = flg & 0x01 != 0;
+        let extra = 1 + if content_size { 8 } else { 0 } + if dict_id { 4 } else { 0 };
+        take(self, extra)?;
+        loop {
+            let at = take(self, 4)?;
+            let p = &self.payload[at..];
+            let word = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+            if word == 0 {
+                break;
+            }
+            let len = (word & 0x7FFF_FFFF) as usize + if block_checksum { 4 } else { 0 };
+            take(self, len)?;
+        }
+        if content_checksum {
+            take(self, 4)?;
+        }
+        Ok(())
+    }
+
+    /// Drains any remaining pages, then reads and checks the index and trailer.
+    pub fn finish(mut self) -> Result<Trailer, LtxError> {
+        if !self.pages_done {
+            let mut page = vec![0u8; self.header.page_size as usize];
+            while self.next_page(&mut page)?.is_some() {}
+        }
+
+        let mut index_len = 0u64;
+        let mut actual = Vec::with_capacity(self.expected_index.len() + 1);
+        loop {
+            let pgno = self.read_uvarint(&mut index_len)?;
+            put_uvarint(&mut actual, pgno);
+            if pgno == 0 {
+                break;
+            }
+            let offset = self.read_uvarint(&mut index_len)?;
+            let size = self.read_uvarint(&mut index_len)?;
+            put_uvarint(&mut actual, offset);
+            put_uvarint(&mut actual, size);
+            if actual.len() > self.expected_index.len() + 1 {
+                return Err(LtxError::InvalidIndex("index lists pages the file does not hold".into()));
+            }
+        }
+        put_uvarint(&mut self.expected_index, 0);
+        if actual != self.expected_index {
+            return Err(LtxError::InvalidIndex("index does not match the pages".into()));
+        }
+        let mut len = [0u8; 8];
+        read_full(&mut self.r, &mut len, "index length")?;
+        self.digest.update(&len);
+        if u64::from_be_bytes(len) != index_len {
+            return Err(LtxError::InvalidIndex(format!(
+                "index length field says {}, index is {index_len} bytes",
+                u64::from_be_bytes(len)
+            )));
+        }
+        let mut t = [0u8; TRAILER_SIZE];
+        read_full(&mut self.r, &mut t, "trailer")?;
+        let post_apply_checksum = u64::from_be_bytes([t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]]);
+        let file_checksum = u64::from_be_bytes([t[8], t[9], t[10], t[11], t[12], t[13], t[14], t[15]]);
+        self.digest.update(&t[..8]);
+        let actual_checksum = CHECKSUM_FLAG | self.digest.finalize();
+        if file_checksum != actual_checksum {
+            return Err(LtxError::ChecksumMismatch { expected: file_checksum, actual: actual_checksum });
+        }
+        if self.header.has_checksums() {
+            if post_apply_checksum & CHECKSUM_FLAG == 0 {
+                return Err(LtxError::InvalidIndex("post-apply checksum without its flag bit".into()));
+            }
+        } else if post_apply_checksum != 0 {
+            return Err(LtxError::InvalidIndex("post-apply checksum in a NoChecksum file".into()));
+        }
+        let mut probe = [0u8; 1];
+        loop {
+            match self.r.read(&mut probe) {
+                Ok(0) => break,
+                Ok(_) => return Err(LtxError::TrailingBytes),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Trailer { post_apply_checksum, file_checksum })
+    }
+
+    fn read_uvarint(&mut self, consumed: &mut u64) -> Result<u64, LtxError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let mut b = [0u8; 1];
+            read_full(&mut self.r, &mut b, "page index")?;
+            self.digest.update(&b);
+            *consumed += 1;
+            v |= u64::from(b[0] & 0x7F) << shift;
+            if b[0] & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(LtxError::InvalidIndex("varint longer than 10 bytes".into()))
+    }
+}
+
+fn decode_lz4_frame(frame: &[u8], out: &mut [u8]) -> Result<(), String> {
+    let mut d = lz4_flex::frame::FrameDecoder::new(frame);
+    d.read_exact(out).map_err(|e| format!("LZ4 frame: {e}"))?;
+    // Reading on to the end makes the decoder check the end mark and content checksum.
+    let mut rest = Vec::new();
+    d.read_to_end(&mut rest).map_err(|e| format!("LZ4 frame: {e}"))?;
+    if !rest.is_empty() {
+        return Err(format!("LZ4 frame holds {} bytes more than a page", rest.len()));
+    }
+    Ok(())
+}
+
+fn read_full<R: Read>(r: &mut R, buf: &mut [u8], what: &'static str) -> Result<(), LtxError> {
+    r.read_exact(buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => LtxError::Truncated(what),
+        _ => LtxError::Io(e),
+    })
+}
+
+/// Reads only the header of an LTX file.
+pub fn read_header<R: Read>(mut r: R) -> Result<Header, LtxError> {
+    let mut buf = [0u8; HEADER_SIZE];
+    read_full(&mut r, &mut buf, "header")?;
+    Header::decode(&buf)
+}

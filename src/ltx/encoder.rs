@@ -1,0 +1,169 @@
+//! Streaming LTX encoder: header, then pages in ascending order, then index and trailer.
+//!
+//! Invariant: the encoder refuses any page that would make the file invalid for upstream's
+//! decoder or compactor (out of order, past `commit`, the lock page, a gap in a snapshot), so a
+//! file it finishes is always one Litestream's `ltx` package accepts (codec `lz4`).
+
+use std::io::{BufWriter, Write};
+
+use super::checksum::{CRC64, Crc64Digest};
+use super::{
+    CHECKSUM_FLAG, Codec, Header, LtxError, PAGE_FLAG_SIZE, PAGE_HEADER_SIZE, Trailer, lock_pgno,
+};
+
+/// Writes one LTX file to `W`.
+pub struct Encoder<W: Write> {
+    w: BufWriter<W>,
+    header: Header,
+    codec: Codec,
+    digest: Crc64Digest,
+    offset: u64,
+    index: Vec<u8>,
+    last_pgno: u32,
+    lock_pgno: u32,
+    scratch: Vec<u8>,
+}
+
+impl<W: Write> Encoder<W> {
+    /// Validates and writes `header`; pages are compressed with `codec`, whose flag bits are
+    /// set in the header (any codec bits already there are replaced).
+    pub fn new(w: W, mut header: Header, codec: Codec) -> Result<Self, LtxError> {
+        header.flags = (header.flags & !super::HEADER_FLAG_CODEC_MASK) | codec.flag_bits();
+        let bytes = header.encode()?;
+        let mut w = BufWriter::with_capacity(128 * 1024, w);
+        w.write_all(&bytes)?;
+        let mut digest = CRC64.digest();
+        digest.update(&bytes);
+        Ok(Encoder {
+            w,
+            header,
+            codec,
+            digest,
+            offset: bytes.len() as u64,
+            index: Vec::new(),
+            last_pgno: 0,
+            lock_pgno: lock_pgno(header.page_size),
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The header as written.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Bytes written so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.offset
+    }
+
+    /// Compresses and appends page `pgno`.
+    pub fn encode_page(&mut self, pgno: u32, data: &[u8]) -> Result<(), LtxError> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = self
+            .codec
+            .compress(data, &mut scratch)
+            .and_then(|()| self.encode_compressed_page(pgno, &scratch, data));
+        self.scratch = scratch;
+        result
+    }
+
+    /// Appends page `pgno` whose payload is already compressed with this encoder's codec
+    /// (compaction passes pages through without recompressing). `data` is the decompressed
+    /// page, needed for the file checksum; the caller guarantees the two agree.
+    pub fn encode_compressed_page(
+        &mut self,
+        pgno: u32,
+        compressed: &[u8],
+        data: &[u8],
+    ) -> Result<(), LtxError> {
+        self.check_page(pgno, data.len())?;
+        let mut head = [0u8; PAGE_HEADER_SIZE + 4];
+        head[0..4].copy_from_slice(&pgno.to_be_bytes());
+        head[4..6].copy_from_slice(&PAGE_FLAG_SIZE.to_be_bytes());
+        let size = u32::try_from(compressed.len())
+            .map_err(|_| LtxError::Encode("compressed page larger than 4 GiB".into()))?;
+        head[6..10].copy_from_slice(&size.to_be_bytes());
+        self.w.write_all(&head)?;
+        self.w.write_all(compressed)?;
+        self.digest.update(&head);
+        self.digest.update(data);
+        let frame_size = (head.len() + compressed.len()) as u64;
+        put_uvarint(&mut self.index, u64::from(pgno));
+        put_uvarint(&mut self.index, self.offset);
+        put_uvarint(&mut self.index, frame_size);
+        self.offset += frame_size;
+        self.last_pgno = pgno;
+        Ok(())
+    }
+
+    fn check_page(&self, pgno: u32, len: usize) -> Result<(), LtxError> {
+        let err = |m: String| Err(LtxError::Encode(m));
+        if len != self.header.page_size as usize {
+            return err(format!("page {pgno} has {len} bytes, page size is {}", self.header.page_size));
+        }
+        if pgno == 0 || pgno > self.header.commit {
+            return err(format!("page {pgno} outside 1..={}", self.header.commit));
+        }
+        if pgno == self.lock_pgno {
+            return err(format!("page {pgno} is the lock page"));
+        }
+        if pgno <= self.last_pgno {
+            return err(format!("page {pgno} after page {}", self.last_pgno));
+        }
+        if self.header.is_snapshot() && pgno != self.next_snapshot_pgno() {
+            return err(format!("snapshot skips from page {} to {pgno}", self.last_pgno));
+        }
+        Ok(())
+    }
+
+    fn next_snapshot_pgno(&self) -> u32 {
+        let next = self.last_pgno + 1;
+        if next == self.lock_pgno { next + 1 } else { next }
+    }
+
+    /// Writes the end marker, page index and trailer; returns the writer and the trailer.
+    pub fn finish(mut self, post_apply_checksum: u64) -> Result<(W, Trailer), LtxError> {
+        let h = self.header;
+        if h.is_snapshot() && self.next_snapshot_pgno() <= h.commit {
+            return Err(LtxError::Encode(format!(
+                "snapshot ends at page {} of {}",
+                self.last_pgno, h.commit
+            )));
+        }
+        if h.has_checksums() {
+            if post_apply_checksum & CHECKSUM_FLAG == 0 {
+                return Err(LtxError::Encode("post-apply checksum without its flag bit".into()));
+            }
+        } else if post_apply_checksum != 0 {
+            return Err(LtxError::Encode("post-apply checksum on a NoChecksum file".into()));
+        }
+        if h.commit == 0 && post_apply_checksum != CHECKSUM_FLAG {
+            return Err(LtxError::Encode("a file with commit 0 needs an empty-database checksum".into()));
+        }
+        let end = [0u8; PAGE_HEADER_SIZE];
+        self.w.write_all(&end)?;
+        self.digest.update(&end);
+        put_uvarint(&mut self.index, 0);
+        let index_len = self.index.len() as u64;
+        self.index.extend_from_slice(&index_len.to_be_bytes());
+        self.w.write_all(&self.index)?;
+        self.digest.update(&self.index);
+        let post = post_apply_checksum.to_be_bytes();
+        self.digest.update(&post);
+        let file_checksum = CHECKSUM_FLAG | self.digest.finalize();
+        self.w.write_all(&post)?;
+        self.w.write_all(&file_checksum.to_be_bytes())?;
+        let w = self.w.into_inner().map_err(|e| LtxError::Io(e.into_error()))?;
+        Ok((w, Trailer { post_apply_checksum, file_checksum }))
+    }
+}
+
+/// Appends `v` as an unsigned LEB128 varint (Go's `binary.AppendUvarint`).
+pub(crate) fn put_uvarint(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
+}
