@@ -21,4 +21,10 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod cli;
+pub mod file_client;
+pub mod fsutil;
 pub mod ltx;
+pub mod replica_client;
+pub mod restore;
+pub mod wal;

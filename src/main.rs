@@ -1,1 +1,29 @@
-fn main() {}
+//! The `replicad` binary: parse the command line, set up logging and the runtime, run, and
+//! turn the outcome into an exit code (0 ok, 1 runtime failure, 2 usage or config error).
+
+use clap::Parser;
+use replicad::cli::{self, Cli};
+
+fn main() {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(cli::run(cli)) {
+        eprintln!("error: {e}");
+        std::process::exit(e.exit_code());
+    }
+}

@@ -33,7 +33,8 @@ fn golden_files() -> Vec<PathBuf> {
 fn every_golden_file_decodes_and_verifies() {
     for path in golden_files() {
         let bytes = fs::read(&path).unwrap();
-        let mut dec = Decoder::new(&bytes[..]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut dec =
+            Decoder::new(&bytes[..]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let h = *dec.header();
         assert_eq!(h.flags, HEADER_FLAG_NO_CHECKSUM, "{}", path.display());
         let mut page = vec![0u8; h.page_size as usize];
@@ -42,7 +43,9 @@ fn every_golden_file_decodes_and_verifies() {
             n += 1;
         }
         assert!(n > 0);
-        let trailer = dec.finish().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let trailer = dec
+            .finish()
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(trailer.post_apply_checksum, 0);
         let name = path.file_name().unwrap().to_str().unwrap();
         assert_eq!(ltx::parse_filename(name), Some((h.min_txid, h.max_txid)));
@@ -78,7 +81,10 @@ fn reencoding_golden_block_files_reproduces_them_exactly() {
 
 #[test]
 fn legacy_frame_files_have_flag_zero_pages() {
-    let path = golden_files().into_iter().find(|p| p.to_string_lossy().contains("legacy-frames")).unwrap();
+    let path = golden_files()
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("legacy-frames"))
+        .unwrap();
     let bytes = fs::read(path).unwrap();
     // First page header follows the 100-byte header: pgno 1, flags 0, then an LZ4 frame magic.
     assert_eq!(&bytes[100..106], &[0, 0, 0, 1, 0, 0]);
@@ -121,11 +127,20 @@ fn header(page_size: u32, commit: u32, min: u64, max: u64) -> Header {
 
 #[test]
 fn round_trip_random_pages_every_page_size_and_codec() {
-    let seed: u64 = std::env::var("REPLICAD_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
+    let seed: u64 = std::env::var("REPLICAD_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7);
     let mut rng = StdRng::seed_from_u64(seed);
     for shift in 9..=16 {
         let page_size = 1u32 << shift;
-        for codec in [Codec::Lz4, Codec::Zstd(1), Codec::Zstd(9), Codec::Gzip(6), Codec::None] {
+        for codec in [
+            Codec::Lz4,
+            Codec::Zstd(1),
+            Codec::Zstd(9),
+            Codec::Gzip(6),
+            Codec::None,
+        ] {
             let commit = rng.random_range(1..40u32);
             let mut pages: Vec<(u32, Vec<u8>)> = Vec::new();
             for p in 1..=commit {
@@ -152,7 +167,10 @@ fn round_trip_random_pages_every_page_size_and_codec() {
                 got.push((p, buf.clone()));
             }
             let t = dec.finish().unwrap();
-            assert_eq!(got, pages, "seed {seed} page size {page_size} codec {codec}");
+            assert_eq!(
+                got, pages,
+                "seed {seed} page size {page_size} codec {codec}"
+            );
             assert_eq!(t.post_apply_checksum, sum.value());
         }
     }
@@ -167,7 +185,10 @@ fn non_lz4_codecs_are_flagged_so_litestream_refuses_them() {
         assert_ne!(flags & !HEADER_FLAG_NO_CHECKSUM, 0, "{codec}");
     }
     let bytes = encode(header(4096, 1, 1, 1), Codec::Lz4, &pages, 0);
-    assert_eq!(u32::from_be_bytes(bytes[4..8].try_into().unwrap()), HEADER_FLAG_NO_CHECKSUM);
+    assert_eq!(
+        u32::from_be_bytes(bytes[4..8].try_into().unwrap()),
+        HEADER_FLAG_NO_CHECKSUM
+    );
 }
 
 #[test]
@@ -183,7 +204,10 @@ fn encoder_refuses_invalid_pages() {
     let mut snap = Encoder::new(Vec::new(), header(4096, 3, 1, 4), Codec::Lz4).unwrap();
     assert!(snap.encode_page(2, &page).is_err());
     snap.encode_page(1, &page).unwrap();
-    assert!(snap.finish(0).is_err(), "a snapshot missing pages must not finish");
+    assert!(
+        snap.finish(0).is_err(),
+        "a snapshot missing pages must not finish"
+    );
 }
 
 fn decode_all(bytes: &[u8]) -> Result<(), LtxError> {
@@ -195,7 +219,10 @@ fn decode_all(bytes: &[u8]) -> Result<(), LtxError> {
 
 #[test]
 fn corrupt_input_is_refused_with_a_clear_error() {
-    let golden = golden_files().into_iter().find(|p| p.ends_with("0/0000000000000002-0000000000000002.ltx")).unwrap();
+    let golden = golden_files()
+        .into_iter()
+        .find(|p| p.ends_with("0/0000000000000002-0000000000000002.ltx"))
+        .unwrap();
     let bytes = fs::read(golden).unwrap();
     decode_all(&bytes).unwrap();
 
@@ -203,10 +230,26 @@ fn corrupt_input_is_refused_with_a_clear_error() {
     let mut flipped = bytes.clone();
     flipped[400] ^= 0x55;
     let err = decode_all(&flipped).unwrap_err();
-    assert!(matches!(err, LtxError::ChecksumMismatch { .. } | LtxError::InvalidPage { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            LtxError::ChecksumMismatch { .. } | LtxError::InvalidPage { .. }
+        ),
+        "{err}"
+    );
 
     // Every truncation point fails, and never panics.
-    for cut in [0, 50, 99, 100, 105, 300, bytes.len() / 2, bytes.len() - 17, bytes.len() - 1] {
+    for cut in [
+        0,
+        50,
+        99,
+        100,
+        105,
+        300,
+        bytes.len() / 2,
+        bytes.len() - 17,
+        bytes.len() - 1,
+    ] {
         assert!(decode_all(&bytes[..cut]).is_err(), "truncated at {cut}");
     }
     let err = decode_all(&bytes[..bytes.len() - 3]).unwrap_err();
@@ -214,7 +257,10 @@ fn corrupt_input_is_refused_with_a_clear_error() {
 
     let mut magic = bytes.clone();
     magic[0] = b'X';
-    assert!(matches!(decode_all(&magic).unwrap_err(), LtxError::BadMagic(_)));
+    assert!(matches!(
+        decode_all(&magic).unwrap_err(),
+        LtxError::BadMagic(_)
+    ));
 
     let mut flags = bytes.clone();
     flags[7] = 0x06;
@@ -223,13 +269,19 @@ fn corrupt_input_is_refused_with_a_clear_error() {
 
     let mut trailing = bytes.clone();
     trailing.push(0);
-    assert!(matches!(decode_all(&trailing).unwrap_err(), LtxError::TrailingBytes));
+    assert!(matches!(
+        decode_all(&trailing).unwrap_err(),
+        LtxError::TrailingBytes
+    ));
 
     // A wrong file checksum in the trailer.
     let mut sum = bytes.clone();
     let n = sum.len();
     sum[n - 1] ^= 1;
-    assert!(matches!(decode_all(&sum).unwrap_err(), LtxError::ChecksumMismatch { .. }));
+    assert!(matches!(
+        decode_all(&sum).unwrap_err(),
+        LtxError::ChecksumMismatch { .. }
+    ));
 }
 
 /// Seeded random mutation of golden files: the decoder must return an error or succeed, and

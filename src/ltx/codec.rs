@@ -49,7 +49,9 @@ impl Codec {
             0x100 => Ok(Codec::Zstd(DEFAULT_ZSTD_LEVEL)),
             0x200 => Ok(Codec::Gzip(DEFAULT_GZIP_LEVEL)),
             0x300 => Ok(Codec::None),
-            other => Err(LtxError::InvalidHeader(format!("unknown page codec bits {other:#x}"))),
+            other => Err(LtxError::InvalidHeader(format!(
+                "unknown page codec bits {other:#x}"
+            ))),
         }
     }
 
@@ -139,20 +141,29 @@ impl Codec {
                     .decompress(input, out, flate2::FlushDecompress::Finish)
                     .map_err(|e| codec_err("gzip", e.to_string()))?;
                 if status != flate2::Status::StreamEnd || d.total_in() != input.len() as u64 {
-                    return Err(codec_err("gzip", "page does not end where its stream ends".into()));
+                    return Err(codec_err(
+                        "gzip",
+                        "page does not end where its stream ends".into(),
+                    ));
                 }
                 Ok(d.total_out() as usize)
             })?,
             Codec::None => {
                 if input.len() != want {
-                    return Err(codec_err("none", format!("stored page is {} bytes", input.len())));
+                    return Err(codec_err(
+                        "none",
+                        format!("stored page is {} bytes", input.len()),
+                    ));
                 }
                 out.copy_from_slice(input);
                 want
             }
         };
         if got != want {
-            return Err(codec_err(self.name(), format!("page decompressed to {got} bytes, want {want}")));
+            return Err(codec_err(
+                self.name(),
+                format!("page decompressed to {got} bytes, want {want}"),
+            ));
         }
         Ok(())
     }
@@ -192,16 +203,24 @@ impl FromStr for Codec {
             let Some(l) = level else { return Ok(default) };
             match l.parse::<i64>() {
                 Ok(v) if (lo..=hi).contains(&v) => Ok(v),
-                _ => Err(format!("compression level {l:?} for {name} must be {lo}..={hi}")),
+                _ => Err(format!(
+                    "compression level {l:?} for {name} must be {lo}..={hi}"
+                )),
             }
         };
         match name {
             "lz4" | "none" if level.is_some() => Err(format!("{name} takes no level")),
             "lz4" => Ok(Codec::Lz4),
             "none" => Ok(Codec::None),
-            "zstd" => Ok(Codec::Zstd(level_in(1, 19, DEFAULT_ZSTD_LEVEL as i64)? as i32)),
-            "gzip" => Ok(Codec::Gzip(level_in(0, 9, DEFAULT_GZIP_LEVEL as i64)? as u32)),
-            _ => Err(format!("unknown compression {s:?} (expected lz4, zstd[:1-19], gzip[:0-9] or none)")),
+            "zstd" => Ok(Codec::Zstd(
+                level_in(1, 19, DEFAULT_ZSTD_LEVEL as i64)? as i32
+            )),
+            "gzip" => Ok(Codec::Gzip(
+                level_in(0, 9, DEFAULT_GZIP_LEVEL as i64)? as u32
+            )),
+            _ => Err(format!(
+                "unknown compression {s:?} (expected lz4, zstd[:1-19], gzip[:0-9] or none)"
+            )),
         }
     }
 }
@@ -213,7 +232,14 @@ mod tests {
     #[test]
     fn every_codec_round_trips_and_rejects_wrong_sizes() {
         let page: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
-        for codec in [Codec::Lz4, Codec::Zstd(1), Codec::Zstd(19), Codec::Gzip(1), Codec::Gzip(9), Codec::None] {
+        for codec in [
+            Codec::Lz4,
+            Codec::Zstd(1),
+            Codec::Zstd(19),
+            Codec::Gzip(1),
+            Codec::Gzip(9),
+            Codec::None,
+        ] {
             let mut c = Vec::new();
             codec.compress(&page, &mut c).unwrap();
             let mut out = vec![0u8; 4096];

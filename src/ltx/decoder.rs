@@ -93,7 +93,11 @@ impl<R: Read> Decoder<R> {
         if buf.len() != self.header.page_size as usize {
             return Err(LtxError::InvalidPage {
                 offset: self.offset,
-                reason: format!("buffer of {} bytes for {}-byte pages", buf.len(), self.header.page_size),
+                reason: format!(
+                    "buffer of {} bytes for {}-byte pages",
+                    buf.len(),
+                    self.header.page_size
+                ),
             });
         }
         let frame_offset = self.offset;
@@ -103,7 +107,10 @@ impl<R: Read> Decoder<R> {
         self.digest.update(&ph);
         let pgno = u32::from_be_bytes([ph[0], ph[1], ph[2], ph[3]]);
         let flags = u16::from_be_bytes([ph[4], ph[5]]);
-        let bad = |reason: String| LtxError::InvalidPage { offset: frame_offset, reason };
+        let bad = |reason: String| LtxError::InvalidPage {
+            offset: frame_offset,
+            reason,
+        };
         if pgno == 0 {
             if flags != 0 {
                 return Err(bad(format!("end-of-pages marker with flags {flags:#x}")));
@@ -136,7 +143,8 @@ impl<R: Read> Decoder<R> {
                     return Err(bad(format!("legacy LZ4 frame in a {} file", self.codec)));
                 }
                 self.read_lz4_frame(frame_offset)?;
-                decode_lz4_frame(&self.payload, buf).map_err(|r| bad(format!("page {pgno}: {r}")))?;
+                decode_lz4_frame(&self.payload, buf)
+                    .map_err(|r| bad(format!("page {pgno}: {r}")))?;
                 self.payload_is_block = false;
             }
             other => return Err(bad(format!("unknown page flags {other:#x}"))),
@@ -161,21 +169,31 @@ impl<R: Read> Decoder<R> {
             return Err(format!("page {pgno} is the lock page"));
         }
         if self.header.is_snapshot() && pgno != self.next_snapshot_pgno() {
-            return Err(format!("snapshot skips from page {} to {pgno}", self.last_pgno));
+            return Err(format!(
+                "snapshot skips from page {} to {pgno}",
+                self.last_pgno
+            ));
         }
         Ok(())
     }
 
     fn next_snapshot_pgno(&self) -> u32 {
         let next = self.last_pgno + 1;
-        if next == self.lock_pgno { next + 1 } else { next }
+        if next == self.lock_pgno {
+            next + 1
+        } else {
+            next
+        }
     }
 
     fn check_snapshot_complete(&self) -> Result<(), LtxError> {
         if self.header.is_snapshot() && self.next_snapshot_pgno() <= self.header.commit {
             return Err(LtxError::InvalidPage {
                 offset: self.offset,
-                reason: format!("snapshot ends at page {} of {}", self.last_pgno, self.header.commit),
+                reason: format!(
+                    "snapshot ends at page {} of {}",
+                    self.last_pgno, self.header.commit
+                ),
             });
         }
         Ok(())
@@ -185,7 +203,10 @@ impl<R: Read> Decoder<R> {
     /// structure (the frame has no length prefix; its blocks and end mark delimit it).
     fn read_lz4_frame(&mut self, frame_offset: u64) -> Result<(), LtxError> {
         let limit = max_payload(self.header.page_size);
-        let bad = |reason: &str| LtxError::InvalidPage { offset: frame_offset, reason: reason.to_string() };
+        let bad = |reason: &str| LtxError::InvalidPage {
+            offset: frame_offset,
+            reason: reason.to_string(),
+        };
         self.payload.clear();
         let take = |dec: &mut Self, n: usize| -> Result<usize, LtxError> {
             let start = dec.payload.len();
@@ -248,12 +269,16 @@ impl<R: Read> Decoder<R> {
             put_uvarint(&mut actual, offset);
             put_uvarint(&mut actual, size);
             if actual.len() > self.expected_index.len() + 1 {
-                return Err(LtxError::InvalidIndex("index lists pages the file does not hold".into()));
+                return Err(LtxError::InvalidIndex(
+                    "index lists pages the file does not hold".into(),
+                ));
             }
         }
         put_uvarint(&mut self.expected_index, 0);
         if actual != self.expected_index {
-            return Err(LtxError::InvalidIndex("index does not match the pages".into()));
+            return Err(LtxError::InvalidIndex(
+                "index does not match the pages".into(),
+            ));
         }
         let mut len = [0u8; 8];
         read_full(&mut self.r, &mut len, "index length")?;
@@ -266,19 +291,28 @@ impl<R: Read> Decoder<R> {
         }
         let mut t = [0u8; TRAILER_SIZE];
         read_full(&mut self.r, &mut t, "trailer")?;
-        let post_apply_checksum = u64::from_be_bytes([t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]]);
-        let file_checksum = u64::from_be_bytes([t[8], t[9], t[10], t[11], t[12], t[13], t[14], t[15]]);
+        let post_apply_checksum =
+            u64::from_be_bytes([t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]]);
+        let file_checksum =
+            u64::from_be_bytes([t[8], t[9], t[10], t[11], t[12], t[13], t[14], t[15]]);
         self.digest.update(&t[..8]);
         let actual_checksum = CHECKSUM_FLAG | self.digest.finalize();
         if file_checksum != actual_checksum {
-            return Err(LtxError::ChecksumMismatch { expected: file_checksum, actual: actual_checksum });
+            return Err(LtxError::ChecksumMismatch {
+                expected: file_checksum,
+                actual: actual_checksum,
+            });
         }
         if self.header.has_checksums() {
             if post_apply_checksum & CHECKSUM_FLAG == 0 {
-                return Err(LtxError::InvalidIndex("post-apply checksum without its flag bit".into()));
+                return Err(LtxError::InvalidIndex(
+                    "post-apply checksum without its flag bit".into(),
+                ));
             }
         } else if post_apply_checksum != 0 {
-            return Err(LtxError::InvalidIndex("post-apply checksum in a NoChecksum file".into()));
+            return Err(LtxError::InvalidIndex(
+                "post-apply checksum in a NoChecksum file".into(),
+            ));
         }
         let mut probe = [0u8; 1];
         loop {
@@ -289,7 +323,10 @@ impl<R: Read> Decoder<R> {
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(Trailer { post_apply_checksum, file_checksum })
+        Ok(Trailer {
+            post_apply_checksum,
+            file_checksum,
+        })
     }
 
     fn read_uvarint(&mut self, consumed: &mut u64) -> Result<u64, LtxError> {
@@ -313,9 +350,13 @@ fn decode_lz4_frame(frame: &[u8], out: &mut [u8]) -> Result<(), String> {
     d.read_exact(out).map_err(|e| format!("LZ4 frame: {e}"))?;
     // Reading on to the end makes the decoder check the end mark and content checksum.
     let mut rest = Vec::new();
-    d.read_to_end(&mut rest).map_err(|e| format!("LZ4 frame: {e}"))?;
+    d.read_to_end(&mut rest)
+        .map_err(|e| format!("LZ4 frame: {e}"))?;
     if !rest.is_empty() {
-        return Err(format!("LZ4 frame holds {} bytes more than a page", rest.len()));
+        return Err(format!(
+            "LZ4 frame holds {} bytes more than a page",
+            rest.len()
+        ));
     }
     Ok(())
 }

@@ -100,7 +100,10 @@ impl<W: Write> Encoder<W> {
     fn check_page(&self, pgno: u32, len: usize) -> Result<(), LtxError> {
         let err = |m: String| Err(LtxError::Encode(m));
         if len != self.header.page_size as usize {
-            return err(format!("page {pgno} has {len} bytes, page size is {}", self.header.page_size));
+            return err(format!(
+                "page {pgno} has {len} bytes, page size is {}",
+                self.header.page_size
+            ));
         }
         if pgno == 0 || pgno > self.header.commit {
             return err(format!("page {pgno} outside 1..={}", self.header.commit));
@@ -112,14 +115,21 @@ impl<W: Write> Encoder<W> {
             return err(format!("page {pgno} after page {}", self.last_pgno));
         }
         if self.header.is_snapshot() && pgno != self.next_snapshot_pgno() {
-            return err(format!("snapshot skips from page {} to {pgno}", self.last_pgno));
+            return err(format!(
+                "snapshot skips from page {} to {pgno}",
+                self.last_pgno
+            ));
         }
         Ok(())
     }
 
     fn next_snapshot_pgno(&self) -> u32 {
         let next = self.last_pgno + 1;
-        if next == self.lock_pgno { next + 1 } else { next }
+        if next == self.lock_pgno {
+            next + 1
+        } else {
+            next
+        }
     }
 
     /// Writes the end marker, page index and trailer; returns the writer and the trailer.
@@ -133,13 +143,19 @@ impl<W: Write> Encoder<W> {
         }
         if h.has_checksums() {
             if post_apply_checksum & CHECKSUM_FLAG == 0 {
-                return Err(LtxError::Encode("post-apply checksum without its flag bit".into()));
+                return Err(LtxError::Encode(
+                    "post-apply checksum without its flag bit".into(),
+                ));
             }
         } else if post_apply_checksum != 0 {
-            return Err(LtxError::Encode("post-apply checksum on a NoChecksum file".into()));
+            return Err(LtxError::Encode(
+                "post-apply checksum on a NoChecksum file".into(),
+            ));
         }
         if h.commit == 0 && post_apply_checksum != CHECKSUM_FLAG {
-            return Err(LtxError::Encode("a file with commit 0 needs an empty-database checksum".into()));
+            return Err(LtxError::Encode(
+                "a file with commit 0 needs an empty-database checksum".into(),
+            ));
         }
         let end = [0u8; PAGE_HEADER_SIZE];
         self.w.write_all(&end)?;
@@ -154,8 +170,17 @@ impl<W: Write> Encoder<W> {
         let file_checksum = CHECKSUM_FLAG | self.digest.finalize();
         self.w.write_all(&post)?;
         self.w.write_all(&file_checksum.to_be_bytes())?;
-        let w = self.w.into_inner().map_err(|e| LtxError::Io(e.into_error()))?;
-        Ok((w, Trailer { post_apply_checksum, file_checksum }))
+        let w = self
+            .w
+            .into_inner()
+            .map_err(|e| LtxError::Io(e.into_error()))?;
+        Ok((
+            w,
+            Trailer {
+                post_apply_checksum,
+                file_checksum,
+            },
+        ))
     }
 }
 

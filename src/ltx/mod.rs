@@ -92,7 +92,8 @@ pub fn format_filename(min: TxId, max: TxId) -> String {
 pub fn parse_filename(name: &str) -> Option<(TxId, TxId)> {
     let stem = name.strip_suffix(".ltx")?;
     let (min, max) = stem.split_once('-')?;
-    let lower_hex = |s: &str| s.len() == 16 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let lower_hex =
+        |s: &str| s.len() == 16 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     if !lower_hex(min) || !lower_hex(max) {
         return None;
     }
@@ -126,7 +127,9 @@ pub enum LtxError {
     #[error("LTX file truncated ({0})")]
     Truncated(&'static str),
     /// The recomputed file checksum differs from the trailer's.
-    #[error("LTX file checksum mismatch: trailer says {expected:016x}, content gives {actual:016x}")]
+    #[error(
+        "LTX file checksum mismatch: trailer says {expected:016x}, content gives {actual:016x}"
+    )]
     ChecksumMismatch {
         /// Checksum stored in the trailer.
         expected: u64,
@@ -201,11 +204,17 @@ impl Header {
     pub fn validate(&self) -> Result<(), LtxError> {
         let bad = |m: &str| Err(LtxError::InvalidHeader(m.to_string()));
         if self.flags & !(HEADER_FLAG_NO_CHECKSUM | HEADER_FLAG_CODEC_MASK) != 0 {
-            return Err(LtxError::InvalidHeader(format!("unknown flags {:#010x}", self.flags)));
+            return Err(LtxError::InvalidHeader(format!(
+                "unknown flags {:#010x}",
+                self.flags
+            )));
         }
         self.codec()?;
         if !is_valid_page_size(self.page_size) {
-            return Err(LtxError::InvalidHeader(format!("invalid page size {}", self.page_size)));
+            return Err(LtxError::InvalidHeader(format!(
+                "invalid page size {}",
+                self.page_size
+            )));
         }
         if self.min_txid.0 == 0 || self.max_txid.0 == 0 {
             return bad("TXIDs must be non-zero");
@@ -337,18 +346,50 @@ mod tests {
             ..Header::default()
         };
         let bytes = ok.encode().unwrap();
-        assert_eq!(&bytes[0..16], &[0x4c, 0x54, 0x58, 0x31, 0, 0, 0, 2, 0, 0, 0x10, 0, 0, 0, 0, 0x0a]);
+        assert_eq!(
+            &bytes[0..16],
+            &[
+                0x4c, 0x54, 0x58, 0x31, 0, 0, 0, 2, 0, 0, 0x10, 0, 0, 0, 0, 0x0a
+            ]
+        );
         assert_eq!(Header::decode(&bytes).unwrap(), ok);
         let broken = [
             Header { flags: 0x4, ..ok },
-            Header { page_size: 1000, ..ok },
-            Header { min_txid: TxId(0), ..ok },
-            Header { min_txid: TxId(6), ..ok },
-            Header { wal_offset: 0, ..ok },
-            Header { wal_offset: -1, ..ok },
-            Header { pre_apply_checksum: 7, ..ok },
-            Header { flags: 0, pre_apply_checksum: 7, ..ok },
-            Header { min_txid: TxId(1), pre_apply_checksum: CHECKSUM_FLAG | 7, flags: 0, ..ok },
+            Header {
+                page_size: 1000,
+                ..ok
+            },
+            Header {
+                min_txid: TxId(0),
+                ..ok
+            },
+            Header {
+                min_txid: TxId(6),
+                ..ok
+            },
+            Header {
+                wal_offset: 0,
+                ..ok
+            },
+            Header {
+                wal_offset: -1,
+                ..ok
+            },
+            Header {
+                pre_apply_checksum: 7,
+                ..ok
+            },
+            Header {
+                flags: 0,
+                pre_apply_checksum: 7,
+                ..ok
+            },
+            Header {
+                min_txid: TxId(1),
+                pre_apply_checksum: CHECKSUM_FLAG | 7,
+                flags: 0,
+                ..ok
+            },
         ];
         for h in broken {
             assert!(h.validate().is_err(), "{h:?}");

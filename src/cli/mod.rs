@@ -1,0 +1,53 @@
+//! The command line: argument parsing and the mapping of failures to exit codes
+//! (0 ok, 1 runtime failure, 2 usage or configuration error).
+
+mod restore;
+
+use clap::{Parser, Subcommand};
+
+/// Continuous replication of SQLite databases, and point-in-time restore.
+#[derive(Debug, Parser)]
+#[command(name = "replicad", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log level (error, warn, info, debug, trace); `RUST_LOG` overrides it.
+    #[arg(long, global = true, default_value = "info")]
+    pub log_level: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Restore a database from a replica, at the latest state or a point in time.
+    Restore(restore::RestoreArgs),
+}
+
+/// A failure, classified by exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad arguments or configuration: exit code 2.
+    #[error("{0}")]
+    Usage(String),
+    /// The work failed: exit code 1.
+    #[error("{0:#}")]
+    Runtime(#[from] anyhow::Error),
+}
+
+impl CliError {
+    /// The process exit code for this failure.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Usage(_) => 2,
+            CliError::Runtime(_) => 1,
+        }
+    }
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Restore(args) => restore::run(args).await,
+    }
+}

@@ -1,0 +1,153 @@
+//! `replicad restore`.
+
+use std::path::PathBuf;
+
+use anyhow::anyhow;
+use chrono::{DateTime, Utc};
+use clap::Args;
+
+use super::CliError;
+use crate::ltx::TxId;
+use crate::replica_client::{AnyClient, ReplicaClient};
+use crate::restore::{self, RestoreError, RestoreOptions, Target};
+
+/// Arguments of `replicad restore`.
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// Replica to restore from: `file:///abs/path` or a directory path.
+    #[arg(value_name = "REPLICA_URL")]
+    pub replica: String,
+    /// Output database path.
+    #[arg(long = "to", short = 'o', value_name = "PATH")]
+    pub to: Option<PathBuf>,
+    /// Restore the state right after this TXID (16 hex digits).
+    #[arg(long, value_name = "HEX16", conflicts_with = "timestamp")]
+    pub txid: Option<String>,
+    /// Restore the newest state written strictly before this time (RFC 3339).
+    #[arg(long, value_name = "RFC3339")]
+    pub timestamp: Option<String>,
+    /// Overwrite an existing output database (and remove its -wal and -shm files).
+    #[arg(long)]
+    pub force: bool,
+    /// Do nothing, successfully, if the output database already exists.
+    #[arg(long)]
+    pub if_db_not_exists: bool,
+    /// Do nothing, successfully, if the replica holds no backup.
+    #[arg(long)]
+    pub if_replica_exists: bool,
+    /// Print the plan (files, levels, sizes) and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Skip `PRAGMA integrity_check` on the restored database.
+    #[arg(long)]
+    pub no_integrity_check: bool,
+}
+
+fn target(args: &RestoreArgs) -> Result<Target, CliError> {
+    if let Some(t) = &args.txid {
+        let txid: TxId = t
+            .parse()
+            .map_err(|e| CliError::Usage(format!("--txid: {e}")))?;
+        return Ok(Target::TxId(txid));
+    }
+    if let Some(ts) = &args.timestamp {
+        let t = DateTime::parse_from_rfc3339(ts)
+            .map_err(|e| CliError::Usage(format!("--timestamp {ts:?} is not RFC 3339: {e}")))?;
+        return Ok(Target::Before(t.with_timezone(&Utc)));
+    }
+    Ok(Target::Latest)
+}
+
+/// Runs `replicad restore`.
+pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
+    let client = AnyClient::from_url(&args.replica).map_err(CliError::Usage)?;
+    let target = target(&args)?;
+    let to = match (&args.to, args.dry_run) {
+        (Some(to), _) => to.clone(),
+        (None, true) => PathBuf::new(),
+        (None, false) => {
+            return Err(CliError::Usage(
+                "restore from a replica URL needs --to PATH".into(),
+            ));
+        }
+    };
+    if args.if_db_not_exists && !args.dry_run && to.exists() {
+        println!("database {} already exists, skipping restore", to.display());
+        return Ok(());
+    }
+    let plan = match restore::plan(&client, target).await {
+        Ok(plan) => plan,
+        Err(RestoreError::NoBackups(_)) if args.if_replica_exists => {
+            println!(
+                "no backups found on {}, skipping restore",
+                client.location()
+            );
+            return Ok(());
+        }
+        Err(e) => return Err(anyhow!(e).into()),
+    };
+    if args.dry_run {
+        print_plan(&plan, args.json);
+        return Ok(());
+    }
+    let opts = RestoreOptions {
+        to,
+        target,
+        force: args.force,
+        integrity_check: !args.no_integrity_check,
+    };
+    let report = restore::apply(&client, plan, &opts)
+        .await
+        .map_err(|e| anyhow!(e))?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| anyhow!(e))?
+        );
+    } else {
+        println!(
+            "restored {} to TXID {} from {} ({} files, {} bytes, {} pages of {} bytes, integrity_check {}{}) in {} ms",
+            report.db_path.display(),
+            report.txid,
+            report.replica,
+            report.files.len(),
+            report.bytes,
+            report.pages,
+            report.page_size,
+            report.integrity_check,
+            report
+                .db_checksum
+                .as_ref()
+                .map(|c| format!(", checksum {c} verified"))
+                .unwrap_or_default(),
+            report.duration_ms
+        );
+    }
+    Ok(())
+}
+
+fn print_plan(plan: &[crate::replica_client::LtxFileInfo], json: bool) {
+    let files: Vec<restore::PlannedFile> = plan.iter().map(Into::into).collect();
+    if json {
+        let total: u64 = files.iter().map(|f| f.size).sum();
+        let txid = files.last().map(|f| f.max_txid.clone()).unwrap_or_default();
+        let v = serde_json::json!({ "txid": txid, "files": files, "bytes": total });
+        println!("{v}");
+        return;
+    }
+    println!(
+        "{:<6} {:<17} {:<17} {:>12}",
+        "level", "min_txid", "max_txid", "size"
+    );
+    for f in &files {
+        println!(
+            "{:<6} {:<17} {:<17} {:>12}",
+            f.level, f.min_txid, f.max_txid, f.size
+        );
+    }
+    let total: u64 = files.iter().map(|f| f.size).sum();
+    println!("{} files, {total} bytes", files.len());
+}

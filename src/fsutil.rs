@@ -1,0 +1,46 @@
+//! Crash-safe local file helpers.
+//!
+//! Invariant: a file is published only by tmp -> fsync -> rename -> fsync(dir), so after a
+//! crash a reader finds either no file or the whole file, and a name that exists is durable.
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The temporary sibling a file is staged under before its rename (`<name>.tmp`).
+pub fn tmp_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".tmp");
+    PathBuf::from(s)
+}
+
+/// fsyncs a directory so a rename or unlink inside it is durable.
+pub fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Makes `tmp` durable and moves it to `dest` atomically, then makes the rename durable.
+pub fn publish(tmp: &Path, dest: &Path) -> io::Result<()> {
+    File::open(tmp)?.sync_all()?;
+    fs::rename(tmp, dest)?;
+    fsync_dir(dest.parent().unwrap_or(Path::new(".")))
+}
+
+/// Creates `dir` and any parents, fsyncing each directory whose entries changed.
+pub fn create_dir_all_durable(dir: &Path) -> io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dir_all_durable(parent)?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => fsync_dir(
+            dir.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new(".")),
+        ),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}

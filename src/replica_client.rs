@@ -1,0 +1,248 @@
+//! The storage seam: what a replica destination must do, with written semantics.
+//!
+//! Semantics every backend keeps (checked by one conformance suite run against each):
+//! - `put` is atomic and whole: a reader sees the old state or the complete new object, never
+//!   a prefix. Objects are immutable once written; their key is their level and TXID range.
+//! - `list` returns one level's files sorted by (min TXID, max TXID); foreign names are skipped.
+//! - `open` of a missing object is [`StorageError::NotFound`], distinct from other failures.
+//! - `delete` of a missing object succeeds.
+//! - Errors say whether a retry may help ([`StorageError::is_retryable`]).
+//!
+//! Backends are dispatched through the [`AnyClient`] enum rather than `dyn`, so their futures
+//! stay concrete (and `Send`) without boxing every call.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use chrono::{DateTime, Utc};
+use tokio::io::AsyncRead;
+
+use crate::file_client::FileClient;
+use crate::ltx::{Header, TxId};
+
+/// Level of full snapshots (`0000000000000001-<max>.ltx`).
+pub const SNAPSHOT_LEVEL: u8 = 9;
+
+/// One LTX file on a replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LtxFileInfo {
+    /// Level: 0 = one file per sync, 1..=8 compactions, 9 snapshots.
+    pub level: u8,
+    /// First TXID covered.
+    pub min_txid: TxId,
+    /// Last TXID covered.
+    pub max_txid: TxId,
+    /// Object size in bytes.
+    pub size: u64,
+    /// When the object was written (file mtime or object LastModified).
+    pub created_at: DateTime<Utc>,
+}
+
+/// A readable object body.
+pub type ObjectReader = Pin<Box<dyn AsyncRead + Send>>;
+
+/// Failures of a replica client, classified for retry decisions.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The object or replica does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// A failure that may pass (network, timeouts, 5xx, interrupted I/O).
+    #[error("{op} {key}: {reason}")]
+    Transient {
+        /// Operation ("put", "list", ...).
+        op: &'static str,
+        /// Key or path involved.
+        key: String,
+        /// What failed.
+        reason: String,
+    },
+    /// A failure a retry will not fix (permissions, bad configuration, full disk is not here:
+    /// it passes when space is freed, so it is transient).
+    #[error("{op} {key}: {reason}")]
+    Permanent {
+        /// Operation.
+        op: &'static str,
+        /// Key or path involved.
+        key: String,
+        /// What failed.
+        reason: String,
+    },
+}
+
+impl StorageError {
+    /// True if retrying the same call later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StorageError::Transient { .. })
+    }
+
+    /// Classifies an I/O error on `key`.
+    pub fn from_io(op: &'static str, key: &Path, e: io::Error) -> Self {
+        let key = key.display().to_string();
+        match e.kind() {
+            io::ErrorKind::NotFound => StorageError::NotFound(key),
+            io::ErrorKind::PermissionDenied
+            | io::ErrorKind::InvalidInput
+            | io::ErrorKind::ReadOnlyFilesystem => StorageError::Permanent {
+                op,
+                key,
+                reason: e.to_string(),
+            },
+            _ => StorageError::Transient {
+                op,
+                key,
+                reason: e.to_string(),
+            },
+        }
+    }
+}
+
+/// What every replica backend provides.
+pub trait ReplicaClient {
+    /// Backend name for logs and metrics ("file", "s3").
+    fn kind(&self) -> &'static str;
+
+    /// Human-readable location (never includes credentials).
+    fn location(&self) -> String;
+
+    /// Files of one level, sorted by (min, max) TXID.
+    fn list(
+        &self,
+        level: u8,
+    ) -> impl Future<Output = Result<Vec<LtxFileInfo>, StorageError>> + Send;
+
+    /// Opens a file's body from byte `offset` to its end.
+    fn open(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        offset: u64,
+    ) -> impl Future<Output = Result<ObjectReader, StorageError>> + Send;
+
+    /// Writes a whole file atomically from a local path; `timestamp_ms` is the LTX header's.
+    fn put(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        src: &Path,
+        timestamp_ms: i64,
+    ) -> impl Future<Output = Result<LtxFileInfo, StorageError>> + Send;
+
+    /// Deletes files; missing ones are not an error.
+    fn delete(
+        &self,
+        files: &[LtxFileInfo],
+    ) -> impl Future<Output = Result<(), StorageError>> + Send;
+}
+
+/// Every backend, behind one type.
+#[derive(Debug, Clone)]
+pub enum AnyClient {
+    /// A local directory.
+    File(FileClient),
+}
+
+impl AnyClient {
+    /// Builds a client from a replica URL: `file:///abs/path` or a plain path.
+    pub fn from_url(url: &str) -> Result<AnyClient, String> {
+        if let Some(rest) = url.strip_prefix("file://") {
+            if !rest.starts_with('/') {
+                return Err(format!("file URL {url:?} must be absolute (file:///path)"));
+            }
+            return Ok(AnyClient::File(FileClient::new(PathBuf::from(rest))));
+        }
+        if let Some((scheme, _)) = url.split_once("://") {
+            return Err(format!(
+                "unsupported replica URL scheme {scheme:?} in {url:?}"
+            ));
+        }
+        if url.is_empty() {
+            return Err("empty replica path".into());
+        }
+        Ok(AnyClient::File(FileClient::new(PathBuf::from(url))))
+    }
+
+    /// Reads the 100-byte header of one file.
+    pub async fn read_header(&self, info: &LtxFileInfo) -> Result<Header, StorageError> {
+        use tokio::io::AsyncReadExt;
+        let mut r = self
+            .open(info.level, info.min_txid, info.max_txid, 0)
+            .await?;
+        let mut buf = [0u8; crate::ltx::HEADER_SIZE];
+        r.read_exact(&mut buf)
+            .await
+            .map_err(|e| StorageError::Transient {
+                op: "read header",
+                key: crate::ltx::format_filename(info.min_txid, info.max_txid),
+                reason: e.to_string(),
+            })?;
+        Header::decode(&buf).map_err(|e| StorageError::Permanent {
+            op: "read header",
+            key: crate::ltx::format_filename(info.min_txid, info.max_txid),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Lists every level, 0 through 9.
+    pub async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
+        let mut all = Vec::new();
+        for level in 0..=SNAPSHOT_LEVEL {
+            all.extend(self.list(level).await?);
+        }
+        Ok(all)
+    }
+}
+
+impl ReplicaClient for AnyClient {
+    fn kind(&self) -> &'static str {
+        match self {
+            AnyClient::File(c) => c.kind(),
+        }
+    }
+
+    fn location(&self) -> String {
+        match self {
+            AnyClient::File(c) => c.location(),
+        }
+    }
+
+    async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
+        match self {
+            AnyClient::File(c) => c.list(level).await,
+        }
+    }
+
+    async fn open(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        offset: u64,
+    ) -> Result<ObjectReader, StorageError> {
+        match self {
+            AnyClient::File(c) => c.open(level, min, max, offset).await,
+        }
+    }
+
+    async fn put(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        src: &Path,
+        timestamp_ms: i64,
+    ) -> Result<LtxFileInfo, StorageError> {
+        match self {
+            AnyClient::File(c) => c.put(level, min, max, src, timestamp_ms).await,
+        }
+    }
+
+    async fn delete(&self, files: &[LtxFileInfo]) -> Result<(), StorageError> {
+        match self {
+            AnyClient::File(c) => c.delete(files).await,
+        }
+    }
+}
