@@ -182,10 +182,11 @@ impl ReplicaClient for FileClient {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => return Err(StorageError::from_io("delete", p, e)),
                 }
-                if let Some(d) = p.parent() {
-                    if !dirs.contains(&d.to_path_buf()) {
-                        dirs.push(d.to_path_buf());
-                    }
+                if let Some(d) = p
+                    .parent()
+                    .filter(|d| !dirs.iter().any(|x: &PathBuf| x == d))
+                {
+                    dirs.push(d.to_path_buf());
                 }
             }
             for d in dirs {

@@ -1,0 +1,229 @@
+//! Tests for restore failure modes go here: corrupt, truncated, missing and foreign files,
+//! existing outputs, and exit codes. Every failure must leave no output (and no `.tmp`).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn golden(scenario: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/litestream-v0.5")
+        .join(scenario)
+        .join("replica")
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    fs::create_dir_all(dst).unwrap();
+    for e in fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            fs::copy(e.path(), &to).unwrap();
+            let mut perm = fs::metadata(&to).unwrap().permissions();
+            #[allow(clippy::permissions_set_readonly_false)]
+            perm.set_readonly(false);
+            fs::set_permissions(&to, perm).unwrap();
+        }
+    }
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(&golden("basic-4k"), &dir.path().join("replica"));
+        Fixture { dir }
+    }
+    fn replica(&self) -> String {
+        self.dir.path().join("replica").display().to_string()
+    }
+    fn l0(&self, txid: u64) -> PathBuf {
+        self.dir
+            .path()
+            .join(format!("replica/ltx/0/{txid:016x}-{txid:016x}.ltx"))
+    }
+    fn out(&self) -> PathBuf {
+        self.dir.path().join("out.db")
+    }
+    fn restore(&self, extra: &[&str]) -> Output {
+        let out = self.out();
+        let mut args = vec!["restore", "--to", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let replica = self.replica();
+        args.push(&replica);
+        Command::new(env!("CARGO_BIN_EXE_replicad"))
+            .args(&args)
+            .output()
+            .unwrap()
+    }
+    fn assert_failed_cleanly(&self, o: &Output, needle: &str) {
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "stderr: {stderr}");
+        assert!(stderr.contains(needle), "expected {needle:?} in: {stderr}");
+        assert!(!self.out().exists(), "output written despite: {stderr}");
+        assert!(
+            !self.dir.path().join("out.db.tmp").exists(),
+            "tmp left behind"
+        );
+    }
+}
+
+#[test]
+fn flipped_byte_in_a_page_is_refused() {
+    let f = Fixture::new();
+    let mut b = fs::read(f.l0(8)).unwrap();
+    b[2000] ^= 0xff;
+    fs::write(f.l0(8), b).unwrap();
+    let o = f.restore(&[]);
+    f.assert_failed_cleanly(&o, "0000000000000008-0000000000000008.ltx");
+}
+
+#[test]
+fn truncated_file_is_refused() {
+    let f = Fixture::new();
+    let b = fs::read(f.l0(9)).unwrap();
+    fs::write(f.l0(9), &b[..b.len() - 40]).unwrap();
+    f.assert_failed_cleanly(&f.restore(&[]), "truncated");
+}
+
+#[test]
+fn missing_middle_file_names_the_gap() {
+    let f = Fixture::new();
+    fs::remove_file(f.l0(8)).unwrap();
+    f.assert_failed_cleanly(
+        &f.restore(&[]),
+        "TXIDs 0000000000000008 to 0000000000000008 are missing",
+    );
+}
+
+#[test]
+fn wrong_magic_is_refused() {
+    let f = Fixture::new();
+    let mut b = fs::read(f.l0(7)).unwrap();
+    b[..4].copy_from_slice(b"LTX2");
+    fs::write(f.l0(7), b).unwrap();
+    f.assert_failed_cleanly(&f.restore(&[]), "bad magic");
+}
+
+#[test]
+fn invalid_header_flag_is_refused() {
+    let f = Fixture::new();
+    let mut b = fs::read(f.l0(9)).unwrap();
+    b[7] = 0x03;
+    fs::write(f.l0(9), b).unwrap();
+    f.assert_failed_cleanly(&f.restore(&[]), "flags");
+}
+
+#[test]
+fn file_from_a_database_with_another_page_size_is_refused() {
+    let f = Fixture::new();
+    let foreign = golden("basic-64k").join("ltx/0/0000000000000008-0000000000000008.ltx");
+    fs::copy(foreign, f.l0(8)).unwrap();
+    f.assert_failed_cleanly(&f.restore(&[]), "65536-byte pages");
+}
+
+#[test]
+fn unavailable_txid_names_the_newest() {
+    let f = Fixture::new();
+    let o = f.restore(&["--txid", "00000000000000ff"]);
+    f.assert_failed_cleanly(&o, "newest TXID on the replica is 0000000000000009");
+}
+
+#[test]
+fn existing_output_needs_force_and_force_replaces_it_and_its_wal() {
+    let f = Fixture::new();
+    fs::write(f.out(), b"precious").unwrap();
+    let o = f.restore(&[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--force"));
+    assert_eq!(fs::read(f.out()).unwrap(), b"precious");
+
+    let o = f.restore(&["--if-db-not-exists"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(fs::read(f.out()).unwrap(), b"precious");
+
+    let wal = f.dir.path().join("out.db-wal");
+    fs::write(&wal, b"stale wal").unwrap();
+    let o = f.restore(&["--force"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        !wal.exists(),
+        "a stale WAL would be replayed over the restored database"
+    );
+    let conn = rusqlite::Connection::open(f.out()).unwrap();
+    let n: i64 = conn
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert!(n > 0);
+}
+
+#[test]
+fn stray_wal_beside_a_missing_output_is_not_silently_kept() {
+    let f = Fixture::new();
+    fs::write(f.dir.path().join("out.db-wal"), b"stale").unwrap();
+    let o = f.restore(&[]);
+    f.assert_failed_cleanly(&o, "out.db-wal already exists");
+}
+
+#[test]
+fn empty_replica_fails_unless_if_replica_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.db");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["restore", "-o", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.push(dir.path().to_str().unwrap());
+        Command::new(env!("CARGO_BIN_EXE_replicad"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    let o = run(&[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no backup files"));
+    let o = run(&["--if-replica-exists"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(!out.exists());
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let bin = env!("CARGO_BIN_EXE_replicad");
+    let cases: &[&[&str]] = &[
+        &["restore"],
+        &["restore", "--txid", "12", "-o", "/tmp/x.db", "/tmp"],
+        &[
+            "restore",
+            "--timestamp",
+            "yesterday",
+            "-o",
+            "/tmp/x.db",
+            "/tmp",
+        ],
+        &[
+            "restore",
+            "--txid",
+            "0000000000000001",
+            "--timestamp",
+            "2026-01-01T00:00:00Z",
+            "/tmp",
+        ],
+        &["restore", "/tmp/replica-without-output"],
+        &["restore", "-o", "/tmp/x.db", "ftp://host/path"],
+        &["frobnicate"],
+    ];
+    for args in cases {
+        let o = Command::new(bin).args(*args).output().unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
