@@ -23,7 +23,15 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
 pub fn publish(tmp: &Path, dest: &Path) -> io::Result<()> {
     File::open(tmp)?.sync_all()?;
     fs::rename(tmp, dest)?;
-    fsync_dir(dest.parent().unwrap_or(Path::new(".")))
+    fsync_dir(parent_dir(dest))
+}
+
+/// The directory holding `path` (`.` for a bare file name).
+pub fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
 }
 
 /// Creates `dir` and any parents, fsyncing each directory whose entries changed.

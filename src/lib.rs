@@ -22,9 +22,15 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod cli;
+pub mod config;
+pub mod db;
 pub mod file_client;
 pub mod fsutil;
 pub mod ltx;
+pub mod replica;
 pub mod replica_client;
 pub mod restore;
+pub mod retry;
+pub mod staging;
+pub mod store;
 pub mod wal;

@@ -1,6 +1,9 @@
 //! The command line: argument parsing and the mapping of failures to exit codes
 //! (0 ok, 1 runtime failure, 2 usage or configuration error).
 
+mod databases;
+mod ltx;
+pub mod replicate;
 mod restore;
 
 use clap::{Parser, Subcommand};
@@ -20,8 +23,14 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Replicate databases continuously (the daemon).
+    Replicate(replicate::ReplicateArgs),
     /// Restore a database from a replica, at the latest state or a point in time.
     Restore(restore::RestoreArgs),
+    /// List the LTX segments of a replica or of a database's local staging.
+    Ltx(ltx::LtxArgs),
+    /// List the databases and replicas of a configuration file.
+    Databases(databases::DatabasesArgs),
 }
 
 /// A failure, classified by exit code.
@@ -31,7 +40,7 @@ pub enum CliError {
     #[error("{0}")]
     Usage(String),
     /// The work failed: exit code 1.
-    #[error("{0:#}")]
+    #[error("{0}")]
     Runtime(#[from] anyhow::Error),
 }
 
@@ -48,6 +57,9 @@ impl CliError {
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
+        Command::Replicate(args) => replicate::run(args).await,
         Command::Restore(args) => restore::run(args).await,
+        Command::Ltx(args) => ltx::run(args).await,
+        Command::Databases(args) => databases::run(args).await,
     }
 }

@@ -17,6 +17,16 @@ pub struct RestoreArgs {
     /// Replica to restore from: `file:///abs/path` or a directory path.
     #[arg(value_name = "REPLICA_URL")]
     pub replica: String,
+    /// Configuration file: restore the database DB_PATH (the positional argument) from its
+    /// replica, by default to DB_PATH itself.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// With --config, the replica to restore from (default: the first).
+    #[arg(long = "replica", value_name = "NAME", requires = "config")]
+    pub replica_name: Option<String>,
+    /// Do not expand $VAR and ${VAR} in the configuration file.
+    #[arg(long)]
+    pub no_expand_env: bool,
     /// Output database path.
     #[arg(long = "to", short = 'o', value_name = "PATH")]
     pub to: Option<PathBuf>,
@@ -63,16 +73,14 @@ fn target(args: &RestoreArgs) -> Result<Target, CliError> {
 
 /// Runs `replicad restore`.
 pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
-    let client = AnyClient::from_url(&args.replica).map_err(CliError::Usage)?;
+    let (url, default_to) = source(&args)?;
+    let client = AnyClient::from_url(&url).map_err(CliError::Usage)?;
     let target = target(&args)?;
-    let to = match (&args.to, args.dry_run) {
-        (Some(to), _) => to.clone(),
-        (None, true) => PathBuf::new(),
-        (None, false) => {
-            return Err(CliError::Usage(
-                "restore from a replica URL needs --to PATH".into(),
-            ));
-        }
+    let to = match (&args.to, default_to, args.dry_run) {
+        (Some(to), _, _) => to.clone(),
+        (None, Some(db), _) => db,
+        (None, None, true) => PathBuf::new(),
+        (None, None, false) => return Err(CliError::Usage("restore from a replica URL needs --to PATH".into())),
     };
     if args.if_db_not_exists && !args.dry_run && to.exists() {
         println!("database {} already exists, skipping restore", to.display());
@@ -127,6 +135,23 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+/// The replica URL to read, and the default output (the database path in config mode).
+fn source(args: &RestoreArgs) -> Result<(String, Option<PathBuf>), CliError> {
+    let Some(config_path) = &args.config else { return Ok((args.replica.clone(), None)) };
+    let config = crate::config::Config::load(config_path, !args.no_expand_env).map_err(|e| CliError::Usage(e.to_string()))?;
+    let db = config.find_db(std::path::Path::new(&args.replica)).ok_or_else(|| {
+        CliError::Usage(format!("database {} is not in {}", args.replica, config_path.display()))
+    })?;
+    let replica = match &args.replica_name {
+        Some(name) => db.replicas.iter().find(|r| &r.name == name).ok_or_else(|| {
+            let names: Vec<&str> = db.replicas.iter().map(|r| r.name.as_str()).collect();
+            CliError::Usage(format!("database {} has no replica {name:?} (it has {names:?})", args.replica))
+        })?,
+        None => db.replicas.first().ok_or_else(|| CliError::Usage(format!("database {} has no replica", args.replica)))?,
+    };
+    Ok((replica.url.clone(), Some(db.path.clone())))
 }
 
 fn print_plan(plan: &[crate::replica_client::LtxFileInfo], json: bool) {

@@ -1,0 +1,47 @@
+//! `replicad databases`: lists configured databases and their replicas.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::CliError;
+use crate::config::Config;
+
+/// Arguments of `replicad databases`.
+#[derive(Debug, Args)]
+pub struct DatabasesArgs {
+    /// YAML configuration file.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: PathBuf,
+    /// Do not expand $VAR and ${VAR} in the configuration file.
+    #[arg(long)]
+    pub no_expand_env: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `replicad databases`.
+pub async fn run(args: DatabasesArgs) -> Result<(), CliError> {
+    let config = Config::load(&args.config, !args.no_expand_env).map_err(|e| CliError::Usage(e.to_string()))?;
+    if args.json {
+        let rows: Vec<_> = config
+            .dbs
+            .iter()
+            .map(|d| {
+                let replicas: Vec<_> =
+                    d.replicas.iter().map(|r| serde_json::json!({"name": r.name, "url": r.url})).collect();
+                serde_json::json!({"path": d.path, "replicas": replicas})
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return Ok(());
+    }
+    println!("{:<40} {:<12} url", "path", "replica");
+    for d in &config.dbs {
+        for r in &d.replicas {
+            println!("{:<40} {:<12} {}", d.path.display(), r.name, r.url);
+        }
+    }
+    Ok(())
+}

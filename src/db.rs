@@ -1,0 +1,824 @@
+//! One replicated database: the SQLite side.
+//!
+//! A `Db` holds a connection with a long-running read transaction (so no other connection can
+//! restart the WAL over frames not yet copied), reads committed WAL frames, cuts one level-0
+//! segment per sync into [`Staging`], and checkpoints the WAL itself.
+//!
+//! Invariants:
+//! 1. Positions advance by one TXID per segment, without gaps. When continuity with the last
+//!    segment cannot be proven (WAL restarted or truncated behind our back, position lost),
+//!    the next segment is a *full* copy of the database at the next TXID, so the chain never
+//!    breaks.
+//! 2. A frame is never checkpointed before it is durable in a staged segment: a checkpoint
+//!    first takes SQLite's write lock (no commit can land), seals with a sync, and only then
+//!    checkpoints.
+//! 3. While the process runs, the read transaction is held at all times except inside that
+//!    write-locked window, so the WAL generation changes only when we allow it.
+//! 4. Segments carry real pre/post-apply database checksums when the codec is not
+//!    Litestream's (`lz4`): the per-page checksum table is kept in memory (8 bytes a page).
+//! 5. A failed fsync poisons the Db: it stops syncing until the process restarts.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::watch;
+
+use crate::config::DbSettings;
+use crate::fsutil;
+use crate::ltx::checksum::{DbChecksum, page_checksum};
+use crate::ltx::{self, CHECKSUM_FLAG, Codec, Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId, lock_pgno};
+use crate::staging::Staging;
+use crate::wal::{self, WAL_HEADER_SIZE, WalError, WalHeader};
+
+/// Most WAL bytes one segment covers; a larger backlog is cut into several segments.
+pub const MAX_SYNC_WAL_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The position a Db publishes after each segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DbPos {
+    /// Last TXID staged locally (0: none yet).
+    pub txid: TxId,
+    /// Header timestamp of that segment, ms since the epoch.
+    pub timestamp_ms: i64,
+}
+
+/// Counters of one Db (exported as metrics).
+#[derive(Debug, Default)]
+pub struct DbStats {
+    /// Sync attempts that did real work (the full path).
+    pub syncs: AtomicU64,
+    /// Ticks answered by the idle fast path.
+    pub sync_skipped: AtomicU64,
+    /// Failed syncs.
+    pub sync_errors: AtomicU64,
+    /// Segments written.
+    pub segments: AtomicU64,
+    /// Of which full-database segments.
+    pub full_segments: AtomicU64,
+    /// Checkpoints run, any mode.
+    pub checkpoints: AtomicU64,
+    /// 1 while the last tick found nothing new.
+    pub idle: AtomicBool,
+    /// Current TXID.
+    pub txid: AtomicU64,
+}
+
+/// Why a sync failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// SQLite refused something.
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// Reading the WAL failed.
+    #[error("wal: {0}")]
+    Wal(#[from] WalError),
+    /// A local file operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// Operation.
+        op: &'static str,
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Encoding a segment failed.
+    #[error("segment: {0}")]
+    Ltx(#[from] ltx::LtxError),
+    /// A durability step failed earlier; the Db stopped to avoid building on unknown state.
+    #[error("database poisoned by an earlier fsync failure ({0}); restart replicad")]
+    Poisoned(String),
+    /// The database is in a state replicad cannot replicate.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DbError {
+    let path = path.to_path_buf();
+    move |source| DbError::Io { op, path, source }
+}
+
+/// What the replicas hold at startup, so a lost local position continues after it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RemoteTip {
+    /// Highest TXID on any replica.
+    pub txid: TxId,
+    /// That file's post-apply checksum (0 if unknown or absent).
+    pub post_apply_checksum: u64,
+}
+
+/// Where the last segment ended in the WAL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WalMark {
+    salt1: u32,
+    salt2: u32,
+    /// End of the last committed frame copied.
+    offset: u64,
+}
+
+struct Open {
+    conn: Connection,
+    db_file: File,
+    page_size: u32,
+}
+
+/// Where a page of a segment comes from.
+#[derive(Clone, Copy)]
+enum PageSrc {
+    Wal(u64),
+    DbFile,
+}
+
+/// One replicated database.
+pub struct Db {
+    path: PathBuf,
+    wal_path: PathBuf,
+    staging_dir: PathBuf,
+    settings: DbSettings,
+    codec: Codec,
+    checksums: bool,
+    open: Option<Open>,
+    staging: Option<Staging>,
+    remote_tip: RemoteTip,
+    pos: TxId,
+    post: u64,
+    mark: Option<WalMark>,
+    /// The read transaction has been held since `mark` was taken.
+    continuous: bool,
+    table: Vec<u64>,
+    sum: DbChecksum,
+    commit: u32,
+    /// (WAL file size, salts) after the last full-path sync, for the idle fast path.
+    fast: Option<(u64, u32, u32)>,
+    last_full_verify: Instant,
+    last_checkpoint: Instant,
+    dirty_since_checkpoint: bool,
+    poisoned: Option<String>,
+    pos_tx: watch::Sender<DbPos>,
+    stats: Arc<DbStats>,
+    page_buf: Vec<u8>,
+}
+
+impl Db {
+    /// A database at `path`, staging under `meta_path` (default `<dir>/.<name>-replicad`).
+    /// Does no I/O: the database may not exist yet.
+    pub fn new(path: PathBuf, meta_path: Option<PathBuf>, settings: DbSettings, remote_tip: RemoteTip) -> Db {
+        let meta = meta_path.unwrap_or_else(|| default_meta_path(&path));
+        let mut wal_path = path.as_os_str().to_owned();
+        wal_path.push("-wal");
+        let codec = settings.compression;
+        let (pos_tx, _) = watch::channel(DbPos::default());
+        let now = Instant::now();
+        Db {
+            wal_path: PathBuf::from(wal_path),
+            staging_dir: meta.join("ltx").join("0"),
+            path,
+            settings,
+            codec,
+            // Litestream's restore merges inputs into a NoChecksum stream and refuses inputs
+            // that carry checksums, so the Litestream-compatible codec writes none.
+            checksums: codec != Codec::Lz4,
+            open: None,
+            staging: None,
+            remote_tip,
+            pos: TxId(0),
+            post: 0,
+            mark: None,
+            continuous: false,
+            table: Vec::new(),
+            sum: DbChecksum::default(),
+            commit: 0,
+            fast: None,
+            last_full_verify: now,
+            last_checkpoint: now,
+            dirty_since_checkpoint: false,
+            poisoned: None,
+            pos_tx,
+            stats: Arc::new(DbStats::default()),
+            page_buf: Vec::new(),
+        }
+    }
+
+    /// The database path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The staging directory of level-0 segments.
+    pub fn staging_dir(&self) -> &Path {
+        &self.staging_dir
+    }
+
+    /// Subscribes to position updates.
+    pub fn subscribe(&self) -> watch::Receiver<DbPos> {
+        self.pos_tx.subscribe()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Arc<DbStats> {
+        self.stats.clone()
+    }
+
+    /// Current TXID.
+    pub fn pos(&self) -> TxId {
+        self.pos
+    }
+
+    /// The idle fast path: one open, fstat and 32-byte read of the WAL header. Returns true
+    /// when the tick can be skipped: the WAL is exactly as long as what was synced and its
+    /// salts are unchanged (size alone is not enough: after a restart SQLite rewrites frames
+    /// inside a file of unchanged size). A full verification still runs every
+    /// `full-verify-interval`.
+    ///
+    /// This runs on the async worker on purpose: four syscalls on local metadata cost less
+    /// than a hop to the blocking pool, and the path allocates nothing.
+    pub fn fast_path_skip(&mut self, now: Instant) -> bool {
+        let Some((size, salt1, salt2)) = self.fast else { return false };
+        if now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval {
+            return false;
+        }
+        let Ok(f) = File::open(&self.wal_path) else { return false };
+        let Ok(meta) = f.metadata() else { return false };
+        let mut h = [0u8; 32];
+        if meta.len() != size || f.read_exact_at(&mut h, 0).is_err() {
+            return false;
+        }
+        let s1 = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
+        let s2 = u32::from_be_bytes([h[20], h[21], h[22], h[23]]);
+        let skip = s1 == salt1 && s2 == salt2 && !self.checkpoint_due(now);
+        if skip {
+            self.stats.sync_skipped.fetch_add(1, Ordering::Relaxed);
+            self.stats.idle.store(true, Ordering::Relaxed);
+        }
+        skip
+    }
+
+    /// Syncs every committed frame into segments, then checkpoints if the policy says so.
+    /// Blocking: run it off the async reactor. Returns the number of segments written.
+    pub fn sync(&mut self, allow_checkpoint: bool) -> Result<usize, DbError> {
+        if let Some(why) = &self.poisoned {
+            return Err(DbError::Poisoned(why.clone()));
+        }
+        self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        let result = self.sync_inner(allow_checkpoint);
+        if result.is_err() {
+            self.stats.sync_errors.fetch_add(1, Ordering::Relaxed);
+            self.fast = None;
+        }
+        result
+    }
+
+    fn sync_inner(&mut self, allow_checkpoint: bool) -> Result<usize, DbError> {
+        if self.open.is_none() && !self.init()? {
+            return Ok(0);
+        }
+        let mut written = 0;
+        loop {
+            let (wrote, limited) = self.sync_once()?;
+            written += usize::from(wrote);
+            if !limited {
+                break;
+            }
+        }
+        self.last_full_verify = Instant::now();
+        if allow_checkpoint && self.checkpoint_due(Instant::now()) {
+            written += self.checkpoint()?;
+        }
+        self.refresh_fast_cache();
+        self.stats.idle.store(written == 0, Ordering::Relaxed);
+        Ok(written)
+    }
+
+    /// Opens SQLite, takes the read transaction, and recovers the position. Returns false if
+    /// the database file does not exist yet.
+    fn init(&mut self) -> Result<bool, DbError> {
+        if !self.path.exists() {
+            return Ok(false);
+        }
+        let conn = open_connection(&self.path)?;
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(DbError::Unsupported(format!(
+                "{} cannot be switched to WAL mode (journal_mode is {mode})",
+                self.path.display()
+            )));
+        }
+        conn.execute_batch("PRAGMA wal_autocheckpoint=0;")?;
+        let page_size: u32 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+        begin_read(&conn)?;
+        let db_file = File::open(&self.path).map_err(io_err("open", &self.path))?;
+        let staging = Staging::open(self.staging_dir.clone()).map_err(io_err("open staging", &self.staging_dir))?;
+        match staging.tip() {
+            Ok(Some(tip)) if tip.header.page_size != page_size => {
+                return Err(DbError::Unsupported(format!(
+                    "page size of {} changed from {} to {page_size}; replicate it to a new replica path",
+                    self.path.display(),
+                    tip.header.page_size
+                )));
+            }
+            Ok(Some(tip)) => {
+                self.pos = tip.header.max_txid;
+                self.commit = tip.header.commit;
+                self.post = tip.post_apply_checksum;
+                self.mark = (tip.header.wal_offset > 0).then_some(WalMark {
+                    salt1: tip.header.wal_salt1,
+                    salt2: tip.header.wal_salt2,
+                    offset: (tip.header.wal_offset + tip.header.wal_size) as u64,
+                });
+                self.publish(tip.header.timestamp);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(db = %self.path.display(), error = %e, "newest staged segment unusable; continuing after the replicas' position with a full segment");
+                staging.clear().map_err(io_err("clear staging", &self.staging_dir))?;
+            }
+        }
+        if self.remote_tip.txid > self.pos {
+            self.pos = self.remote_tip.txid;
+            self.post = self.remote_tip.post_apply_checksum;
+            self.mark = None;
+            self.publish(0);
+        }
+        self.continuous = false;
+        self.page_buf = vec![0u8; page_size as usize];
+        self.open = Some(Open { conn, db_file, page_size });
+        self.staging = Some(staging);
+        Ok(true)
+    }
+
+    /// Cuts at most one segment. Returns (segment written, more WAL left to copy).
+    fn sync_once(&mut self) -> Result<(bool, bool), DbError> {
+        let wal_file = match File::open(&self.wal_path) {
+            Ok(f) => Some(f),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err("open", &self.wal_path)(e)),
+        };
+        let header = match &wal_file {
+            Some(f) => read_wal_header(f)?,
+            None => None,
+        };
+        let wal_len = match &wal_file {
+            Some(f) => f.metadata().map_err(io_err("stat", &self.wal_path))?.len(),
+            None => 0,
+        };
+        if !self.continuous {
+            return self.startup_sync(wal_file.as_ref(), header, wal_len);
+        }
+        let start = match (self.mark, header) {
+            (_, None) => {
+                // No valid WAL: nothing can have been committed since (the read transaction
+                // stops anyone from truncating it), unless this is our first look.
+                return Ok((false, false));
+            }
+            (Some(m), Some(h)) if (m.salt1, m.salt2) == (h.salt1, h.salt2) => {
+                if wal_len < m.offset {
+                    return self.write_full(wal_file.as_ref(), header, "wal truncated").map(|w| (w, false));
+                }
+                m.offset
+            }
+            (Some(m), Some(h)) if h.salt1 == m.salt1.wrapping_add(1) => WAL_HEADER_SIZE,
+            (Some(_), Some(_)) => {
+                return self.write_full(wal_file.as_ref(), header, "wal restarted more than once").map(|w| (w, false));
+            }
+            (None, Some(_)) => WAL_HEADER_SIZE,
+        };
+        let Some(f) = wal_file.as_ref() else { return Ok((false, false)) };
+        let scan = match wal::scan(f, start, MAX_SYNC_WAL_BYTES) {
+            Ok(Some(s)) => s,
+            Ok(None) => return Ok((false, false)),
+            Err(WalError::PrevFrameMismatch { .. }) => {
+                return self.write_full(wal_file.as_ref(), header, "wal overwritten").map(|w| (w, false));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let h = scan.header;
+        if scan.pages.is_empty() && scan.end_offset == start {
+            self.mark = Some(WalMark { salt1: h.salt1, salt2: h.salt2, offset: start });
+            return Ok((false, false));
+        }
+        let wrote = self.write_incremental(f, &scan, start, |_| true)?;
+        Ok((wrote, scan.limited))
+    }
+
+    /// First sync after opening: decides between continuing the chain and a full segment, and
+    /// builds the checksum table from the whole database.
+    fn startup_sync(&mut self, wal_file: Option<&File>, header: Option<WalHeader>, wal_len: u64) -> Result<(bool, bool), DbError> {
+        let scan = match (wal_file, header) {
+            (Some(f), Some(_)) => wal::scan(f, WAL_HEADER_SIZE, u64::MAX)?,
+            _ => None,
+        };
+        let reason = match (self.pos.0, self.mark, &scan) {
+            (0, _, _) => Some("initial snapshot"),
+            (_, None, _) => Some("local position unknown"),
+            (_, Some(_), None) => Some("wal missing or empty after restart"),
+            (_, Some(m), Some(s)) => {
+                if (s.header.salt1, s.header.salt2) != (m.salt1, m.salt2) {
+                    Some("wal restarted while replicad was down")
+                } else if wal_len < m.offset || s.end_offset < m.offset {
+                    Some("wal truncated while replicad was down")
+                } else {
+                    None
+                }
+            }
+        };
+        let wrote = match (reason, scan.as_ref(), wal_file) {
+            (None, Some(s), Some(f)) => {
+                let from = self.mark.map_or(WAL_HEADER_SIZE, |m| m.offset);
+                if self.checksums {
+                    self.build_table(Some((f, s)))?;
+                }
+                let changed = |off: u64| off >= from;
+                if s.end_offset == from {
+                    self.mark = Some(WalMark { salt1: s.header.salt1, salt2: s.header.salt2, offset: from });
+                    false
+                } else {
+                    self.write_incremental(f, s, from, changed)?
+                }
+            }
+            (Some(reason), _, _) => {
+                // A database identical to the replica's tip needs no full copy (clean restart
+                // where SQLite removed the WAL on close).
+                if self.checksums && self.pos.0 > 0 && self.post != 0 {
+                    self.build_table(scan.as_ref().zip(wal_file).map(|(s, f)| (f, s)))?;
+                    if self.sum.value() == self.post {
+                        self.mark = scan.as_ref().map(|s| WalMark { salt1: s.header.salt1, salt2: s.header.salt2, offset: s.end_offset });
+                        self.continuous = true;
+                        return Ok((false, false));
+                    }
+                }
+                self.write_full(wal_file, header, reason)?
+            }
+            (None, _, _) => self.write_full(wal_file, header, "wal unreadable")?,
+        };
+        self.continuous = true;
+        Ok((wrote, false))
+    }
+
+    /// Builds the per-page checksum table of the current database state.
+    fn build_table(&mut self, overlay: Option<(&File, &wal::WalScan)>) -> Result<(), DbError> {
+        let commit = self.current_commit(overlay.map(|(_, s)| s))?;
+        // The table describes the database as it is now; `self.commit` stays the commit at
+        // the current position, so growth since then is still copied.
+        let mut table = vec![0u64; commit as usize];
+        let mut sum = DbChecksum::default();
+        let lock = lock_pgno(self.page_size());
+        let mut buf = std::mem::take(&mut self.page_buf);
+        for pgno in (1..=commit).filter(|p| *p != lock) {
+            let src = overlay.and_then(|(_, s)| s.pages.get(&pgno).copied()).map_or(PageSrc::DbFile, PageSrc::Wal);
+            self.read_page(overlay.map(|(f, _)| f), src, pgno, &mut buf)?;
+            let c = page_checksum(pgno, &buf);
+            table[pgno as usize - 1] = c;
+            sum.toggle(c);
+        }
+        self.page_buf = buf;
+        self.table = table;
+        self.sum = sum;
+        Ok(())
+    }
+
+    fn page_size(&self) -> u32 {
+        self.open.as_ref().map_or(4096, |o| o.page_size)
+    }
+
+    /// Database size in pages: the last commit frame's, else the database header's.
+    fn current_commit(&self, scan: Option<&wal::WalScan>) -> Result<u32, DbError> {
+        if let Some(s) = scan.filter(|s| s.commit > 0) {
+            return Ok(s.commit);
+        }
+        let open = self.open.as_ref().ok_or_else(|| DbError::Unsupported("database not open".into()))?;
+        let len = open.db_file.metadata().map_err(io_err("stat", &self.path))?.len();
+        let mut h = [0u8; 100];
+        if len >= 100 && open.db_file.read_exact_at(&mut h, 0).is_ok() {
+            let in_header = u32::from_be_bytes([h[28], h[29], h[30], h[31]]);
+            let change = &h[24..28];
+            let valid_for = &h[92..96];
+            if in_header > 0 && change == valid_for {
+                return Ok(in_header);
+            }
+        }
+        Ok((len / u64::from(open.page_size)) as u32)
+    }
+
+    fn read_page(&self, wal_file: Option<&File>, src: PageSrc, pgno: u32, buf: &mut [u8]) -> Result<(), DbError> {
+        match (src, wal_file) {
+            (PageSrc::Wal(off), Some(f)) => Ok(wal::read_page(f, off, buf)?),
+            _ => {
+                let open = self.open.as_ref().ok_or_else(|| DbError::Unsupported("database not open".into()))?;
+                let at = u64::from(pgno - 1) * u64::from(open.page_size);
+                // Past the end of the file SQLite reads zeros; so do we.
+                let mut done = 0;
+                while done < buf.len() {
+                    match open.db_file.read_at(&mut buf[done..], at + done as u64) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(io_err("read", &self.path)(e)),
+                    }
+                }
+                buf[done..].fill(0);
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes a segment with the pages of `scan` whose newest frame is at or after `from`
+    /// (`changed`), plus pages the database grew by that no frame carries.
+    fn write_incremental(
+        &mut self,
+        f: &File,
+        scan: &wal::WalScan,
+        from: u64,
+        changed: impl Fn(u64) -> bool,
+    ) -> Result<bool, DbError> {
+        let old_commit = self.commit;
+        let commit = self.current_commit(Some(scan))?;
+        let lock = lock_pgno(self.page_size());
+        let mut pages: Vec<(u32, PageSrc)> =
+            scan.pages.iter().filter(|(_, off)| changed(**off)).map(|(p, off)| (*p, PageSrc::Wal(*off))).collect();
+        if commit > old_commit {
+            let growth = (old_commit + 1..=commit).filter(|p| *p != lock && !scan.pages.contains_key(p));
+            pages.extend(growth.map(|p| (p, PageSrc::DbFile)));
+            pages.sort_by_key(|(p, _)| *p);
+        }
+        if pages.is_empty() && commit == self.commit {
+            self.mark = Some(WalMark { salt1: scan.header.salt1, salt2: scan.header.salt2, offset: scan.end_offset });
+            return Ok(false);
+        }
+        let header = self.next_header(commit, from, scan.end_offset - from, &scan.header);
+        self.write_segment(header, Some(f), &pages, false)?;
+        self.mark = Some(WalMark { salt1: scan.header.salt1, salt2: scan.header.salt2, offset: scan.end_offset });
+        Ok(true)
+    }
+
+    /// Writes a segment holding every page of the database, at the next TXID.
+    fn write_full(&mut self, wal_file: Option<&File>, header: Option<WalHeader>, reason: &str) -> Result<bool, DbError> {
+        let scan = match (wal_file, header) {
+            (Some(f), Some(_)) => wal::scan(f, WAL_HEADER_SIZE, u64::MAX)?,
+            _ => None,
+        };
+        let commit = self.current_commit(scan.as_ref())?;
+        if commit == 0 {
+            return Ok(false);
+        }
+        tracing::info!(db = %self.path.display(), txid = %TxId(self.pos.0 + 1), reason, pages = commit, "writing a full segment");
+        let lock = lock_pgno(self.page_size());
+        let pages: Vec<(u32, PageSrc)> = (1..=commit)
+            .filter(|p| *p != lock)
+            .map(|p| (p, scan.as_ref().and_then(|s| s.pages.get(&p).copied()).map_or(PageSrc::DbFile, PageSrc::Wal)))
+            .collect();
+        let (wal_off, wal_size, wh) = match &scan {
+            Some(s) => (WAL_HEADER_SIZE, s.end_offset - WAL_HEADER_SIZE, Some(s.header)),
+            None => (0, 0, None),
+        };
+        let mut h = match &wh {
+            Some(wh) => self.next_header(commit, wal_off, wal_size, wh),
+            None => self.next_header_no_wal(commit),
+        };
+        if h.wal_size == 0 {
+            // No frame was copied: record no WAL position (a header rule of the format).
+            (h.wal_offset, h.wal_salt1, h.wal_salt2) = (0, 0, 0);
+        }
+        self.write_segment(h, wal_file, &pages, true)?;
+        self.stats.full_segments.fetch_add(1, Ordering::Relaxed);
+        self.mark = scan.as_ref().map(|s| WalMark { salt1: s.header.salt1, salt2: s.header.salt2, offset: s.end_offset });
+        self.continuous = true;
+        Ok(true)
+    }
+
+    fn next_header(&self, commit: u32, wal_offset: u64, wal_size: u64, wh: &WalHeader) -> Header {
+        let mut h = self.next_header_no_wal(commit);
+        if wal_size > 0 {
+            h.wal_offset = wal_offset as i64;
+            h.wal_size = wal_size as i64;
+            h.wal_salt1 = wh.salt1;
+            h.wal_salt2 = wh.salt2;
+        }
+        h
+    }
+
+    fn next_header_no_wal(&self, commit: u32) -> Header {
+        let txid = TxId(self.pos.0 + 1);
+        let pre = match (self.checksums, txid.0) {
+            (false, _) | (_, 1) => 0,
+            // An unknown predecessor (a Litestream-written tip) still needs a flagged value.
+            (true, _) if self.post == 0 => CHECKSUM_FLAG,
+            (true, _) => self.post,
+        };
+        Header {
+            flags: if self.checksums { 0 } else { HEADER_FLAG_NO_CHECKSUM },
+            page_size: self.page_size(),
+            commit,
+            min_txid: txid,
+            max_txid: txid,
+            timestamp: now_ms(),
+            pre_apply_checksum: pre,
+            ..Header::default()
+        }
+    }
+
+    /// Encodes `pages` into a staged segment (tmp -> fsync -> rename -> fsync dir), updates
+    /// the checksum table, and publishes the new position.
+    fn write_segment(&mut self, header: Header, wal_file: Option<&File>, pages: &[(u32, PageSrc)], full: bool) -> Result<(), DbError> {
+        let staging = self.staging.as_ref().ok_or_else(|| DbError::Unsupported("staging not open".into()))?;
+        let dest = staging.path(header.max_txid);
+        let tmp = fsutil::tmp_path(&dest);
+        let file = File::create(&tmp).map_err(io_err("create", &tmp))?;
+        let mut enc = Encoder::new(file, header, self.codec)?;
+        let commit = header.commit;
+        let mut table = if full { vec![0u64; commit as usize] } else { std::mem::take(&mut self.table) };
+        let mut sum = if full { DbChecksum::default() } else { self.sum };
+        if self.checksums && !full {
+            for p in (commit + 1)..=(table.len() as u32) {
+                sum.toggle(table[p as usize - 1]);
+            }
+            table.resize(commit as usize, 0);
+        }
+        let mut buf = std::mem::take(&mut self.page_buf);
+        let result = (|| {
+            for &(pgno, src) in pages {
+                self.read_page(wal_file, src, pgno, &mut buf)?;
+                enc.encode_page(pgno, &buf)?;
+                if self.checksums {
+                    let c = page_checksum(pgno, &buf);
+                    let slot = &mut table[pgno as usize - 1];
+                    if *slot != 0 {
+                        sum.toggle(*slot);
+                    }
+                    sum.toggle(c);
+                    *slot = c;
+                }
+            }
+            let post = if self.checksums { sum.value() } else { 0 };
+            let (file, _) = enc.finish(post)?;
+            Ok::<_, DbError>((file, post))
+        })();
+        self.page_buf = buf;
+        let (file, post) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        if let Err(e) = file.sync_all().and_then(|()| fsutil::publish(&tmp, &dest)) {
+            self.poisoned = Some(format!("fsync {}: {e}", dest.display()));
+            return Err(io_err("publish", &dest)(e));
+        }
+        self.table = table;
+        self.sum = sum;
+        self.commit = commit;
+        self.pos = header.max_txid;
+        self.post = post;
+        self.dirty_since_checkpoint = true;
+        self.stats.segments.fetch_add(1, Ordering::Relaxed);
+        self.publish(header.timestamp);
+        Ok(())
+    }
+
+    fn publish(&self, timestamp_ms: i64) {
+        self.stats.txid.store(self.pos.0, Ordering::Relaxed);
+        self.pos_tx.send_replace(DbPos { txid: self.pos, timestamp_ms });
+    }
+
+    fn refresh_fast_cache(&mut self) {
+        self.fast = match (self.mark, std::fs::metadata(&self.wal_path)) {
+            (Some(m), Ok(meta)) if meta.len() == m.offset => Some((m.offset, m.salt1, m.salt2)),
+            _ => None,
+        };
+    }
+
+    fn wal_pages(&self) -> u64 {
+        let frame = 24 + u64::from(self.page_size());
+        self.mark.map_or(0, |m| m.offset.saturating_sub(WAL_HEADER_SIZE) / frame)
+    }
+
+    fn checkpoint_due(&self, now: Instant) -> bool {
+        if !self.dirty_since_checkpoint {
+            return false;
+        }
+        let pages = self.wal_pages();
+        let interval = self.settings.checkpoint_interval;
+        pages >= u64::from(self.settings.min_checkpoint_page_count)
+            || (!interval.is_zero() && now.duration_since(self.last_checkpoint) >= interval && pages > 1)
+    }
+
+    /// Checkpoints the WAL (DESIGN §3.1): PASSIVE under a write lock after a sealing sync;
+    /// TRUNCATE above `truncate-page-n`. Never RESTART. Returns segments written.
+    fn checkpoint(&mut self) -> Result<usize, DbError> {
+        let truncate = self.wal_pages() >= u64::from(self.settings.truncate_page_n);
+        let barrier = open_connection(&self.path)?;
+        // The barrier: holding SQLite's write lock, no commit can land between the seal and
+        // the checkpoint, so every frame the checkpoint moves is already in a segment.
+        if let Err(e) = barrier.execute_batch("BEGIN IMMEDIATE") {
+            tracing::debug!(db = %self.path.display(), error = %e, "checkpoint skipped: write lock busy");
+            return Ok(0);
+        }
+        let mut written = 0;
+        let sealed = (|| {
+            loop {
+                let (wrote, limited) = self.sync_once()?;
+                written += usize::from(wrote);
+                if !limited {
+                    break;
+                }
+            }
+            let conn = &self.open.as_ref().ok_or_else(|| DbError::Unsupported("database not open".into()))?.conn;
+            conn.execute_batch("COMMIT")?;
+            let mode = if truncate { "TRUNCATE" } else { "PASSIVE" };
+            // TRUNCATE needs the write lock itself: give it up first (the WAL is synced).
+            if truncate {
+                barrier.execute_batch("ROLLBACK")?;
+            }
+            let (busy, log, done): (i64, i64, i64) =
+                conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            begin_read(conn)?;
+            tracing::debug!(db = %self.path.display(), mode, busy, log, done, "checkpoint");
+            Ok::<_, DbError>((truncate, log >= 0 && log == done))
+        })();
+        if !barrier.is_autocommit() {
+            barrier.execute_batch("ROLLBACK")?;
+        }
+        let (truncated, complete) = sealed?;
+        self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        self.last_checkpoint = Instant::now();
+        self.dirty_since_checkpoint = false;
+        if truncated {
+            // Commits may have landed between the unlock and the truncate: they are in the
+            // database file now, not in any WAL frame we saw. Only a full segment is safe.
+            let f = File::open(&self.wal_path).ok();
+            let h = match &f {
+                Some(f) => read_wal_header(f)?,
+                None => None,
+            };
+            written += usize::from(self.write_full(f.as_ref(), h, "checkpoint boundary after TRUNCATE")?);
+        } else if complete {
+            // Restart the WAL now with our own small write, so the file shrinks back to one
+            // frame (journal_size_limit=0) and the idle fast path applies again.
+            barrier.execute_batch(
+                "PRAGMA journal_size_limit=0; BEGIN IMMEDIATE; \
+                 CREATE TABLE IF NOT EXISTS _replicad_seq (id INTEGER PRIMARY KEY, seq INTEGER); \
+                 INSERT INTO _replicad_seq (id, seq) VALUES (1, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; \
+                 COMMIT;",
+            )?;
+            let (wrote, _) = self.sync_once()?;
+            written += usize::from(wrote);
+        }
+        // Our own restart write is not new application data.
+        self.dirty_since_checkpoint = false;
+        Ok(written)
+    }
+
+    /// Final sync before shutdown (no checkpoint: the next start continues from the WAL).
+    pub fn final_sync(&mut self) -> Result<usize, DbError> {
+        self.sync(false)
+    }
+
+    /// Deletes staged segments every replica has (keeping the newest).
+    pub fn prune_staging(&self, acknowledged: TxId) -> Result<usize, DbError> {
+        match &self.staging {
+            Some(s) => s.prune_below(TxId(acknowledged.0 + 1)).map_err(io_err("prune", &self.staging_dir)),
+            None => Ok(0),
+        }
+    }
+}
+
+/// Default metadata directory: `<dir>/.<file name>-replicad`.
+pub fn default_meta_path(db: &Path) -> PathBuf {
+    let name = db.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    db.parent().unwrap_or(Path::new(".")).join(format!(".{name}-replicad"))
+}
+
+fn open_connection(path: &Path) -> Result<Connection, DbError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(std::time::Duration::from_secs(1))?;
+    // Our connection closing must never checkpoint or delete the WAL behind the chain.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+    conn.execute_batch("PRAGMA cache_size=-256;")?;
+    Ok(conn)
+}
+
+/// Starts the long-running read transaction that pins the WAL.
+fn begin_read(conn: &Connection) -> Result<(), DbError> {
+    conn.execute_batch("BEGIN")?;
+    let _: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+    Ok(())
+}
+
+fn read_wal_header(f: &File) -> Result<Option<WalHeader>, DbError> {
+    let mut h = [0u8; 32];
+    match f.read_exact_at(&mut h, 0) {
+        Ok(()) => Ok(WalHeader::parse(&h).ok()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(DbError::Wal(WalError::Io(e))),
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}

@@ -1,0 +1,196 @@
+//! One destination of one database, and its upload task.
+//!
+//! The upload task sleeps until the database's position changes, an idle heartbeat fires (it
+//! sends no request when nothing is new), or a retry timer fires. It uploads staged segments
+//! strictly in TXID order and advances its remote position only after a whole object is
+//! stored; the position it acknowledges lets the database prune staging.
+//!
+//! Invariants:
+//! - An idle replica makes no call to its client: the remote contents are known from one
+//!   listing at start and tracked in memory afterwards.
+//! - The remote position advances by one TXID per acknowledged PUT, never past a failure.
+//! - An error streak is logged once when it starts and once when it ends, not per retry.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::db::{DbPos, RemoteTip};
+use crate::ltx::{self, TxId};
+use crate::replica_client::{AnyClient, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
+use crate::retry::Backoff;
+use crate::staging::Staging;
+
+/// Operations a replica counts, in the order of [`ReplicaStats::ops`].
+pub const OPERATIONS: [&str; 4] = ["put", "get", "list", "delete"];
+
+/// Counters of one replica (exported as metrics).
+#[derive(Debug, Default)]
+pub struct ReplicaStats {
+    /// Client calls by operation, indexed like [`OPERATIONS`].
+    pub ops: [AtomicU64; 4],
+    /// Failed client calls.
+    pub errors: AtomicU64,
+    /// Bytes uploaded.
+    pub bytes_uploaded: AtomicU64,
+    /// Highest TXID stored on the replica.
+    pub remote_txid: AtomicU64,
+    /// Header timestamp (ms) of the newest uploaded segment.
+    pub remote_timestamp_ms: AtomicU64,
+}
+
+impl ReplicaStats {
+    fn count(&self, op: usize) {
+        self.ops[op].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Total client calls.
+    pub fn total_ops(&self) -> u64 {
+        self.ops.iter().map(|o| o.load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// One replica of one database.
+pub struct Replica {
+    name: String,
+    db: String,
+    client: AnyClient,
+    staging: Staging,
+    remote: TxId,
+    ack_tx: watch::Sender<TxId>,
+    stats: Arc<ReplicaStats>,
+    heartbeat: Duration,
+}
+
+impl Replica {
+    /// A replica named `name` of database `db` (for logs), uploading from `staging`.
+    pub fn new(name: String, db: String, client: AnyClient, staging: Staging, heartbeat: Duration) -> Replica {
+        let (ack_tx, _) = watch::channel(TxId(0));
+        Replica { name, db, client, staging, remote: TxId(0), ack_tx, stats: Arc::default(), heartbeat }
+    }
+
+    /// The replica's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Arc<ReplicaStats> {
+        self.stats.clone()
+    }
+
+    /// Acknowledged remote positions.
+    pub fn acks(&self) -> watch::Receiver<TxId> {
+        self.ack_tx.subscribe()
+    }
+
+    /// Lists the replica once (every level) to learn where its chain ends.
+    pub async fn init(&mut self) -> Result<RemoteTip, StorageError> {
+        let mut tip = RemoteTip::default();
+        let mut newest = None;
+        for level in 0..=SNAPSHOT_LEVEL {
+            self.stats.count(2);
+            let files = self.client.list(level).await.inspect_err(|_| self.note_error())?;
+            if let Some(f) = files.iter().max_by_key(|f| f.max_txid).filter(|f| f.max_txid > tip.txid) {
+                tip.txid = f.max_txid;
+                newest = Some(f.clone());
+            }
+        }
+        if let Some(f) = newest {
+            tip.post_apply_checksum = self.read_post_apply(&f).await.unwrap_or(0);
+        }
+        self.remote = tip.txid;
+        self.stats.remote_txid.store(tip.txid.0, Ordering::Relaxed);
+        self.ack_tx.send_replace(tip.txid);
+        Ok(tip)
+    }
+
+    async fn read_post_apply(&self, f: &crate::replica_client::LtxFileInfo) -> Result<u64, StorageError> {
+        use tokio::io::AsyncReadExt;
+        let offset = f.size.saturating_sub(ltx::TRAILER_SIZE as u64);
+        self.stats.count(1);
+        let mut r = self.client.open(f.level, f.min_txid, f.max_txid, offset).await?;
+        let mut b = [0u8; 8];
+        r.read_exact(&mut b).await.map_err(|e| StorageError::Transient {
+            op: "get",
+            key: ltx::format_filename(f.min_txid, f.max_txid),
+            reason: e.to_string(),
+        })?;
+        Ok(u64::from_be_bytes(b))
+    }
+
+    fn note_error(&self) {
+        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Uploads staged segments after the remote position up to `target`, in order.
+    async fn upload_until(&mut self, target: TxId) -> Result<(), StorageError> {
+        while self.remote < target {
+            let txid = TxId(self.remote.0 + 1);
+            let path = self.staging.path(txid);
+            let header = self.staging.header(txid).map_err(|e| StorageError::Permanent {
+                op: "read staged segment",
+                key: path.display().to_string(),
+                reason: format!("{e} (the replica is at {} and cannot catch up from staging)", self.remote),
+            })?;
+            self.stats.count(0);
+            let info = self
+                .client
+                .put(0, txid, txid, &path, header.timestamp)
+                .await
+                .inspect_err(|_| self.note_error())?;
+            self.remote = txid;
+            self.stats.bytes_uploaded.fetch_add(info.size, Ordering::Relaxed);
+            self.stats.remote_txid.store(txid.0, Ordering::Relaxed);
+            self.stats.remote_timestamp_ms.store(header.timestamp.max(0) as u64, Ordering::Relaxed);
+            self.ack_tx.send_replace(txid);
+        }
+        Ok(())
+    }
+
+    /// The upload task: runs until the database's position channel closes and everything is
+    /// uploaded (a clean shutdown), or until `abort` is cancelled.
+    pub async fn run(mut self, mut pos_rx: watch::Receiver<DbPos>, abort: CancellationToken) {
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
+        let mut streak: Option<(Instant, u32)> = None;
+        loop {
+            let target = pos_rx.borrow_and_update().txid;
+            let closed = pos_rx.has_changed().is_err();
+            let result = tokio::select! {
+                _ = abort.cancelled() => return,
+                r = self.upload_until(target) => r,
+            };
+            let retry = match result {
+                Ok(()) => {
+                    if let Some((since, failures)) = streak.take() {
+                        tracing::info!(db = %self.db, replica = %self.name, failures, after = ?since.elapsed(), "replica recovered");
+                    }
+                    backoff.reset();
+                    if closed {
+                        return;
+                    }
+                    None
+                }
+                Err(e) => {
+                    match &mut streak {
+                        None => {
+                            tracing::error!(db = %self.db, replica = %self.name, error = %e, remote_txid = %self.remote, "upload failed; retrying with backoff");
+                            streak = Some((Instant::now(), 1));
+                        }
+                        Some((_, n)) => *n += 1,
+                    }
+                    Some(backoff.next_delay())
+                }
+            };
+            let wait = retry.unwrap_or(self.heartbeat);
+            tokio::select! {
+                _ = abort.cancelled() => return,
+                _ = pos_rx.changed(), if retry.is_none() && !closed => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}

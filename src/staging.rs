@@ -1,0 +1,122 @@
+//! Local staging of level-0 segments: `<meta>/ltx/0/<N>-<N>.ltx`.
+//!
+//! Invariants:
+//! - A segment appears here only whole and durable (tmp -> fsync -> rename -> fsync dir);
+//!   `*.tmp` leftovers of a crash are removed when the directory is opened.
+//! - Staging keeps every segment not yet acknowledged by every replica, and the newest one
+//!   always (its header is where a restarted process learns its position and WAL offset).
+
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use crate::fsutil;
+use crate::ltx::{self, Header, TRAILER_SIZE, TxId};
+
+/// The staging directory of one database.
+#[derive(Debug, Clone)]
+pub struct Staging {
+    dir: PathBuf,
+}
+
+/// The newest staged segment: where the local chain ends.
+#[derive(Debug, Clone, Copy)]
+pub struct StagedTip {
+    /// Its header.
+    pub header: Header,
+    /// Its post-apply database checksum (0 if it carries none).
+    pub post_apply_checksum: u64,
+}
+
+impl Staging {
+    /// Opens (creating) the directory and removes temporary leftovers.
+    pub fn open(dir: PathBuf) -> std::io::Result<Staging> {
+        fsutil::create_dir_all_durable(&dir)?;
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            if entry.file_name().to_string_lossy().ends_with(".tmp") {
+                fs::remove_file(entry.path())?;
+            }
+        }
+        Ok(Staging { dir })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Path of segment `txid`.
+    pub fn path(&self, txid: TxId) -> PathBuf {
+        self.dir.join(ltx::format_filename(txid, txid))
+    }
+
+    /// TXIDs of the staged segments, ascending.
+    pub fn txids(&self) -> std::io::Result<Vec<TxId>> {
+        let mut out: Vec<TxId> = fs::read_dir(&self.dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().and_then(ltx::parse_filename))
+            .filter(|(min, max)| min == max)
+            .map(|(min, _)| min)
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Reads the header and post-apply checksum of the newest segment. The whole file is
+    /// verified first: a torn or corrupt newest segment must not define the position.
+    pub fn tip(&self) -> Result<Option<StagedTip>, String> {
+        let txids = self.txids().map_err(|e| format!("list {}: {e}", self.dir.display()))?;
+        let Some(&txid) = txids.last() else { return Ok(None) };
+        let path = self.path(txid);
+        let verify = || -> Result<StagedTip, ltx::LtxError> {
+            let mut dec = ltx::Decoder::new(File::open(&path)?)?;
+            let header = *dec.header();
+            let mut page = vec![0u8; header.page_size as usize];
+            while dec.next_page(&mut page)?.is_some() {}
+            let trailer = dec.finish()?;
+            Ok(StagedTip { header, post_apply_checksum: trailer.post_apply_checksum })
+        };
+        verify().map(Some).map_err(|e| format!("staged segment {}: {e}", path.display()))
+    }
+
+    /// Reads only the header of a staged segment (the upload path needs its timestamp).
+    pub fn header(&self, txid: TxId) -> Result<Header, ltx::LtxError> {
+        ltx::decoder::read_header(File::open(self.path(txid))?)
+    }
+
+    /// Reads the trailer's post-apply checksum of any LTX file on disk.
+    pub fn post_apply_checksum_of(path: &Path) -> std::io::Result<u64> {
+        let mut f = File::open(path)?;
+        f.seek(SeekFrom::End(-(TRAILER_SIZE as i64)))?;
+        let mut b = [0u8; 8];
+        f.read_exact(&mut b)?;
+        Ok(u64::from_be_bytes(b))
+    }
+
+    /// Deletes every staged segment older than `keep_from`, but never the newest.
+    pub fn prune_below(&self, keep_from: TxId) -> std::io::Result<usize> {
+        let txids = self.txids()?;
+        let newest = txids.last().copied();
+        let mut removed = 0;
+        for t in txids.into_iter().filter(|t| *t < keep_from && Some(*t) != newest) {
+            match fs::remove_file(self.path(t)) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if removed > 0 {
+            fsutil::fsync_dir(&self.dir)?;
+        }
+        Ok(removed)
+    }
+
+    /// Removes every staged segment (the local position is then rebuilt from the replicas).
+    pub fn clear(&self) -> std::io::Result<()> {
+        for t in self.txids()? {
+            fs::remove_file(self.path(t))?;
+        }
+        fsutil::fsync_dir(&self.dir)
+    }
+}
