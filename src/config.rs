@@ -522,9 +522,11 @@ impl Ctx {
         let message = match self.last_error.into_inner() {
             Some(mine) if rendered.contains(&mine) => mine,
             _ => match e.location() {
-                Some(l) => {
-                    rendered.replacen(&format!(" at line {} column {}", l.line(), l.column()), "", 1)
-                }
+                Some(l) => rendered.replacen(
+                    &format!(" at line {} column {}", l.line(), l.column()),
+                    "",
+                    1,
+                ),
                 None => rendered,
             },
         };
@@ -1079,7 +1081,8 @@ struct ReplicasSeed<'a> {
 impl<'de> DeserializeSeed<'de> for ReplicasSeed<'_> {
     type Value = Vec<RawReplica>;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Vec<RawReplica>, D::Error> {
-        d.deserialize_seq(self)
+        // `any`: a map must reach `visit_map` for its hint.
+        d.deserialize_any(self)
     }
 }
 
@@ -1087,6 +1090,12 @@ impl<'de> Visitor<'de> for ReplicasSeed<'_> {
     type Value = Vec<RawReplica>;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a list of replicas")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Vec<RawReplica>, A::Error> {
+        Err(self.ctx.fail(format!(
+            "`replicas` takes a list (`- url: ...`); use `replica` for a single map (in dbs[{}])",
+            self.db
+        )))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Vec<RawReplica>, E> {
         Err(self.ctx.fail(format!(
@@ -1127,7 +1136,8 @@ struct ReplicaSeed<'a> {
 impl<'de> DeserializeSeed<'de> for ReplicaSeed<'_> {
     type Value = RawReplica;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<RawReplica, D::Error> {
-        d.deserialize_map(self)
+        // `any`: a list must reach `visit_seq` for its hint.
+        d.deserialize_any(self)
     }
 }
 
@@ -1135,6 +1145,15 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
     type Value = RawReplica;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a replica: a map with `url` or `path`")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<RawReplica, A::Error> {
+        Err(self.ctx.fail(match self.place.strip_suffix(".replica") {
+            Some(db) => format!("`replica` takes one map; use `replicas` for a list ({db})"),
+            None => format!(
+                "expected a replica map with `url` or `path` ({})",
+                self.place
+            ),
+        }))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawReplica, A::Error> {
         let ctx = self.ctx;
@@ -1228,5 +1247,799 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
         }
         urls.push((url.clone(), self.db));
         Ok(RawReplica { name, kind, url })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parses `text` (no env expansion) from a fake file.
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, "/etc/replicad.yml", false)
+    }
+
+    /// The line and the rendered message of a rejected config.
+    fn fail(text: &str) -> (Option<usize>, String) {
+        match parse(text) {
+            Ok(c) => panic!("expected an error, got {c:?}"),
+            Err(e) => {
+                let ConfigError::Invalid { line, .. } = &e else {
+                    panic!("unexpected error {e:?}")
+                };
+                (*line, e.to_string())
+            }
+        }
+    }
+
+    /// Asserts an error at `line` whose message contains every part of `parts`.
+    #[track_caller]
+    fn assert_fail(text: &str, line: usize, parts: &[&str]) {
+        let (l, msg) = fail(text);
+        assert_eq!(l, Some(line), "wrong line in: {msg}");
+        assert!(
+            msg.starts_with(&format!("config /etc/replicad.yml: line {line}: ")),
+            "bad prefix: {msg}"
+        );
+        for p in parts {
+            assert!(msg.contains(p), "{msg:?} does not contain {p:?}");
+        }
+    }
+
+    fn cwd() -> PathBuf {
+        std::env::current_dir().unwrap()
+    }
+
+    const MINIMAL: &str = "dbs:\n  - path: /data/a.db\n    replica:\n      url: file:///backup/a\n";
+
+    #[test]
+    fn defaults() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.shutdown_sync_timeout, Duration::from_secs(30));
+        assert_eq!(c.dbs.len(), 1);
+        let db = &c.dbs[0];
+        assert_eq!(db.path, PathBuf::from("/data/a.db"));
+        assert_eq!(db.meta_path, None);
+        assert_eq!(
+            db.replicas,
+            vec![ReplicaConfig {
+                name: "file".into(),
+                url: "file:///backup/a".into()
+            }]
+        );
+        let d = DbSettings::default();
+        assert_eq!(db.settings, d);
+        assert_eq!(d.monitor_interval, Duration::from_secs(1));
+        assert_eq!(d.checkpoint_interval, Duration::from_secs(60));
+        assert_eq!(d.min_checkpoint_page_count, 1000);
+        assert_eq!(d.truncate_page_n, 121_359);
+        assert_eq!(d.full_verify_interval, Duration::from_secs(60));
+        assert_eq!(d.compression, Codec::Zstd(3));
+        assert_eq!(d.heartbeat_interval, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn settings_precedence_db_over_global_over_default() {
+        let c = parse(
+            "monitor-interval: 2s
+checkpoint-interval: 2m
+min-checkpoint-page-count: 50
+truncate-page-n: 5000
+full-verify-interval: 10m
+compression: lz4
+heartbeat-interval: 5s
+shutdown-sync-timeout: 1m
+dbs:
+  - path: /data/a.db
+    monitor-interval: 500ms
+    checkpoint-interval: 0s
+    min-checkpoint-page-count: 7
+    truncate-page-n: 9
+    full-verify-interval: 1h30m
+    compression: gzip:9
+    heartbeat-interval: 24h
+    replica: {url: /backup/a}
+  - path: /data/b.db
+    compression: none
+    replica: {url: /backup/b}
+",
+        )
+        .unwrap();
+        assert_eq!(c.shutdown_sync_timeout, Duration::from_secs(60));
+        assert_eq!(
+            c.dbs[0].settings,
+            DbSettings {
+                monitor_interval: Duration::from_millis(500),
+                checkpoint_interval: Duration::ZERO,
+                min_checkpoint_page_count: 7,
+                truncate_page_n: 9,
+                full_verify_interval: Duration::from_secs(5400),
+                compression: Codec::Gzip(9),
+                heartbeat_interval: Duration::from_secs(86_400),
+            }
+        );
+        assert_eq!(
+            c.dbs[1].settings,
+            DbSettings {
+                monitor_interval: Duration::from_secs(2),
+                checkpoint_interval: Duration::from_secs(120),
+                min_checkpoint_page_count: 50,
+                truncate_page_n: 5000,
+                full_verify_interval: Duration::from_secs(600),
+                compression: Codec::None,
+                heartbeat_interval: Duration::from_secs(5),
+            }
+        );
+    }
+
+    #[test]
+    fn global_settings_may_follow_dbs() {
+        let c = parse(&format!("{MINIMAL}monitor-interval: 3s\n")).unwrap();
+        assert_eq!(c.dbs[0].settings.monitor_interval, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn truncate_page_n_zero_means_not_set() {
+        let c = parse(&format!("{MINIMAL}    truncate-page-n: 0\n")).unwrap();
+        assert_eq!(c.dbs[0].settings.truncate_page_n, DEFAULT_TRUNCATE_PAGE_N);
+        let c = parse(&format!(
+            "truncate-page-n: 5000\n{MINIMAL}    truncate-page-n: 0\n"
+        ))
+        .unwrap();
+        assert_eq!(c.dbs[0].settings.truncate_page_n, 5000);
+        let c = parse(&format!("truncate-page-n: 0\n{MINIMAL}")).unwrap();
+        assert_eq!(c.dbs[0].settings.truncate_page_n, DEFAULT_TRUNCATE_PAGE_N);
+    }
+
+    #[test]
+    fn durations_in_go_syntax() {
+        for (text, want) in [
+            ("500ms", Duration::from_millis(500)),
+            ("10s", Duration::from_secs(10)),
+            ("1m", Duration::from_secs(60)),
+            ("24h", Duration::from_secs(86_400)),
+            ("1h30m", Duration::from_secs(5400)),
+            ("\"2s\"", Duration::from_secs(2)),
+        ] {
+            let c = parse(&format!("monitor-interval: {text}\n{MINIMAL}")).unwrap();
+            assert_eq!(c.dbs[0].settings.monitor_interval, want, "{text}");
+        }
+    }
+
+    #[test]
+    fn bare_number_duration_asks_for_a_unit() {
+        assert_fail(
+            &format!("{MINIMAL}    checkpoint-interval: 10\n"),
+            5,
+            &[
+                "10 is a bare number: add a unit, e.g. `10s`",
+                "key `checkpoint-interval` in dbs[0]",
+            ],
+        );
+        assert_fail(
+            &format!("shutdown-sync-timeout: 30\n{MINIMAL}"),
+            1,
+            &["add a unit", "key `shutdown-sync-timeout` at the top level"],
+        );
+    }
+
+    #[test]
+    fn bad_durations() {
+        assert_fail(
+            &format!("{MINIMAL}monitor-interval: soon\n"),
+            5,
+            &[
+                "invalid duration \"soon\"",
+                "Go duration syntax",
+                "key `monitor-interval`",
+            ],
+        );
+        assert_fail(
+            &format!("{MINIMAL}monitor-interval: -1s\n"),
+            5,
+            &["invalid duration \"-1s\"", "key `monitor-interval`"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}    monitor-interval: 0s\n"),
+            5,
+            &[
+                "must be greater than zero",
+                "key `monitor-interval` in dbs[0]",
+            ],
+        );
+        assert_fail(
+            &format!("heartbeat-interval: 0s\n{MINIMAL}"),
+            1,
+            &[
+                "must be greater than zero",
+                "key `heartbeat-interval` at the top level",
+            ],
+        );
+        assert_fail(
+            &format!("{MINIMAL}full-verify-interval: [1s]\n"),
+            5,
+            &["found a list", "key `full-verify-interval`"],
+        );
+    }
+
+    #[test]
+    fn bad_numbers_and_compression() {
+        assert_fail(
+            &format!("{MINIMAL}    min-checkpoint-page-count: -1\n"),
+            5,
+            &[
+                "-1 is out of range",
+                "key `min-checkpoint-page-count` in dbs[0]",
+            ],
+        );
+        assert_fail(
+            &format!("{MINIMAL}truncate-page-n: many\n"),
+            5,
+            &[
+                "expected a whole number",
+                "key `truncate-page-n` at the top level",
+            ],
+        );
+        assert_fail(
+            &format!("{MINIMAL}compression: brotli\n"),
+            5,
+            &["unknown compression \"brotli\"", "key `compression`"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}    compression: zstd:42\n"),
+            5,
+            &["must be 1..=19", "key `compression` in dbs[0]"],
+        );
+    }
+
+    #[test]
+    fn replica_forms() {
+        let c = parse(
+            "dbs:
+  - path: /data/a.db
+    meta-path: /meta/a
+    replicas:
+      - url: file:///backup/one/
+      - url: /backup/two
+      - path: /backup/three
+      - type: file
+        path: /backup/./four//
+        name: four
+      - url: rel/five
+  - path: data/b.db
+    replica:
+      type: file
+      path: rel/six
+",
+        )
+        .unwrap();
+        let cwd = cwd();
+        let a = &c.dbs[0];
+        assert_eq!(a.meta_path, Some(PathBuf::from("/meta/a")));
+        let got: Vec<(&str, &str)> = a
+            .replicas
+            .iter()
+            .map(|r| (r.name.as_str(), r.url.as_str()))
+            .collect();
+        let five = format!("file://{}", cwd.join("rel/five").display());
+        assert_eq!(
+            got,
+            vec![
+                ("file", "file:///backup/one"),
+                ("file-2", "file:///backup/two"),
+                ("file-3", "file:///backup/three"),
+                ("four", "file:///backup/four"),
+                ("file-5", five.as_str()),
+            ]
+        );
+        let b = &c.dbs[1];
+        assert_eq!(b.path, cwd.join("data/b.db"));
+        assert_eq!(
+            b.replicas,
+            vec![ReplicaConfig {
+                name: "file".into(),
+                url: format!("file://{}", cwd.join("rel/six").display()),
+            }]
+        );
+        for r in c.dbs.iter().flat_map(|d| &d.replicas) {
+            AnyClient::from_url(&r.url).unwrap();
+        }
+    }
+
+    #[test]
+    fn home_is_expanded_in_paths() {
+        let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) else {
+            return;
+        };
+        let home = PathBuf::from(home);
+        let c = parse("dbs:\n  - path: ~/a.db\n    replica: {path: ~/backup}\n").unwrap();
+        assert_eq!(c.dbs[0].path, absolutize(&home.join("a.db")).unwrap());
+        assert_eq!(
+            c.dbs[0].replicas[0].url,
+            file_url(&absolutize(&home.join("backup")).unwrap())
+        );
+    }
+
+    #[test]
+    fn unknown_keys_name_the_key_and_line() {
+        let (line, msg) = fail(
+            "dbs:
+  - path: /data/a.db
+    replica:
+      url: /backup/a
+
+
+    retention-foo: 24h
+",
+        );
+        assert_eq!(line, Some(7));
+        assert!(
+            msg.starts_with(
+                "config /etc/replicad.yml: line 7: unknown key `retention-foo` in dbs[0] (expected one of `path`"
+            ),
+            "{msg}"
+        );
+        assert_fail(
+            &format!("# comment\naddr: \":9090\"\n{MINIMAL}"),
+            2,
+            &[
+                "unknown key `addr` at the top level",
+                "`dbs`",
+                "`shutdown-sync-timeout`",
+            ],
+        );
+        assert_fail(
+            &format!("{MINIMAL}      access-key-id: x\n"),
+            5,
+            &["unknown key `access-key-id` in dbs[0].replica", "`url`"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n      - url: /b\n      - url: /c\n        bucket: x\n",
+            6,
+            &["unknown key `bucket` in dbs[0].replicas[1]"],
+        );
+        // Keys that belong elsewhere are unknown too.
+        assert_fail(
+            &format!("{MINIMAL}    shutdown-sync-timeout: 1s\n"),
+            5,
+            &["unknown key `shutdown-sync-timeout` in dbs[0]"],
+        );
+        // Flow style: still the right line.
+        assert_fail(
+            "dbs: [{path: /a.db, replica: {url: /b}},\n  {path: /c.db, replica: {url: /d, sync-interval: 1s}}]\n",
+            2,
+            &["unknown key `sync-interval` in dbs[1].replica"],
+        );
+    }
+
+    #[test]
+    fn duplicate_keys() {
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    path: /b.db\n    replica: {url: /b}\n",
+            3,
+            &["duplicate key `path` in dbs[0]"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}monitor-interval: 1s\nmonitor-interval: 2s\n"),
+            6,
+            &["duplicate key `monitor-interval` at the top level"],
+        );
+    }
+
+    #[test]
+    fn unsupported_replica_types() {
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n      - type: s3\n        path: bucket/x\n",
+            4,
+            &["replica type s3 is not supported yet (key `type` in dbs[0].replicas[0])"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      name: s3\n      url: s3://bucket/db\n",
+            5,
+            &["replica type s3 is not supported yet (key `url` in dbs[0].replica)"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica: {type: sftp, path: /x}\n",
+            3,
+            &["replica type sftp is not supported yet (key `type` in dbs[0].replica)"],
+        );
+    }
+
+    #[test]
+    fn replica_url_and_path_rules() {
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n      - url: /b\n        path: /c\n",
+            4,
+            &["keys `url` and `path` are mutually exclusive in dbs[0].replicas[0]"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n      - url: /b\n      - name: x\n",
+            5,
+            &["missing key `url` or `path` in dbs[0].replicas[1]"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      url: file://relative/x\n",
+            4,
+            &[
+                "must be absolute (file:///path)",
+                "key `url` in dbs[0].replica",
+            ],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      path: \"\"\n",
+            4,
+            &["the value is empty (key `path` in dbs[0].replica)"],
+        );
+    }
+
+    #[test]
+    fn databases_need_dbs_path_and_replicas() {
+        assert_fail(
+            "dbs: []\n",
+            1,
+            &["`dbs` is empty: configure at least one database"],
+        );
+        assert_fail("\n\ndbs:\n", 3, &["`dbs` is empty"]);
+        assert_fail(
+            "# nothing but\nmonitor-interval: 1s\n",
+            2,
+            &["missing key `dbs`: configure at least one database"],
+        );
+        let (_, msg) = fail("");
+        assert!(msg.contains("configure at least one database"), "{msg}");
+        let (_, msg) = fail("# only a comment\n");
+        assert!(msg.contains("configure at least one database"), "{msg}");
+        assert_fail(
+            "dbs:\n  - replica: {url: /b}\n",
+            2,
+            &["missing key `path` in dbs[0]"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    monitor-interval: 1s\n",
+            2,
+            &["dbs[0] (/a.db) has no replica: add `replica` (one map) or `replicas` (a list)"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas: []\n",
+            3,
+            &["`replicas` is empty in dbs[0]"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n",
+            3,
+            &["`replicas` is empty in dbs[0]"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas: {url: /b}\n",
+            3,
+            &["`replicas` takes a list (`- url: ...`); use `replica` for a single map (in dbs[0])"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      - url: /b\n",
+            4,
+            &["`replica` takes one map; use `replicas` for a list (in dbs[0])"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica: {url: /b}\n    replicas:\n      - url: /c\n",
+            2,
+            &["keys `replica` and `replicas` are mutually exclusive in dbs[0]"],
+        );
+    }
+
+    #[test]
+    fn duplicate_database_paths() {
+        assert_fail(
+            "dbs:
+  - path: /data/a.db
+    replica: {url: /b1}
+  - path: /data/./a.db
+    replica: {url: /b2}
+",
+            4,
+            &["database /data/a.db is configured twice: dbs[0] and dbs[1] (key `path` in dbs[1])"],
+        );
+        assert_fail(
+            "dbs:
+  - path: /data/a.db
+    meta-path: /meta
+    replica: {url: /b1}
+  - path: /data/b.db
+    meta-path: /meta/
+    replica: {url: /b2}
+",
+            6,
+            &["meta-path /meta is used by two databases: dbs[0] (/data/a.db) and dbs[1]"],
+        );
+    }
+
+    #[test]
+    fn replica_destination_shared_by_two_databases() {
+        assert_fail(
+            "dbs:
+  - path: /data/a.db
+    replicas:
+      - url: file:///backup/x
+  - path: /data/b.db
+    replicas:
+      - url: /backup/y
+      - path: /backup/x/
+",
+            8,
+            &[
+                "replica path /backup/x is used by two databases: dbs[0] (/data/a.db) and dbs[1] (/data/b.db)",
+                "dbs[1].replicas[1]",
+            ],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n      - url: /b\n      - url: file:///b\n",
+            5,
+            &["replica path /b is used twice by dbs[0] (/a.db)"],
+        );
+    }
+
+    #[test]
+    fn replica_names_are_unique_within_a_database() {
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n      - {url: /b, name: x}\n      - {url: /c, name: x}\n",
+            2,
+            &["replica name `x` is used twice in dbs[0]", "key `name`"],
+        );
+        // An explicit name may collide with a default one.
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n      - {url: /b, name: file-2}\n      - {url: /c}\n",
+            2,
+            &["replica name `file-2` is used twice in dbs[0]"],
+        );
+        // The same names in two databases are fine.
+        let c = parse(
+            "dbs:\n  - path: /a.db\n    replica: {url: /b}\n  - path: /c.db\n    replica: {url: /d}\n",
+        )
+        .unwrap();
+        assert_eq!(c.dbs[0].replicas[0].name, c.dbs[1].replicas[0].name);
+    }
+
+    #[test]
+    fn yaml_syntax_errors_have_a_line() {
+        let (line, msg) = fail("dbs:\n  - path: /a.db\n    replica: {url: /b\n\n");
+        assert!(line.is_some(), "{msg}");
+        assert!(msg.starts_with("config /etc/replicad.yml: line "), "{msg}");
+        // The error's own location moves to the prefix; libyaml's context keeps its own.
+        let line = line.unwrap_or_default();
+        assert!(
+            !msg.contains(&format!("at line {line} column")),
+            "location left in the message: {msg}"
+        );
+        assert!(
+            msg.contains("while parsing a flow mapping at line 3"),
+            "{msg}"
+        );
+        let (line, msg) = fail("dbs:\n  - path /a.db\n");
+        assert_eq!(line, Some(2), "{msg}");
+        assert!(msg.contains("dbs[0]"), "{msg}");
+    }
+
+    #[test]
+    fn expand_vars_rules() {
+        let lookup = |n: &str| match n {
+            "A" => Some("x".to_string()),
+            "DIR_1" => Some("/srv".to_string()),
+            _ => None,
+        };
+        assert_eq!(
+            expand_vars("$A ${A} $DIR_1/a ${DIR_1}b", lookup),
+            "x x /srv/a /srvb"
+        );
+        assert_eq!(expand_vars("[$UNSET] [${UNSET}]", lookup), "[] []");
+        assert_eq!(
+            expand_vars("$Ab", lookup),
+            "",
+            "the name is as long as possible"
+        );
+        assert_eq!(expand_vars("${A}b", lookup), "xb");
+        assert_eq!(
+            expand_vars("cost $ 5, $1, ${, ${ A}, ${}, end $", lookup),
+            "cost $ 5, $1, ${, ${ A}, ${}, end $"
+        );
+        assert_eq!(expand_vars("é$A€", lookup), "éx€");
+        assert_eq!(expand_vars("$$A", lookup), "$x");
+    }
+
+    #[test]
+    fn env_expansion_on_and_off() {
+        // A variable that exists with a path-safe value (the environment cannot be set safely
+        // from a test).
+        let Some((name, value)) = std::env::vars().find(|(k, v)| {
+            !v.is_empty()
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !k.starts_with(|c: char| c.is_ascii_digit())
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.-/".contains(c))
+        }) else {
+            return;
+        };
+        let text = format!(
+            "dbs:\n  - path: /data/${{{name}}}/a.db\n    replica: {{url: /b/${name}/$REPLICAD_TEST_SURELY_UNSET_4711x}}\n"
+        );
+        let on = Config::parse(&text, "t", true).unwrap();
+        assert_eq!(
+            on.dbs[0].path,
+            absolutize(Path::new(&format!("/data/{value}/a.db"))).unwrap()
+        );
+        assert_eq!(
+            on.dbs[0].replicas[0].url,
+            file_url(&absolutize(Path::new(&format!("/b/{value}"))).unwrap())
+        );
+        let off = Config::parse(&text, "t", false).unwrap();
+        assert_eq!(
+            off.dbs[0].path,
+            PathBuf::from(format!("/data/${{{name}}}/a.db"))
+        );
+        assert_eq!(
+            off.dbs[0].replicas[0].url,
+            format!("file:///b/${name}/$REPLICAD_TEST_SURELY_UNSET_4711x")
+        );
+    }
+
+    #[test]
+    fn single_from_command_line() {
+        let settings = DbSettings {
+            monitor_interval: Duration::from_millis(250),
+            truncate_page_n: 0,
+            ..DbSettings::default()
+        };
+        let urls = vec!["file:///backup/a".to_string(), "rel/b".to_string()];
+        let c = Config::single(PathBuf::from("data/x.db"), &urls, settings.clone()).unwrap();
+        assert_eq!(c.shutdown_sync_timeout, DEFAULT_SHUTDOWN_SYNC_TIMEOUT);
+        let db = &c.dbs[0];
+        assert_eq!(db.path, cwd().join("data/x.db"));
+        assert_eq!(db.meta_path, None);
+        assert_eq!(db.settings.monitor_interval, Duration::from_millis(250));
+        assert_eq!(db.settings.truncate_page_n, DEFAULT_TRUNCATE_PAGE_N);
+        assert_eq!(
+            db.replicas,
+            vec![
+                ReplicaConfig {
+                    name: "file".into(),
+                    url: "file:///backup/a".into()
+                },
+                ReplicaConfig {
+                    name: "file-2".into(),
+                    url: format!("file://{}", cwd().join("rel/b").display())
+                },
+            ]
+        );
+        assert_eq!(c.find_db(Path::new("data/x.db")), Some(db));
+    }
+
+    #[test]
+    fn single_errors() {
+        let msg = |urls: &[&str], s: DbSettings| {
+            let urls: Vec<String> = urls.iter().map(|u| u.to_string()).collect();
+            match Config::single(PathBuf::from("/a.db"), &urls, s) {
+                Ok(c) => panic!("expected an error, got {c:?}"),
+                Err(e) => e.to_string(),
+            }
+        };
+        let d = DbSettings::default;
+        assert_eq!(
+            msg(&[], d()),
+            "config command line: no replica URL given for /a.db"
+        );
+        assert_eq!(
+            msg(&["s3://bucket/a"], d()),
+            "config command line: replica type s3 is not supported yet (replica URL \"s3://bucket/a\")"
+        );
+        assert!(msg(&["file://rel"], d()).contains("must be absolute"));
+        assert_eq!(
+            msg(&["/b", "file:///b/"], d()),
+            "config command line: replica path /b is given twice"
+        );
+        let s = DbSettings {
+            heartbeat_interval: Duration::ZERO,
+            ..d()
+        };
+        assert_eq!(
+            msg(&["/b"], s),
+            "config command line: heartbeat-interval must be greater than zero"
+        );
+    }
+
+    #[test]
+    fn find_db_compares_absolute_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.db");
+        std::fs::write(&real, b"").unwrap();
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let text = format!(
+            "dbs:\n  - path: {}\n    replica: {{url: /b}}\n  - path: rel/c.db\n    replica: {{url: /c}}\n",
+            real.display()
+        );
+        let c = parse(&text).unwrap();
+        assert_eq!(c.find_db(&real).unwrap().path, real);
+        assert_eq!(
+            c.find_db(&dir.path().join(".").join("real.db"))
+                .unwrap()
+                .path,
+            real
+        );
+        assert_eq!(c.find_db(&link).unwrap().path, real, "symbolic link");
+        assert_eq!(
+            c.find_db(&cwd().join("rel/c.db")).unwrap().path,
+            cwd().join("rel/c.db")
+        );
+        assert_eq!(
+            c.find_db(Path::new("rel/./c.db")).unwrap().replicas[0].url,
+            "file:///c"
+        );
+        assert!(c.find_db(Path::new("/nowhere.db")).is_none());
+    }
+
+    #[test]
+    fn load_reads_files_and_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replicad.yml");
+        std::fs::write(&path, MINIMAL).unwrap();
+        assert_eq!(Config::load(&path, true).unwrap(), parse(MINIMAL).unwrap());
+        std::fs::write(&path, format!("{MINIMAL}bogus: 1\n")).unwrap();
+        let e = Config::load(&path, false).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "config {}: line 5: unknown key `bogus`",
+                path.display()
+            )),
+            "{e}"
+        );
+        let missing = dir.path().join("missing.yml");
+        let e = Config::load(&missing, true).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }));
+        assert!(
+            e.to_string()
+                .starts_with(&format!("config {}: cannot read: ", missing.display())),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn example_file_parses() {
+        let text = include_str!("../config/replicad.yml");
+        for expand in [false, true] {
+            let c = Config::parse(text, "config/replicad.yml", expand).unwrap();
+            assert_eq!(c.shutdown_sync_timeout, DEFAULT_SHUTDOWN_SYNC_TIMEOUT);
+            assert_eq!(c.dbs.len(), 2);
+            let app = &c.dbs[0];
+            assert_eq!(app.path, PathBuf::from("/var/lib/app/app.db"));
+            assert_eq!(
+                app.meta_path,
+                Some(PathBuf::from("/var/lib/app/.app.db-replicad"))
+            );
+            assert_eq!(
+                app.settings,
+                DbSettings {
+                    checkpoint_interval: Duration::from_secs(300),
+                    compression: Codec::Lz4,
+                    ..DbSettings::default()
+                }
+            );
+            let names: Vec<(&str, &str)> = app
+                .replicas
+                .iter()
+                .map(|r| (r.name.as_str(), r.url.as_str()))
+                .collect();
+            assert_eq!(
+                names,
+                vec![
+                    ("local", "file:///backup/app"),
+                    ("file-2", "file:///mnt/offsite/app")
+                ]
+            );
+            let audit = &c.dbs[1];
+            assert_eq!(audit.settings.monitor_interval, Duration::from_secs(5));
+            assert_eq!(audit.replicas[0].url, "file:///backup/audit");
+        }
+        // The example documents every key the parser knows.
+        for key in ROOT_KEYS.iter().chain(DB_KEYS).chain(REPLICA_KEYS) {
+            assert!(text.contains(&format!("{key}:")), "example lacks `{key}`");
+        }
     }
 }
