@@ -31,7 +31,9 @@ use tokio::sync::watch;
 use crate::config::DbSettings;
 use crate::fsutil;
 use crate::ltx::checksum::{DbChecksum, page_checksum};
-use crate::ltx::{self, CHECKSUM_FLAG, Codec, Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId, lock_pgno};
+use crate::ltx::{
+    self, CHECKSUM_FLAG, Codec, Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId, lock_pgno,
+};
 use crate::staging::Staging;
 use crate::wal::{self, WAL_HEADER_SIZE, WalError, WalHeader};
 
@@ -167,7 +169,12 @@ pub struct Db {
 impl Db {
     /// A database at `path`, staging under `meta_path` (default `<dir>/.<name>-replicad`).
     /// Does no I/O: the database may not exist yet.
-    pub fn new(path: PathBuf, meta_path: Option<PathBuf>, settings: DbSettings, remote_tip: RemoteTip) -> Db {
+    pub fn new(
+        path: PathBuf,
+        meta_path: Option<PathBuf>,
+        settings: DbSettings,
+        remote_tip: RemoteTip,
+    ) -> Db {
         let meta = meta_path.unwrap_or_else(|| default_meta_path(&path));
         let mut wal_path = path.as_os_str().to_owned();
         wal_path.push("-wal");
@@ -238,11 +245,15 @@ impl Db {
     /// This runs on the async worker on purpose: four syscalls on local metadata cost less
     /// than a hop to the blocking pool, and the path allocates nothing.
     pub fn fast_path_skip(&mut self, now: Instant) -> bool {
-        let Some((size, salt1, salt2)) = self.fast else { return false };
+        let Some((size, salt1, salt2)) = self.fast else {
+            return false;
+        };
         if now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval {
             return false;
         }
-        let Ok(f) = File::open(&self.wal_path) else { return false };
+        let Ok(f) = File::open(&self.wal_path) else {
+            return false;
+        };
         let Ok(meta) = f.metadata() else { return false };
         let mut h = [0u8; 32];
         if meta.len() != size || f.read_exact_at(&mut h, 0).is_err() {
@@ -312,7 +323,8 @@ impl Db {
         let page_size: u32 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
         begin_read(&conn)?;
         let db_file = File::open(&self.path).map_err(io_err("open", &self.path))?;
-        let staging = Staging::open(self.staging_dir.clone()).map_err(io_err("open staging", &self.staging_dir))?;
+        let staging = Staging::open(self.staging_dir.clone())
+            .map_err(io_err("open staging", &self.staging_dir))?;
         match staging.tip() {
             Ok(Some(tip)) if tip.header.page_size != page_size => {
                 return Err(DbError::Unsupported(format!(
@@ -335,7 +347,9 @@ impl Db {
             Ok(None) => {}
             Err(e) => {
                 tracing::warn!(db = %self.path.display(), error = %e, "newest staged segment unusable; continuing after the replicas' position with a full segment");
-                staging.clear().map_err(io_err("clear staging", &self.staging_dir))?;
+                staging
+                    .clear()
+                    .map_err(io_err("clear staging", &self.staging_dir))?;
             }
         }
         if self.remote_tip.txid > self.pos {
@@ -346,7 +360,11 @@ impl Db {
         }
         self.continuous = false;
         self.page_buf = vec![0u8; page_size as usize];
-        self.open = Some(Open { conn, db_file, page_size });
+        self.open = Some(Open {
+            conn,
+            db_file,
+            page_size,
+        });
         self.staging = Some(staging);
         Ok(true)
     }
@@ -377,28 +395,40 @@ impl Db {
             }
             (Some(m), Some(h)) if (m.salt1, m.salt2) == (h.salt1, h.salt2) => {
                 if wal_len < m.offset {
-                    return self.write_full(wal_file.as_ref(), header, "wal truncated").map(|w| (w, false));
+                    return self
+                        .write_full(wal_file.as_ref(), header, "wal truncated")
+                        .map(|w| (w, false));
                 }
                 m.offset
             }
             (Some(m), Some(h)) if h.salt1 == m.salt1.wrapping_add(1) => WAL_HEADER_SIZE,
             (Some(_), Some(_)) => {
-                return self.write_full(wal_file.as_ref(), header, "wal restarted more than once").map(|w| (w, false));
+                return self
+                    .write_full(wal_file.as_ref(), header, "wal restarted more than once")
+                    .map(|w| (w, false));
             }
             (None, Some(_)) => WAL_HEADER_SIZE,
         };
-        let Some(f) = wal_file.as_ref() else { return Ok((false, false)) };
+        let Some(f) = wal_file.as_ref() else {
+            return Ok((false, false));
+        };
         let scan = match wal::scan(f, start, MAX_SYNC_WAL_BYTES) {
             Ok(Some(s)) => s,
             Ok(None) => return Ok((false, false)),
             Err(WalError::PrevFrameMismatch { .. }) => {
-                return self.write_full(wal_file.as_ref(), header, "wal overwritten").map(|w| (w, false));
+                return self
+                    .write_full(wal_file.as_ref(), header, "wal overwritten")
+                    .map(|w| (w, false));
             }
             Err(e) => return Err(e.into()),
         };
         let h = scan.header;
         if scan.pages.is_empty() && scan.end_offset == start {
-            self.mark = Some(WalMark { salt1: h.salt1, salt2: h.salt2, offset: start });
+            self.mark = Some(WalMark {
+                salt1: h.salt1,
+                salt2: h.salt2,
+                offset: start,
+            });
             return Ok((false, false));
         }
         let wrote = self.write_incremental(f, &scan, start, |_| true)?;
@@ -407,7 +437,12 @@ impl Db {
 
     /// First sync after opening: decides between continuing the chain and a full segment, and
     /// builds the checksum table from the whole database.
-    fn startup_sync(&mut self, wal_file: Option<&File>, header: Option<WalHeader>, wal_len: u64) -> Result<(bool, bool), DbError> {
+    fn startup_sync(
+        &mut self,
+        wal_file: Option<&File>,
+        header: Option<WalHeader>,
+        wal_len: u64,
+    ) -> Result<(bool, bool), DbError> {
         let scan = match (wal_file, header) {
             (Some(f), Some(_)) => wal::scan(f, WAL_HEADER_SIZE, u64::MAX)?,
             _ => None,
@@ -434,7 +469,11 @@ impl Db {
                 }
                 let changed = |off: u64| off >= from;
                 if s.end_offset == from {
-                    self.mark = Some(WalMark { salt1: s.header.salt1, salt2: s.header.salt2, offset: from });
+                    self.mark = Some(WalMark {
+                        salt1: s.header.salt1,
+                        salt2: s.header.salt2,
+                        offset: from,
+                    });
                     false
                 } else {
                     self.write_incremental(f, s, from, changed)?
@@ -446,7 +485,11 @@ impl Db {
                 if self.checksums && self.pos.0 > 0 && self.post != 0 {
                     self.build_table(scan.as_ref().zip(wal_file).map(|(s, f)| (f, s)))?;
                     if self.sum.value() == self.post {
-                        self.mark = scan.as_ref().map(|s| WalMark { salt1: s.header.salt1, salt2: s.header.salt2, offset: s.end_offset });
+                        self.mark = scan.as_ref().map(|s| WalMark {
+                            salt1: s.header.salt1,
+                            salt2: s.header.salt2,
+                            offset: s.end_offset,
+                        });
                         self.continuous = true;
                         return Ok((false, false));
                     }
@@ -469,7 +512,9 @@ impl Db {
         let lock = lock_pgno(self.page_size());
         let mut buf = std::mem::take(&mut self.page_buf);
         for pgno in (1..=commit).filter(|p| *p != lock) {
-            let src = overlay.and_then(|(_, s)| s.pages.get(&pgno).copied()).map_or(PageSrc::DbFile, PageSrc::Wal);
+            let src = overlay
+                .and_then(|(_, s)| s.pages.get(&pgno).copied())
+                .map_or(PageSrc::DbFile, PageSrc::Wal);
             self.read_page(overlay.map(|(f, _)| f), src, pgno, &mut buf)?;
             let c = page_checksum(pgno, &buf);
             table[pgno as usize - 1] = c;
@@ -490,8 +535,15 @@ impl Db {
         if let Some(s) = scan.filter(|s| s.commit > 0) {
             return Ok(s.commit);
         }
-        let open = self.open.as_ref().ok_or_else(|| DbError::Unsupported("database not open".into()))?;
-        let len = open.db_file.metadata().map_err(io_err("stat", &self.path))?.len();
+        let open = self
+            .open
+            .as_ref()
+            .ok_or_else(|| DbError::Unsupported("database not open".into()))?;
+        let len = open
+            .db_file
+            .metadata()
+            .map_err(io_err("stat", &self.path))?
+            .len();
         let mut h = [0u8; 100];
         if len >= 100 && open.db_file.read_exact_at(&mut h, 0).is_ok() {
             let in_header = u32::from_be_bytes([h[28], h[29], h[30], h[31]]);
@@ -504,11 +556,20 @@ impl Db {
         Ok((len / u64::from(open.page_size)) as u32)
     }
 
-    fn read_page(&self, wal_file: Option<&File>, src: PageSrc, pgno: u32, buf: &mut [u8]) -> Result<(), DbError> {
+    fn read_page(
+        &self,
+        wal_file: Option<&File>,
+        src: PageSrc,
+        pgno: u32,
+        buf: &mut [u8],
+    ) -> Result<(), DbError> {
         match (src, wal_file) {
             (PageSrc::Wal(off), Some(f)) => Ok(wal::read_page(f, off, buf)?),
             _ => {
-                let open = self.open.as_ref().ok_or_else(|| DbError::Unsupported("database not open".into()))?;
+                let open = self
+                    .open
+                    .as_ref()
+                    .ok_or_else(|| DbError::Unsupported("database not open".into()))?;
                 let at = u64::from(pgno - 1) * u64::from(open.page_size);
                 // Past the end of the file SQLite reads zeros; so do we.
                 let mut done = 0;
@@ -538,25 +599,43 @@ impl Db {
         let old_commit = self.commit;
         let commit = self.current_commit(Some(scan))?;
         let lock = lock_pgno(self.page_size());
-        let mut pages: Vec<(u32, PageSrc)> =
-            scan.pages.iter().filter(|(_, off)| changed(**off)).map(|(p, off)| (*p, PageSrc::Wal(*off))).collect();
+        let mut pages: Vec<(u32, PageSrc)> = scan
+            .pages
+            .iter()
+            .filter(|(_, off)| changed(**off))
+            .map(|(p, off)| (*p, PageSrc::Wal(*off)))
+            .collect();
         if commit > old_commit {
-            let growth = (old_commit + 1..=commit).filter(|p| *p != lock && !scan.pages.contains_key(p));
+            let growth =
+                (old_commit + 1..=commit).filter(|p| *p != lock && !scan.pages.contains_key(p));
             pages.extend(growth.map(|p| (p, PageSrc::DbFile)));
             pages.sort_by_key(|(p, _)| *p);
         }
         if pages.is_empty() && commit == self.commit {
-            self.mark = Some(WalMark { salt1: scan.header.salt1, salt2: scan.header.salt2, offset: scan.end_offset });
+            self.mark = Some(WalMark {
+                salt1: scan.header.salt1,
+                salt2: scan.header.salt2,
+                offset: scan.end_offset,
+            });
             return Ok(false);
         }
         let header = self.next_header(commit, from, scan.end_offset - from, &scan.header);
         self.write_segment(header, Some(f), &pages, false)?;
-        self.mark = Some(WalMark { salt1: scan.header.salt1, salt2: scan.header.salt2, offset: scan.end_offset });
+        self.mark = Some(WalMark {
+            salt1: scan.header.salt1,
+            salt2: scan.header.salt2,
+            offset: scan.end_offset,
+        });
         Ok(true)
     }
 
     /// Writes a segment holding every page of the database, at the next TXID.
-    fn write_full(&mut self, wal_file: Option<&File>, header: Option<WalHeader>, reason: &str) -> Result<bool, DbError> {
+    fn write_full(
+        &mut self,
+        wal_file: Option<&File>,
+        header: Option<WalHeader>,
+        reason: &str,
+    ) -> Result<bool, DbError> {
         let scan = match (wal_file, header) {
             (Some(f), Some(_)) => wal::scan(f, WAL_HEADER_SIZE, u64::MAX)?,
             _ => None,
@@ -569,10 +648,21 @@ impl Db {
         let lock = lock_pgno(self.page_size());
         let pages: Vec<(u32, PageSrc)> = (1..=commit)
             .filter(|p| *p != lock)
-            .map(|p| (p, scan.as_ref().and_then(|s| s.pages.get(&p).copied()).map_or(PageSrc::DbFile, PageSrc::Wal)))
+            .map(|p| {
+                (
+                    p,
+                    scan.as_ref()
+                        .and_then(|s| s.pages.get(&p).copied())
+                        .map_or(PageSrc::DbFile, PageSrc::Wal),
+                )
+            })
             .collect();
         let (wal_off, wal_size, wh) = match &scan {
-            Some(s) => (WAL_HEADER_SIZE, s.end_offset - WAL_HEADER_SIZE, Some(s.header)),
+            Some(s) => (
+                WAL_HEADER_SIZE,
+                s.end_offset - WAL_HEADER_SIZE,
+                Some(s.header),
+            ),
             None => (0, 0, None),
         };
         let mut h = match &wh {
@@ -585,7 +675,11 @@ impl Db {
         }
         self.write_segment(h, wal_file, &pages, true)?;
         self.stats.full_segments.fetch_add(1, Ordering::Relaxed);
-        self.mark = scan.as_ref().map(|s| WalMark { salt1: s.header.salt1, salt2: s.header.salt2, offset: s.end_offset });
+        self.mark = scan.as_ref().map(|s| WalMark {
+            salt1: s.header.salt1,
+            salt2: s.header.salt2,
+            offset: s.end_offset,
+        });
         self.continuous = true;
         Ok(true)
     }
@@ -610,7 +704,11 @@ impl Db {
             (true, _) => self.post,
         };
         Header {
-            flags: if self.checksums { 0 } else { HEADER_FLAG_NO_CHECKSUM },
+            flags: if self.checksums {
+                0
+            } else {
+                HEADER_FLAG_NO_CHECKSUM
+            },
             page_size: self.page_size(),
             commit,
             min_txid: txid,
@@ -623,15 +721,32 @@ impl Db {
 
     /// Encodes `pages` into a staged segment (tmp -> fsync -> rename -> fsync dir), updates
     /// the checksum table, and publishes the new position.
-    fn write_segment(&mut self, header: Header, wal_file: Option<&File>, pages: &[(u32, PageSrc)], full: bool) -> Result<(), DbError> {
-        let staging = self.staging.as_ref().ok_or_else(|| DbError::Unsupported("staging not open".into()))?;
+    fn write_segment(
+        &mut self,
+        header: Header,
+        wal_file: Option<&File>,
+        pages: &[(u32, PageSrc)],
+        full: bool,
+    ) -> Result<(), DbError> {
+        let staging = self
+            .staging
+            .as_ref()
+            .ok_or_else(|| DbError::Unsupported("staging not open".into()))?;
         let dest = staging.path(header.max_txid);
         let tmp = fsutil::tmp_path(&dest);
         let file = File::create(&tmp).map_err(io_err("create", &tmp))?;
         let mut enc = Encoder::new(file, header, self.codec)?;
         let commit = header.commit;
-        let mut table = if full { vec![0u64; commit as usize] } else { std::mem::take(&mut self.table) };
-        let mut sum = if full { DbChecksum::default() } else { self.sum };
+        let mut table = if full {
+            vec![0u64; commit as usize]
+        } else {
+            std::mem::take(&mut self.table)
+        };
+        let mut sum = if full {
+            DbChecksum::default()
+        } else {
+            self.sum
+        };
         if self.checksums && !full {
             for p in (commit + 1)..=(table.len() as u32) {
                 sum.toggle(table[p as usize - 1]);
@@ -682,7 +797,10 @@ impl Db {
 
     fn publish(&self, timestamp_ms: i64) {
         self.stats.txid.store(self.pos.0, Ordering::Relaxed);
-        self.pos_tx.send_replace(DbPos { txid: self.pos, timestamp_ms });
+        self.pos_tx.send_replace(DbPos {
+            txid: self.pos,
+            timestamp_ms,
+        });
     }
 
     fn refresh_fast_cache(&mut self) {
@@ -694,7 +812,8 @@ impl Db {
 
     fn wal_pages(&self) -> u64 {
         let frame = 24 + u64::from(self.page_size());
-        self.mark.map_or(0, |m| m.offset.saturating_sub(WAL_HEADER_SIZE) / frame)
+        self.mark
+            .map_or(0, |m| m.offset.saturating_sub(WAL_HEADER_SIZE) / frame)
     }
 
     fn checkpoint_due(&self, now: Instant) -> bool {
@@ -704,7 +823,9 @@ impl Db {
         let pages = self.wal_pages();
         let interval = self.settings.checkpoint_interval;
         pages >= u64::from(self.settings.min_checkpoint_page_count)
-            || (!interval.is_zero() && now.duration_since(self.last_checkpoint) >= interval && pages > 1)
+            || (!interval.is_zero()
+                && now.duration_since(self.last_checkpoint) >= interval
+                && pages > 1)
     }
 
     /// Checkpoints the WAL (DESIGN §3.1): PASSIVE under a write lock after a sealing sync;
@@ -727,7 +848,11 @@ impl Db {
                     break;
                 }
             }
-            let conn = &self.open.as_ref().ok_or_else(|| DbError::Unsupported("database not open".into()))?.conn;
+            let conn = &self
+                .open
+                .as_ref()
+                .ok_or_else(|| DbError::Unsupported("database not open".into()))?
+                .conn;
             conn.execute_batch("COMMIT")?;
             let mode = if truncate { "TRUNCATE" } else { "PASSIVE" };
             // TRUNCATE needs the write lock itself: give it up first (the WAL is synced).
@@ -735,7 +860,9 @@ impl Db {
                 barrier.execute_batch("ROLLBACK")?;
             }
             let (busy, log, done): (i64, i64, i64) =
-                conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+                conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
             begin_read(conn)?;
             tracing::debug!(db = %self.path.display(), mode, busy, log, done, "checkpoint");
             Ok::<_, DbError>((truncate, log >= 0 && log == done))
@@ -755,7 +882,11 @@ impl Db {
                 Some(f) => read_wal_header(f)?,
                 None => None,
             };
-            written += usize::from(self.write_full(f.as_ref(), h, "checkpoint boundary after TRUNCATE")?);
+            written += usize::from(self.write_full(
+                f.as_ref(),
+                h,
+                "checkpoint boundary after TRUNCATE",
+            )?);
         } else if complete {
             // Restart the WAL now with our own small write, so the file shrinks back to one
             // frame (journal_size_limit=0) and the idle fast path applies again.
@@ -781,7 +912,9 @@ impl Db {
     /// Deletes staged segments every replica has (keeping the newest).
     pub fn prune_staging(&self, acknowledged: TxId) -> Result<usize, DbError> {
         match &self.staging {
-            Some(s) => s.prune_below(TxId(acknowledged.0 + 1)).map_err(io_err("prune", &self.staging_dir)),
+            Some(s) => s
+                .prune_below(TxId(acknowledged.0 + 1))
+                .map_err(io_err("prune", &self.staging_dir)),
             None => Ok(0),
         }
     }
@@ -789,16 +922,26 @@ impl Db {
 
 /// Default metadata directory: `<dir>/.<file name>-replicad`.
 pub fn default_meta_path(db: &Path) -> PathBuf {
-    let name = db.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    db.parent().unwrap_or(Path::new(".")).join(format!(".{name}-replicad"))
+    let name = db
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    db.parent()
+        .unwrap_or(Path::new("."))
+        .join(format!(".{name}-replicad"))
 }
 
 fn open_connection(path: &Path) -> Result<Connection, DbError> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI;
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(std::time::Duration::from_secs(1))?;
     // Our connection closing must never checkpoint or delete the WAL behind the chain.
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )?;
     conn.execute_batch("PRAGMA cache_size=-256;")?;
     Ok(conn)
 }
@@ -820,5 +963,8 @@ fn read_wal_header(f: &File) -> Result<Option<WalHeader>, DbError> {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }

@@ -67,9 +67,24 @@ pub struct Replica {
 
 impl Replica {
     /// A replica named `name` of database `db` (for logs), uploading from `staging`.
-    pub fn new(name: String, db: String, client: AnyClient, staging: Staging, heartbeat: Duration) -> Replica {
+    pub fn new(
+        name: String,
+        db: String,
+        client: AnyClient,
+        staging: Staging,
+        heartbeat: Duration,
+    ) -> Replica {
         let (ack_tx, _) = watch::channel(TxId(0));
-        Replica { name, db, client, staging, remote: TxId(0), ack_tx, stats: Arc::default(), heartbeat }
+        Replica {
+            name,
+            db,
+            client,
+            staging,
+            remote: TxId(0),
+            ack_tx,
+            stats: Arc::default(),
+            heartbeat,
+        }
     }
 
     /// The replica's name.
@@ -93,8 +108,16 @@ impl Replica {
         let mut newest = None;
         for level in 0..=SNAPSHOT_LEVEL {
             self.stats.count(2);
-            let files = self.client.list(level).await.inspect_err(|_| self.note_error())?;
-            if let Some(f) = files.iter().max_by_key(|f| f.max_txid).filter(|f| f.max_txid > tip.txid) {
+            let files = self
+                .client
+                .list(level)
+                .await
+                .inspect_err(|_| self.note_error())?;
+            if let Some(f) = files
+                .iter()
+                .max_by_key(|f| f.max_txid)
+                .filter(|f| f.max_txid > tip.txid)
+            {
                 tip.txid = f.max_txid;
                 newest = Some(f.clone());
             }
@@ -108,17 +131,25 @@ impl Replica {
         Ok(tip)
     }
 
-    async fn read_post_apply(&self, f: &crate::replica_client::LtxFileInfo) -> Result<u64, StorageError> {
+    async fn read_post_apply(
+        &self,
+        f: &crate::replica_client::LtxFileInfo,
+    ) -> Result<u64, StorageError> {
         use tokio::io::AsyncReadExt;
         let offset = f.size.saturating_sub(ltx::TRAILER_SIZE as u64);
         self.stats.count(1);
-        let mut r = self.client.open(f.level, f.min_txid, f.max_txid, offset).await?;
+        let mut r = self
+            .client
+            .open(f.level, f.min_txid, f.max_txid, offset)
+            .await?;
         let mut b = [0u8; 8];
-        r.read_exact(&mut b).await.map_err(|e| StorageError::Transient {
-            op: "get",
-            key: ltx::format_filename(f.min_txid, f.max_txid),
-            reason: e.to_string(),
-        })?;
+        r.read_exact(&mut b)
+            .await
+            .map_err(|e| StorageError::Transient {
+                op: "get",
+                key: ltx::format_filename(f.min_txid, f.max_txid),
+                reason: e.to_string(),
+            })?;
         Ok(u64::from_be_bytes(b))
     }
 
@@ -131,11 +162,17 @@ impl Replica {
         while self.remote < target {
             let txid = TxId(self.remote.0 + 1);
             let path = self.staging.path(txid);
-            let header = self.staging.header(txid).map_err(|e| StorageError::Permanent {
-                op: "read staged segment",
-                key: path.display().to_string(),
-                reason: format!("{e} (the replica is at {} and cannot catch up from staging)", self.remote),
-            })?;
+            let header = self
+                .staging
+                .header(txid)
+                .map_err(|e| StorageError::Permanent {
+                    op: "read staged segment",
+                    key: path.display().to_string(),
+                    reason: format!(
+                        "{e} (the replica is at {} and cannot catch up from staging)",
+                        self.remote
+                    ),
+                })?;
             self.stats.count(0);
             let info = self
                 .client
@@ -143,9 +180,13 @@ impl Replica {
                 .await
                 .inspect_err(|_| self.note_error())?;
             self.remote = txid;
-            self.stats.bytes_uploaded.fetch_add(info.size, Ordering::Relaxed);
+            self.stats
+                .bytes_uploaded
+                .fetch_add(info.size, Ordering::Relaxed);
             self.stats.remote_txid.store(txid.0, Ordering::Relaxed);
-            self.stats.remote_timestamp_ms.store(header.timestamp.max(0) as u64, Ordering::Relaxed);
+            self.stats
+                .remote_timestamp_ms
+                .store(header.timestamp.max(0) as u64, Ordering::Relaxed);
             self.ack_tx.send_replace(txid);
         }
         Ok(())

@@ -15,7 +15,11 @@ pub struct Backoff {
 impl Backoff {
     /// A backoff starting at `min`, capped at `max`.
     pub fn new(min: Duration, max: Duration) -> Backoff {
-        Backoff { min, max, current: min }
+        Backoff {
+            min,
+            max,
+            current: min,
+        }
     }
 
     /// The next delay (jittered), doubling the base for the following one.
@@ -42,7 +46,10 @@ mod tests {
         let d: Vec<Duration> = (0..6).map(|_| b.next_delay()).collect();
         for (got, base) in d.iter().zip([1u64, 2, 4, 5, 5, 5]) {
             let base = Duration::from_secs(base);
-            assert!(*got >= base / 2 && *got <= base + Duration::from_nanos(1), "{got:?} vs {base:?}");
+            assert!(
+                *got >= base / 2 && *got <= base + Duration::from_nanos(1),
+                "{got:?} vs {base:?}"
+            );
         }
         b.reset();
         assert!(b.next_delay() <= Duration::from_secs(1) + Duration::from_nanos(1));

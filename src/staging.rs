@@ -66,8 +66,12 @@ impl Staging {
     /// Reads the header and post-apply checksum of the newest segment. The whole file is
     /// verified first: a torn or corrupt newest segment must not define the position.
     pub fn tip(&self) -> Result<Option<StagedTip>, String> {
-        let txids = self.txids().map_err(|e| format!("list {}: {e}", self.dir.display()))?;
-        let Some(&txid) = txids.last() else { return Ok(None) };
+        let txids = self
+            .txids()
+            .map_err(|e| format!("list {}: {e}", self.dir.display()))?;
+        let Some(&txid) = txids.last() else {
+            return Ok(None);
+        };
         let path = self.path(txid);
         let verify = || -> Result<StagedTip, ltx::LtxError> {
             let mut dec = ltx::Decoder::new(File::open(&path)?)?;
@@ -75,9 +79,14 @@ impl Staging {
             let mut page = vec![0u8; header.page_size as usize];
             while dec.next_page(&mut page)?.is_some() {}
             let trailer = dec.finish()?;
-            Ok(StagedTip { header, post_apply_checksum: trailer.post_apply_checksum })
+            Ok(StagedTip {
+                header,
+                post_apply_checksum: trailer.post_apply_checksum,
+            })
         };
-        verify().map(Some).map_err(|e| format!("staged segment {}: {e}", path.display()))
+        verify()
+            .map(Some)
+            .map_err(|e| format!("staged segment {}: {e}", path.display()))
     }
 
     /// Reads only the header of a staged segment (the upload path needs its timestamp).
@@ -99,7 +108,10 @@ impl Staging {
         let txids = self.txids()?;
         let newest = txids.last().copied();
         let mut removed = 0;
-        for t in txids.into_iter().filter(|t| *t < keep_from && Some(*t) != newest) {
+        for t in txids
+            .into_iter()
+            .filter(|t| *t < keep_from && Some(*t) != newest)
+        {
             match fs::remove_file(self.path(t)) {
                 Ok(()) => removed += 1,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

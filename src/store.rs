@@ -80,7 +80,13 @@ impl Store {
         for dbc in &config.dbs {
             dbs.push(Self::start_db(dbc, &tracker, &root, &ingest, &permits).await?);
         }
-        Ok(Store { root, ingest, tracker, dbs, shutdown_timeout: config.shutdown_sync_timeout })
+        Ok(Store {
+            root,
+            ingest,
+            tracker,
+            dbs,
+            shutdown_timeout: config.shutdown_sync_timeout,
+        })
     }
 
     async fn start_db(
@@ -90,7 +96,10 @@ impl Store {
         ingest: &CancellationToken,
         permits: &Arc<Semaphore>,
     ) -> Result<DbHandle, StoreError> {
-        let meta = dbc.meta_path.clone().unwrap_or_else(|| crate::db::default_meta_path(&dbc.path));
+        let meta = dbc
+            .meta_path
+            .clone()
+            .unwrap_or_else(|| crate::db::default_meta_path(&dbc.path));
         let staging_dir = meta.join("ltx").join("0");
         let staging = Staging::open(staging_dir.clone())
             .map_err(|e| StoreError::Io(format!("open staging {}: {e}", staging_dir.display())))?;
@@ -105,7 +114,10 @@ impl Store {
                 staging.clone(),
                 dbc.settings.heartbeat_interval,
             );
-            let _permit = permits.acquire().await.map_err(|e| StoreError::Io(e.to_string()))?;
+            let _permit = permits
+                .acquire()
+                .await
+                .map_err(|e| StoreError::Io(e.to_string()))?;
             match r.init().await {
                 Ok(t) if t.txid > tip.txid => tip = t,
                 Ok(_) => {}
@@ -123,18 +135,28 @@ impl Store {
         let handle = DbHandle {
             path: dbc.path.clone(),
             stats: db.stats(),
-            replicas: replicas.iter().map(|r| (r.name().to_string(), r.stats())).collect(),
+            replicas: replicas
+                .iter()
+                .map(|r| (r.name().to_string(), r.stats()))
+                .collect(),
             pos: db.subscribe(),
         };
         let acks: Vec<watch::Receiver<TxId>> = replicas.iter().map(Replica::acks).collect();
         for r in replicas {
-            let span = tracing::info_span!("replica", db = %dbc.path.display(), replica = %r.name());
+            let span =
+                tracing::info_span!("replica", db = %dbc.path.display(), replica = %r.name());
             let rx = db.subscribe();
             let abort = root.clone();
             tracker.spawn(tracing::Instrument::instrument(r.run(rx, abort), span));
         }
         let span = tracing::info_span!("db", db = %dbc.path.display());
-        let monitor = monitor(db, acks, ingest.clone(), permits.clone(), dbc.settings.monitor_interval);
+        let monitor = monitor(
+            db,
+            acks,
+            ingest.clone(),
+            permits.clone(),
+            dbc.settings.monitor_interval,
+        );
         tracker.spawn(tracing::Instrument::instrument(monitor, span));
         Ok(handle)
     }
@@ -179,7 +201,10 @@ async fn monitor(
 ) {
     let mut delay = interval;
     let mut ticks = 0u64;
-    let mut backoff = Backoff::new(interval.max(Duration::from_millis(100)), Duration::from_secs(300));
+    let mut backoff = Backoff::new(
+        interval.max(Duration::from_millis(100)),
+        Duration::from_secs(300),
+    );
     let mut failing: Option<(Instant, u32)> = None;
     let mut pruned = TxId(0);
     let mut opened = false;
@@ -189,12 +214,20 @@ async fn monitor(
             _ = tokio::time::sleep(delay) => {}
         }
         ticks += 1;
-        delay = if ticks == 1 { jitter(interval) } else { interval };
+        delay = if ticks == 1 {
+            jitter(interval)
+        } else {
+            interval
+        };
         if db.fast_path_skip(Instant::now()) {
             prune(&db, &acks, &mut pruned);
             continue;
         }
-        let permit = if opened { None } else { permits.clone().acquire_owned().await.ok() };
+        let permit = if opened {
+            None
+        } else {
+            permits.clone().acquire_owned().await.ok()
+        };
         let (back, result) = match run_blocking(db, |d| d.sync(true)).await {
             Some(v) => v,
             None => return,
@@ -254,7 +287,9 @@ async fn run_blocking<T: Send + 'static>(
 }
 
 fn prune(db: &Db, acks: &[watch::Receiver<TxId>], pruned: &mut TxId) {
-    let Some(min) = acks.iter().map(|a| *a.borrow()).min() else { return };
+    let Some(min) = acks.iter().map(|a| *a.borrow()).min() else {
+        return;
+    };
     if min > *pruned {
         match db.prune_staging(min) {
             Ok(_) => *pruned = min,

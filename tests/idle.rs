@@ -34,7 +34,12 @@ async fn idle_database_skips_every_tick_and_makes_no_replica_calls() {
     )
     .unwrap();
     let replica = dir.path().join("replica");
-    let config = Config::single(db_path.clone(), &[replica.display().to_string()], settings()).unwrap();
+    let config = Config::single(
+        db_path.clone(),
+        &[replica.display().to_string()],
+        settings(),
+    )
+    .unwrap();
     let store = Store::open(&config).await.unwrap();
     let h = store.dbs()[0].clone();
     let (_, rstats) = h.replicas[0].clone();
@@ -55,18 +60,33 @@ async fn idle_database_skips_every_tick_and_makes_no_replica_calls() {
     let skipped = h.stats.sync_skipped.load(Ordering::Relaxed) - skipped0;
     let ticks = (window.as_millis() / 20) as u64;
     // Every tick in the window took the fast path (timer slack may lose a few ticks).
-    assert!(skipped >= ticks * 2 / 3, "only {skipped} of ~{ticks} ticks skipped");
-    assert_eq!(h.stats.syncs.load(Ordering::Relaxed), syncs0, "a full sync ran while idle");
+    assert!(
+        skipped >= ticks * 2 / 3,
+        "only {skipped} of ~{ticks} ticks skipped"
+    );
+    assert_eq!(
+        h.stats.syncs.load(Ordering::Relaxed),
+        syncs0,
+        "a full sync ran while idle"
+    );
     // ~30 heartbeats elapsed: none may touch the replica.
     assert_eq!(rstats.total_ops(), ops0, "idle replica made client calls");
     assert!(h.stats.idle.load(Ordering::Relaxed));
 
     // One commit costs exactly one PUT.
-    conn.execute("INSERT INTO t(v) VALUES ('one more')", []).unwrap();
+    conn.execute("INSERT INTO t(v) VALUES ('one more')", [])
+        .unwrap();
     let before = h.stats.txid.load(Ordering::Relaxed);
-    wait_until("new segment uploaded", || rstats.remote_txid.load(Ordering::Relaxed) > before).await;
+    wait_until("new segment uploaded", || {
+        rstats.remote_txid.load(Ordering::Relaxed) > before
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(rstats.total_ops(), ops0 + 1, "one commit should cost one PUT");
+    assert_eq!(
+        rstats.total_ops(),
+        ops0 + 1,
+        "one commit should cost one PUT"
+    );
     assert_eq!(rstats.ops[0].load(Ordering::Relaxed), puts0 + 1);
 
     store.shutdown(std::future::pending()).await;

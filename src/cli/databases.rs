@@ -23,14 +23,18 @@ pub struct DatabasesArgs {
 
 /// Runs `replicad databases`.
 pub async fn run(args: DatabasesArgs) -> Result<(), CliError> {
-    let config = Config::load(&args.config, !args.no_expand_env).map_err(|e| CliError::Usage(e.to_string()))?;
+    let config = Config::load(&args.config, !args.no_expand_env)
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     if args.json {
         let rows: Vec<_> = config
             .dbs
             .iter()
             .map(|d| {
-                let replicas: Vec<_> =
-                    d.replicas.iter().map(|r| serde_json::json!({"name": r.name, "url": r.url})).collect();
+                let replicas: Vec<_> = d
+                    .replicas
+                    .iter()
+                    .map(|r| serde_json::json!({"name": r.name, "url": r.url}))
+                    .collect();
                 serde_json::json!({"path": d.path, "replicas": replicas})
             })
             .collect();

@@ -42,7 +42,10 @@ pub async fn run(args: LtxArgs) -> Result<(), CliError> {
         println!("{}", serde_json::Value::Array(rows));
         return Ok(());
     }
-    println!("{:<6} {:<17} {:<17} {:>12}  created", "level", "min_txid", "max_txid", "size");
+    println!(
+        "{:<6} {:<17} {:<17} {:>12}  created",
+        "level", "min_txid", "max_txid", "size"
+    );
     for f in &files {
         println!(
             "{:<6} {:<17} {:<17} {:>12}  {}",
@@ -50,7 +53,8 @@ pub async fn run(args: LtxArgs) -> Result<(), CliError> {
             f.min_txid.to_string(),
             f.max_txid.to_string(),
             f.size,
-            f.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            f.created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
         );
     }
     eprintln!("{} files on {}", files.len(), client.location());

@@ -79,16 +79,24 @@ impl ReplicateArgs {
     /// The configuration these arguments describe.
     pub fn load_config(&self) -> Result<Config, CliError> {
         let mut config = match (&self.config, &self.db) {
-            (Some(path), None) => Config::load(path, !self.no_expand_env).map_err(|e| CliError::Usage(e.to_string()))?,
+            (Some(path), None) => Config::load(path, !self.no_expand_env)
+                .map_err(|e| CliError::Usage(e.to_string()))?,
             (None, Some(db)) => {
                 if self.replicas.is_empty() {
-                    return Err(CliError::Usage("replicate DB_PATH needs at least one REPLICA_URL".into()));
+                    return Err(CliError::Usage(
+                        "replicate DB_PATH needs at least one REPLICA_URL".into(),
+                    ));
                 }
                 let mut settings = DbSettings::default();
                 self.overrides(&mut settings);
-                Config::single(db.clone(), &self.replicas, settings).map_err(|e| CliError::Usage(e.to_string()))?
+                Config::single(db.clone(), &self.replicas, settings)
+                    .map_err(|e| CliError::Usage(e.to_string()))?
             }
-            _ => return Err(CliError::Usage("replicate needs --config FILE or DB_PATH REPLICA_URL...".into())),
+            _ => {
+                return Err(CliError::Usage(
+                    "replicate needs --config FILE or DB_PATH REPLICA_URL...".into(),
+                ));
+            }
         };
         for db in &mut config.dbs {
             self.overrides(&mut db.settings);
@@ -103,8 +111,10 @@ impl ReplicateArgs {
 /// Runs the daemon until SIGTERM or SIGINT; a second signal aborts the shutdown drain.
 pub async fn run(args: ReplicateArgs) -> Result<(), CliError> {
     let config = args.load_config()?;
-    let mut term = signal(SignalKind::terminate()).map_err(|e| anyhow::anyhow!("install SIGTERM handler: {e}"))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| anyhow::anyhow!("install SIGINT handler: {e}"))?;
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| anyhow::anyhow!("install SIGTERM handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| anyhow::anyhow!("install SIGINT handler: {e}"))?;
     let store = Store::open(&config).await.map_err(|e| anyhow::anyhow!(e))?;
     for db in store.dbs() {
         let replicas: Vec<&str> = db.replicas.iter().map(|(n, _)| n.as_str()).collect();

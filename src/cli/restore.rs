@@ -80,7 +80,11 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         (Some(to), _, _) => to.clone(),
         (None, Some(db), _) => db,
         (None, None, true) => PathBuf::new(),
-        (None, None, false) => return Err(CliError::Usage("restore from a replica URL needs --to PATH".into())),
+        (None, None, false) => {
+            return Err(CliError::Usage(
+                "restore from a replica URL needs --to PATH".into(),
+            ));
+        }
     };
     if args.if_db_not_exists && !args.dry_run && to.exists() {
         println!("database {} already exists, skipping restore", to.display());
@@ -139,17 +143,36 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
 
 /// The replica URL to read, and the default output (the database path in config mode).
 fn source(args: &RestoreArgs) -> Result<(String, Option<PathBuf>), CliError> {
-    let Some(config_path) = &args.config else { return Ok((args.replica.clone(), None)) };
-    let config = crate::config::Config::load(config_path, !args.no_expand_env).map_err(|e| CliError::Usage(e.to_string()))?;
-    let db = config.find_db(std::path::Path::new(&args.replica)).ok_or_else(|| {
-        CliError::Usage(format!("database {} is not in {}", args.replica, config_path.display()))
-    })?;
+    let Some(config_path) = &args.config else {
+        return Ok((args.replica.clone(), None));
+    };
+    let config = crate::config::Config::load(config_path, !args.no_expand_env)
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let db = config
+        .find_db(std::path::Path::new(&args.replica))
+        .ok_or_else(|| {
+            CliError::Usage(format!(
+                "database {} is not in {}",
+                args.replica,
+                config_path.display()
+            ))
+        })?;
     let replica = match &args.replica_name {
-        Some(name) => db.replicas.iter().find(|r| &r.name == name).ok_or_else(|| {
-            let names: Vec<&str> = db.replicas.iter().map(|r| r.name.as_str()).collect();
-            CliError::Usage(format!("database {} has no replica {name:?} (it has {names:?})", args.replica))
-        })?,
-        None => db.replicas.first().ok_or_else(|| CliError::Usage(format!("database {} has no replica", args.replica)))?,
+        Some(name) => db
+            .replicas
+            .iter()
+            .find(|r| &r.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = db.replicas.iter().map(|r| r.name.as_str()).collect();
+                CliError::Usage(format!(
+                    "database {} has no replica {name:?} (it has {names:?})",
+                    args.replica
+                ))
+            })?,
+        None => db
+            .replicas
+            .first()
+            .ok_or_else(|| CliError::Usage(format!("database {} has no replica", args.replica)))?,
     };
     Ok((replica.url.clone(), Some(db.path.clone())))
 }
