@@ -1,0 +1,233 @@
+//! Tests for config-driven commands go here: `restore --config DB_PATH [--replica NAME]`,
+//! `databases --config`, `ltx`, and the second-signal abort of a shutdown drain.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_replicad")
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    fs::create_dir_all(dst).unwrap();
+    for e in fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            fs::write(&to, fs::read(e.path()).unwrap()).unwrap();
+        }
+    }
+}
+
+fn golden(scenario: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/litestream-v0.5")
+        .join(scenario)
+}
+
+fn final_sha(scenario: &str) -> String {
+    let v: serde_json::Value =
+        serde_json::from_slice(&fs::read(golden(scenario).join("expected.json")).unwrap()).unwrap();
+    v["steps"].as_array().unwrap().last().unwrap()["restored_db_sha256"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn restore_with_config_picks_the_named_replica_and_defaults_to_the_db_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    copy_dir(&golden("basic-64k").join("replica"), &a);
+    copy_dir(&golden("basic-4k").join("replica"), &b);
+    let db = dir.path().join("app.db");
+    let cfg = dir.path().join("replicad.yml");
+    fs::write(
+        &cfg,
+        format!(
+            "dbs:\n  - path: {}\n    replicas:\n      - name: first\n        path: {}\n      - name: second\n        url: file://{}\n",
+            db.display(),
+            a.display(),
+            b.display()
+        ),
+    )
+    .unwrap();
+    let sha = |p: &Path| hex::encode(Sha256::digest(fs::read(p).unwrap()));
+
+    let out = dir.path().join("second.db");
+    let o = Command::new(bin())
+        .args([
+            "restore",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--replica",
+            "second",
+            "--to",
+            out.to_str().unwrap(),
+            db.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(sha(&out), final_sha("basic-4k"));
+
+    // Without --to the database path itself is restored, from the first replica.
+    let o = Command::new(bin())
+        .args(["restore", "-c", cfg.to_str().unwrap(), db.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(sha(&db), final_sha("basic-64k"));
+    // And it is never overwritten without --force.
+    let o = Command::new(bin())
+        .args(["restore", "-c", cfg.to_str().unwrap(), db.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+
+    let o = Command::new(bin())
+        .args([
+            "restore",
+            "-c",
+            cfg.to_str().unwrap(),
+            "--replica",
+            "third",
+            db.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("\"first\""),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = Command::new(bin())
+        .args(["restore", "-c", cfg.to_str().unwrap(), "/not/configured.db"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+
+    let o = Command::new(bin())
+        .args(["databases", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success()
+            && text.contains("first")
+            && text.contains("second")
+            && text.contains("app.db"),
+        "{text}"
+    );
+
+    let o = Command::new(bin())
+        .args(["ltx", "--json", b.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 10);
+    assert_eq!(rows[9]["level"], 9);
+}
+
+/// A replica that fails every upload keeps the drain waiting; a second SIGTERM ends it at
+/// once, and a later start uploads what stayed staged: nothing is lost.
+#[test]
+fn second_signal_aborts_a_stuck_drain_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let rep = dir.path().join("rep");
+    let mut w = rusqlite::Connection::open(&db).unwrap();
+    w.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t(v) VALUES ('a');")
+        .unwrap();
+    let args = |log: &str| {
+        let log = fs::File::create(dir.path().join(log)).unwrap();
+        Command::new(bin())
+            .args([
+                "replicate",
+                "--monitor-interval",
+                "50ms",
+                "--shutdown-sync-timeout",
+                "60s",
+            ])
+            .arg(&db)
+            .arg(&rep)
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    };
+    let mut child = args("run1.log");
+    assert!(common::wait_for_txid(&rep, 1, Duration::from_secs(20)));
+    // Sabotage: the level directory becomes a file, so every upload fails.
+    fs::rename(rep.join("ltx/0"), rep.join("ltx/0.bak")).unwrap();
+    fs::write(rep.join("ltx/0"), b"not a directory").unwrap();
+    let tx = w.transaction().unwrap();
+    tx.execute("INSERT INTO t(v) VALUES ('b')", []).unwrap();
+    tx.commit().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = child.id().to_string();
+    let kill = |sig: &str| {
+        Command::new("kill")
+            .args([sig, pid.as_str()])
+            .status()
+            .unwrap()
+    };
+    kill("-TERM");
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the drain should still be retrying"
+    );
+    kill("-TERM");
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "second signal did not abort the drain"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success());
+    let log = fs::read_to_string(dir.path().join("run1.log")).unwrap();
+    assert!(log.contains("aborting the shutdown sync"), "{log}");
+    // One error line for the whole streak, not one per retry.
+    assert_eq!(log.matches("upload failed").count(), 1, "{log}");
+
+    // Repair the replica and start again: the staged segment is uploaded.
+    fs::remove_file(rep.join("ltx/0")).unwrap();
+    fs::rename(rep.join("ltx/0.bak"), rep.join("ltx/0")).unwrap();
+    let mut child = args("run2.log");
+    assert!(common::wait_for_txid(&rep, 2, Duration::from_secs(20)));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let out = dir.path().join("out.db");
+    let o = Command::new(bin())
+        .args([
+            "restore",
+            "--to",
+            out.to_str().unwrap(),
+            rep.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let n: i64 = rusqlite::Connection::open(&out)
+        .unwrap()
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 2);
+}
