@@ -14,19 +14,6 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_replicad")
 }
 
-fn copy_dir(src: &Path, dst: &Path) {
-    fs::create_dir_all(dst).unwrap();
-    for e in fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let to = dst.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            fs::write(&to, fs::read(e.path()).unwrap()).unwrap();
-        }
-    }
-}
-
 fn golden(scenario: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/litestream-v0.5")
@@ -46,8 +33,8 @@ fn final_sha(scenario: &str) -> String {
 fn restore_with_config_picks_the_named_replica_and_defaults_to_the_db_path() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-    copy_dir(&golden("basic-64k").join("replica"), &a);
-    copy_dir(&golden("basic-4k").join("replica"), &b);
+    common::copy_dir(&golden("basic-64k").join("replica"), &a);
+    common::copy_dir(&golden("basic-4k").join("replica"), &b);
     let db = dir.path().join("app.db");
     let cfg = dir.path().join("replicad.yml");
     fs::write(

@@ -1,6 +1,8 @@
 //! Tests for restore failure modes go here: corrupt, truncated, missing and foreign files,
 //! existing outputs, and exit codes. Every failure must leave no output (and no `.tmp`).
 
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -12,23 +14,6 @@ fn golden(scenario: &str) -> PathBuf {
         .join("replica")
 }
 
-fn copy_dir(src: &Path, dst: &Path) {
-    fs::create_dir_all(dst).unwrap();
-    for e in fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let to = dst.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            fs::copy(e.path(), &to).unwrap();
-            let mut perm = fs::metadata(&to).unwrap().permissions();
-            #[allow(clippy::permissions_set_readonly_false)]
-            perm.set_readonly(false);
-            fs::set_permissions(&to, perm).unwrap();
-        }
-    }
-}
-
 struct Fixture {
     dir: tempfile::TempDir,
 }
@@ -36,7 +21,7 @@ struct Fixture {
 impl Fixture {
     fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
-        copy_dir(&golden("basic-4k"), &dir.path().join("replica"));
+        common::copy_dir(&golden("basic-4k"), &dir.path().join("replica"));
         Fixture { dir }
     }
     fn replica(&self) -> String {

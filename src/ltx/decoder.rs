@@ -15,7 +15,7 @@ use super::checksum::{CRC64, Crc64Digest};
 use super::encoder::put_uvarint;
 use super::{
     CHECKSUM_FLAG, Codec, HEADER_SIZE, Header, LtxError, PAGE_FLAG_SIZE, PAGE_HEADER_SIZE,
-    TRAILER_SIZE, Trailer, lock_pgno,
+    PageOrder, TRAILER_SIZE, Trailer,
 };
 
 /// Largest compressed payload accepted for one page: incompressible input grows a little under
@@ -35,8 +35,7 @@ pub struct Decoder<R: Read> {
     digest: Crc64Digest,
     offset: u64,
     expected_index: Vec<u8>,
-    last_pgno: u32,
-    lock_pgno: u32,
+    order: PageOrder,
     payload: Vec<u8>,
     payload_is_block: bool,
     pages_done: bool,
@@ -59,8 +58,7 @@ impl<R: Read> Decoder<R> {
             digest,
             offset: HEADER_SIZE as u64,
             expected_index: Vec::new(),
-            last_pgno: 0,
-            lock_pgno: lock_pgno(header.page_size),
+            order: PageOrder::new(&header),
             payload: Vec::new(),
             payload_is_block: false,
             pages_done: false,
@@ -119,7 +117,7 @@ impl<R: Read> Decoder<R> {
             self.check_snapshot_complete()?;
             return Ok(None);
         }
-        self.check_pgno(pgno).map_err(bad)?;
+        self.order.accept(pgno).map_err(bad)?;
         match flags {
             PAGE_FLAG_SIZE => {
                 let mut size = [0u8; 4];
@@ -153,50 +151,15 @@ impl<R: Read> Decoder<R> {
         put_uvarint(&mut self.expected_index, u64::from(pgno));
         put_uvarint(&mut self.expected_index, frame_offset);
         put_uvarint(&mut self.expected_index, self.offset - frame_offset);
-        self.last_pgno = pgno;
         self.page_count += 1;
         Ok(Some(pgno))
     }
 
-    fn check_pgno(&self, pgno: u32) -> Result<(), String> {
-        if pgno > self.header.commit {
-            return Err(format!("page {pgno} past commit {}", self.header.commit));
-        }
-        if pgno <= self.last_pgno {
-            return Err(format!("page {pgno} after page {}", self.last_pgno));
-        }
-        if pgno == self.lock_pgno {
-            return Err(format!("page {pgno} is the lock page"));
-        }
-        if self.header.is_snapshot() && pgno != self.next_snapshot_pgno() {
-            return Err(format!(
-                "snapshot skips from page {} to {pgno}",
-                self.last_pgno
-            ));
-        }
-        Ok(())
-    }
-
-    fn next_snapshot_pgno(&self) -> u32 {
-        let next = self.last_pgno + 1;
-        if next == self.lock_pgno {
-            next + 1
-        } else {
-            next
-        }
-    }
-
     fn check_snapshot_complete(&self) -> Result<(), LtxError> {
-        if self.header.is_snapshot() && self.next_snapshot_pgno() <= self.header.commit {
-            return Err(LtxError::InvalidPage {
-                offset: self.offset,
-                reason: format!(
-                    "snapshot ends at page {} of {}",
-                    self.last_pgno, self.header.commit
-                ),
-            });
-        }
-        Ok(())
+        self.order.finish().map_err(|reason| LtxError::InvalidPage {
+            offset: self.offset,
+            reason,
+        })
     }
 
     /// Copies exactly one LZ4 frame from the stream into `self.payload`, walking its

@@ -8,7 +8,7 @@ use std::io::{BufWriter, Write};
 
 use super::checksum::{CRC64, Crc64Digest};
 use super::{
-    CHECKSUM_FLAG, Codec, Header, LtxError, PAGE_FLAG_SIZE, PAGE_HEADER_SIZE, Trailer, lock_pgno,
+    CHECKSUM_FLAG, Codec, Header, LtxError, PAGE_FLAG_SIZE, PAGE_HEADER_SIZE, PageOrder, Trailer,
 };
 
 /// Writes one LTX file to `W`.
@@ -19,8 +19,7 @@ pub struct Encoder<W: Write> {
     digest: Crc64Digest,
     offset: u64,
     index: Vec<u8>,
-    last_pgno: u32,
-    lock_pgno: u32,
+    order: PageOrder,
     scratch: Vec<u8>,
 }
 
@@ -41,8 +40,7 @@ impl<W: Write> Encoder<W> {
             digest,
             offset: bytes.len() as u64,
             index: Vec::new(),
-            last_pgno: 0,
-            lock_pgno: lock_pgno(header.page_size),
+            order: PageOrder::new(&header),
             scratch: Vec::new(),
         })
     }
@@ -93,54 +91,23 @@ impl<W: Write> Encoder<W> {
         put_uvarint(&mut self.index, self.offset);
         put_uvarint(&mut self.index, frame_size);
         self.offset += frame_size;
-        self.last_pgno = pgno;
         Ok(())
     }
 
-    fn check_page(&self, pgno: u32, len: usize) -> Result<(), LtxError> {
-        let err = |m: String| Err(LtxError::Encode(m));
+    fn check_page(&mut self, pgno: u32, len: usize) -> Result<(), LtxError> {
         if len != self.header.page_size as usize {
-            return err(format!(
+            return Err(LtxError::Encode(format!(
                 "page {pgno} has {len} bytes, page size is {}",
                 self.header.page_size
-            ));
+            )));
         }
-        if pgno == 0 || pgno > self.header.commit {
-            return err(format!("page {pgno} outside 1..={}", self.header.commit));
-        }
-        if pgno == self.lock_pgno {
-            return err(format!("page {pgno} is the lock page"));
-        }
-        if pgno <= self.last_pgno {
-            return err(format!("page {pgno} after page {}", self.last_pgno));
-        }
-        if self.header.is_snapshot() && pgno != self.next_snapshot_pgno() {
-            return err(format!(
-                "snapshot skips from page {} to {pgno}",
-                self.last_pgno
-            ));
-        }
-        Ok(())
-    }
-
-    fn next_snapshot_pgno(&self) -> u32 {
-        let next = self.last_pgno + 1;
-        if next == self.lock_pgno {
-            next + 1
-        } else {
-            next
-        }
+        self.order.accept(pgno).map_err(LtxError::Encode)
     }
 
     /// Writes the end marker, page index and trailer; returns the writer and the trailer.
     pub fn finish(mut self, post_apply_checksum: u64) -> Result<(W, Trailer), LtxError> {
         let h = self.header;
-        if h.is_snapshot() && self.next_snapshot_pgno() <= h.commit {
-            return Err(LtxError::Encode(format!(
-                "snapshot ends at page {} of {}",
-                self.last_pgno, h.commit
-            )));
-        }
+        self.order.finish().map_err(LtxError::Encode)?;
         if h.has_checksums() {
             if post_apply_checksum & CHECKSUM_FLAG == 0 {
                 return Err(LtxError::Encode(

@@ -296,6 +296,62 @@ impl Header {
     }
 }
 
+/// The page-order rules of an LTX file, shared by the encoder and the decoder: pages strictly
+/// ascending, in `1..=commit`, never the lock page; a snapshot holds every page but the lock
+/// page.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PageOrder {
+    commit: u32,
+    snapshot: bool,
+    lock: u32,
+    last: u32,
+}
+
+impl PageOrder {
+    pub(crate) fn new(h: &Header) -> PageOrder {
+        PageOrder {
+            commit: h.commit,
+            snapshot: h.is_snapshot(),
+            lock: lock_pgno(h.page_size),
+            last: 0,
+        }
+    }
+
+    fn next_snapshot_pgno(&self) -> u32 {
+        let next = self.last + 1;
+        if next == self.lock { next + 1 } else { next }
+    }
+
+    /// Accepts `pgno` as the next page, or says why it cannot be.
+    pub(crate) fn accept(&mut self, pgno: u32) -> Result<(), String> {
+        if pgno == 0 || pgno > self.commit {
+            return Err(format!("page {pgno} outside 1..={}", self.commit));
+        }
+        if pgno <= self.last {
+            return Err(format!("page {pgno} after page {}", self.last));
+        }
+        if pgno == self.lock {
+            return Err(format!("page {pgno} is the lock page"));
+        }
+        if self.snapshot && pgno != self.next_snapshot_pgno() {
+            return Err(format!("snapshot skips from page {} to {pgno}", self.last));
+        }
+        self.last = pgno;
+        Ok(())
+    }
+
+    /// After the last page: a snapshot must have reached `commit`.
+    pub(crate) fn finish(&self) -> Result<(), String> {
+        if self.snapshot && self.next_snapshot_pgno() <= self.commit {
+            return Err(format!(
+                "snapshot ends at page {} of {}",
+                self.last, self.commit
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The 16-byte trailer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Trailer {

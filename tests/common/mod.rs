@@ -979,3 +979,17 @@ pub fn write_file(path: &Path, contents: &str) {
         .unwrap();
     std::io::Write::write_all(&mut f, contents.as_bytes()).unwrap();
 }
+
+/// Copies a directory tree; copies are writable even when the sources are read-only.
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::write(&to, std::fs::read(e.path()).unwrap()).unwrap();
+        }
+    }
+}
