@@ -251,22 +251,38 @@ impl Db {
         if now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval {
             return false;
         }
-        let Ok(f) = File::open(&self.wal_path) else {
-            return false;
+        let f = match File::open(&self.wal_path) {
+            Ok(f) => f,
+            // No WAL and none expected: nothing was committed (a commit creates the WAL).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && size == 0 => {
+                return self.skip_tick(now);
+            }
+            Err(_) => return false,
         };
         let Ok(meta) = f.metadata() else { return false };
+        if meta.len() != size {
+            return false;
+        }
+        if size == 0 {
+            return self.skip_tick(now);
+        }
         let mut h = [0u8; 32];
-        if meta.len() != size || f.read_exact_at(&mut h, 0).is_err() {
+        if f.read_exact_at(&mut h, 0).is_err() {
             return false;
         }
         let s1 = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
         let s2 = u32::from_be_bytes([h[20], h[21], h[22], h[23]]);
-        let skip = s1 == salt1 && s2 == salt2 && !self.checkpoint_due(now);
-        if skip {
-            self.stats.sync_skipped.fetch_add(1, Ordering::Relaxed);
-            self.stats.idle.store(true, Ordering::Relaxed);
+        s1 == salt1 && s2 == salt2 && self.skip_tick(now)
+    }
+
+    /// Counts a skipped tick, unless a time-based checkpoint is due (then the tick must run).
+    fn skip_tick(&self, now: Instant) -> bool {
+        if self.checkpoint_due(now) {
+            return false;
         }
-        skip
+        self.stats.sync_skipped.fetch_add(1, Ordering::Relaxed);
+        self.stats.idle.store(true, Ordering::Relaxed);
+        true
     }
 
     /// Syncs every committed frame into segments, then checkpoints if the policy says so.
@@ -804,8 +820,16 @@ impl Db {
     }
 
     fn refresh_fast_cache(&mut self) {
-        self.fast = match (self.mark, std::fs::metadata(&self.wal_path)) {
-            (Some(m), Ok(meta)) if meta.len() == m.offset => Some((m.offset, m.salt1, m.salt2)),
+        let len = match std::fs::metadata(&self.wal_path) {
+            Ok(meta) => Some(meta.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(0),
+            Err(_) => None,
+        };
+        self.fast = match (self.mark, len) {
+            (Some(m), Some(len)) if len == m.offset => Some((m.offset, m.salt1, m.salt2)),
+            // An empty or missing WAL while we hold the read transaction: any commit makes it
+            // grow, so size 0 is a sound idle marker.
+            (None, Some(0)) if self.continuous => Some((0, 0, 0)),
             _ => None,
         };
     }

@@ -25,14 +25,31 @@ async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_database_skips_every_tick_and_makes_no_replica_calls() {
+    idle_case(false).await;
+}
+
+/// The common case of an idle database: the application closed its last connection, SQLite
+/// checkpointed and removed the WAL. That state must take the fast path too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_database_with_an_empty_wal_skips_every_tick() {
+    idle_case(true).await;
+}
+
+async fn idle_case(close_app_first: bool) {
     let dir = tempfile::tempdir().unwrap();
     let db_path = dir.path().join("app.db");
-    let conn = rusqlite::Connection::open(&db_path).unwrap();
+    let mut conn = rusqlite::Connection::open(&db_path).unwrap();
     conn.execute_batch(
         "PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
          INSERT INTO t(v) SELECT 'row' FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<200) SELECT x FROM c);",
     )
     .unwrap();
+    if close_app_first {
+        drop(conn);
+        conn = rusqlite::Connection::open(&db_path).unwrap();
+        let wal = dir.path().join("app.db-wal");
+        assert!(!wal.exists() || std::fs::metadata(&wal).unwrap().len() == 0);
+    }
     let replica = dir.path().join("replica");
     let config = Config::single(
         db_path.clone(),
