@@ -69,11 +69,46 @@ const CITIES: &[&str] = &[
     "Lisbon", "Osaka", "Nairobi", "Quito", "Tallinn", "Perth", "Lagos", "Oslo", "Lima", "Pune",
 ];
 const WORDS: &[&str] = &[
-    "order", "shipped", "pending", "invoice", "refund", "customer", "warehouse", "priority",
-    "fragile", "express", "returned", "address", "updated", "payment", "received", "delayed",
-    "weather", "carrier", "signed", "package", "label", "printed", "batch", "quantity",
-    "discount", "applied", "coupon", "expired", "review", "stars", "the", "a", "of", "and",
-    "to", "with", "for", "on", "was", "is",
+    "order",
+    "shipped",
+    "pending",
+    "invoice",
+    "refund",
+    "customer",
+    "warehouse",
+    "priority",
+    "fragile",
+    "express",
+    "returned",
+    "address",
+    "updated",
+    "payment",
+    "received",
+    "delayed",
+    "weather",
+    "carrier",
+    "signed",
+    "package",
+    "label",
+    "printed",
+    "batch",
+    "quantity",
+    "discount",
+    "applied",
+    "coupon",
+    "expired",
+    "review",
+    "stars",
+    "the",
+    "a",
+    "of",
+    "and",
+    "to",
+    "with",
+    "for",
+    "on",
+    "was",
+    "is",
 ];
 
 /// Appends one row of text-like data plus a random blob to `out`.
@@ -152,9 +187,12 @@ fn header(page_size: u32, commit: u32, min: u64, max: u64) -> Header {
 /// Encodes `pages` (numbered from 1, skipping the lock page) as a snapshot segment.
 fn encode_snapshot(pages: &[Vec<u8>], page_size: u32, max: u64, codec: Codec) -> Vec<u8> {
     let commit = pages.len() as u32;
-    let mut enc =
-        Encoder::new(Vec::with_capacity(pages.len() * page_size as usize), header(page_size, commit, 1, max), codec)
-            .expect("header");
+    let mut enc = Encoder::new(
+        Vec::with_capacity(pages.len() * page_size as usize),
+        header(page_size, commit, 1, max),
+        codec,
+    )
+    .expect("header");
     for (i, page) in pages.iter().enumerate() {
         enc.encode_page(i as u32 + 1, page).expect("page");
     }
@@ -261,8 +299,11 @@ fn build_replica(root: &Path, codec: Codec) {
             enc.encode_page(pgno, &page).expect("page");
         }
         let bytes = enc.finish(0).expect("finish").0;
-        std::fs::write(dir.join(ltx::format_filename(TxId(txid), TxId(txid))), bytes)
-            .expect("write l0");
+        std::fs::write(
+            dir.join(ltx::format_filename(TxId(txid), TxId(txid))),
+            bytes,
+        )
+        .expect("write l0");
     }
 }
 
