@@ -187,7 +187,7 @@ pub fn calc_plan(
             .iter()
             .filter(|f| {
                 f.level < SNAPSHOT_LEVEL
-                    && f.min_txid.0 <= current + 1
+                    && f.min_txid.0 <= current.saturating_add(1)
                     && f.max_txid.0 > current
                     && f.max_txid <= limit
             })
@@ -210,12 +210,12 @@ pub fn calc_plan(
     }
     let beyond = files
         .iter()
-        .filter(|f| f.min_txid.0 > current + 1 && f.min_txid <= limit)
+        .filter(|f| f.min_txid.0 > current.saturating_add(1) && f.min_txid <= limit)
         .map(|f| f.min_txid)
         .min();
     if let Some(next_min) = beyond {
         return Err(RestoreError::Gap {
-            from: TxId(current + 1),
+            from: TxId(current.saturating_add(1)),
             to: TxId(next_min.0 - 1),
         });
     }
@@ -535,4 +535,50 @@ pub fn integrity_check(path: &Path) -> Result<(), RestoreError> {
         return Err(RestoreError::Integrity(rows.join("; ")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(level: u8, min: u64, max: u64) -> LtxFileInfo {
+        LtxFileInfo {
+            level,
+            min_txid: TxId(min),
+            max_txid: TxId(max),
+            size: 1,
+            created_at: DateTime::default(),
+        }
+    }
+
+    /// Found by the `restore_plan` fuzz target: a chain reaching TXID u64::MAX overflowed.
+    #[test]
+    fn chain_reaching_the_largest_txid_does_not_overflow() {
+        let files = [file(0, 1, u64::MAX)];
+        let plan = calc_plan(&files, None).unwrap();
+        assert_eq!(plan.len(), 1);
+        assert_eq!(calc_plan(&files, Some(TxId(u64::MAX))).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn plan_prefers_the_snapshot_then_the_furthest_reach() {
+        let files = [
+            file(0, 1, 1),
+            file(0, 2, 2),
+            file(1, 2, 5),
+            file(0, 3, 3),
+            file(9, 1, 3),
+            file(0, 6, 6),
+        ];
+        let plan = calc_plan(&files, None).unwrap();
+        let got: Vec<(u8, u64, u64)> = plan
+            .iter()
+            .map(|f| (f.level, f.min_txid.0, f.max_txid.0))
+            .collect();
+        assert_eq!(got, vec![(9, 1, 3), (1, 2, 5), (0, 6, 6)]);
+        assert!(matches!(
+            calc_plan(&[file(0, 1, 1), file(0, 3, 3)], None),
+            Err(RestoreError::Gap { .. })
+        ));
+    }
 }

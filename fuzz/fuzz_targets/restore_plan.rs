@@ -52,13 +52,8 @@ fuzz_target!(|input: Input| {
         })
         .collect();
     let target = input.target.map(|t| TxId(txid(t)));
-    // KNOWN ISSUE (fuzz/regressions/restore_plan/calc-plan-max-txid-u64-max.bin): a chain that
-    // reaches TXID u64::MAX overflows `current + 1` in calc_plan's gap check (a panic with
-    // overflow checks, a bogus `Gap { from: 0, to: .. }` without). Such listings are skipped
-    // so the run can look for other failures; drop this once calc_plan handles them.
-    if target.is_none_or(|t| t.0 == u64::MAX) && files.iter().any(|f| f.max_txid.0 == u64::MAX) {
-        return;
-    }
+    // Chains reaching TXID u64::MAX once overflowed calc_plan (fuzz/regressions/restore_plan/);
+    // they are checked like any other listing now.
     let Ok(plan) = calc_plan(&files, target) else {
         return;
     };
