@@ -270,7 +270,10 @@ fn scan_with_read_size(
     } else {
         let mut prev = [0u8; WAL_FRAME_HEADER_SIZE as usize];
         let n = read_full_at(file, &mut prev, start_offset - frame_size)?;
-        if n < prev.len() || (be_u32(&prev, 8), be_u32(&prev, 12)) != salts {
+        // The previous frame must be whole: a continuation past the end of the file (a
+        // truncated WAL) is as much a break in the chain as foreign salts.
+        let whole = file.metadata()?.len() >= start_offset;
+        if !whole || n < prev.len() || (be_u32(&prev, 8), be_u32(&prev, 12)) != salts {
             return Err(WalError::PrevFrameMismatch {
                 offset: start_offset,
             });
@@ -961,6 +964,24 @@ mod tests {
         std::fs::write(&copy, &wal).unwrap();
         match scan_path(&copy, 32 + 2 * fs, u64::MAX) {
             Err(WalError::PrevFrameMismatch { offset }) => assert_eq!(offset, 32 + 2 * fs),
+            other => panic!("expected PrevFrameMismatch, got {other:?}"),
+        }
+    }
+
+    /// Found by the `wal_reader` fuzz target: a WAL header plus only the 24-byte header of
+    /// frame 1; continuing after frame 1 (past the end of the file) must be refused.
+    #[test]
+    fn continuing_past_a_partial_frame_is_refused() {
+        let bytes = hex::decode(
+            "377f0682002de2180000100000000000cde6b8f86406bcd3cd9fe9e05943c7e9\
+             0000000100000000cde6b8f86406bcd3f3b9a2190f551523",
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("wal.copy");
+        std::fs::write(&copy, &bytes).unwrap();
+        match scan_path(&copy, 32 + 24 + 4096, u64::MAX) {
+            Err(WalError::PrevFrameMismatch { offset }) => assert_eq!(offset, 4152),
             other => panic!("expected PrevFrameMismatch, got {other:?}"),
         }
     }

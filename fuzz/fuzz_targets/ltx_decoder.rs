@@ -30,7 +30,10 @@ fuzz_target!(|data: &[u8]| {
     loop {
         match dec.next_page(&mut buf) {
             Ok(Some(pgno)) => {
-                assert!(pgno > last && pgno <= header.commit, "page {pgno} out of order");
+                assert!(
+                    pgno > last && pgno <= header.commit,
+                    "page {pgno} out of order"
+                );
                 last = pgno;
                 if keep {
                     kept += page_size;
@@ -60,7 +63,8 @@ fuzz_target!(|data: &[u8]| {
 
 fn round_trip(header: &Header, pages: &[(u32, Vec<u8>)], post_apply_checksum: u64) {
     let codec = header.codec().expect("a validated header names a codec");
-    let mut enc = Encoder::new(Vec::new(), *header, codec).expect("encoder refuses a header the decoder accepted");
+    let mut enc = Encoder::new(Vec::new(), *header, codec)
+        .expect("encoder refuses a header the decoder accepted");
     for (pgno, page) in pages {
         enc.encode_page(*pgno, page)
             .expect("encoder refuses a page the decoder accepted");
@@ -79,7 +83,9 @@ fn round_trip(header: &Header, pages: &[(u32, Vec<u8>)], post_apply_checksum: u6
     assert_eq!(dec.header(), header);
     let mut buf = vec![0u8; header.page_size as usize];
     for (pgno, page) in pages {
-        let got = dec.next_page(&mut buf).expect("re-encoded page does not decode");
+        let got = dec
+            .next_page(&mut buf)
+            .expect("re-encoded page does not decode");
         assert_eq!(got, Some(*pgno));
         assert!(buf == *page, "page {pgno} differs after a round trip");
     }

@@ -67,8 +67,14 @@ fuzz_target!(|input: Input| {
     assert!(first.max_txid <= limit);
     for f in &plan[1..] {
         assert!(f.level < SNAPSHOT_LEVEL, "snapshot inside a plan: {f:?}");
-        assert!(f.min_txid.0 <= reached.saturating_add(1), "gap before {f:?}");
-        assert!(f.max_txid.0 > reached, "{f:?} does not advance past {reached}");
+        assert!(
+            f.min_txid.0 <= reached.saturating_add(1),
+            "gap before {f:?}"
+        );
+        assert!(
+            f.max_txid.0 > reached,
+            "{f:?} does not advance past {reached}"
+        );
         assert!(f.max_txid <= limit);
         reached = f.max_txid.0;
     }

@@ -41,14 +41,12 @@ fn check(scan: &WalScan, file: &File, len: u64) {
     let frame = scan.header.frame_size();
     let page = u64::from(scan.header.page_size);
     assert!(scan.end_offset >= scan.start_offset);
-    if scan.start_offset > len {
-        // KNOWN ISSUE (fuzz/regressions/wal_reader/scan-past-eof-after-partial-frame.wal):
-        // a start offset past the end of the file is accepted (not `PrevFrameMismatch`) when
-        // the previous frame's 24-byte header is present but its page is cut off. Such a scan
-        // finds nothing; make this branch a panic again once `scan` refuses the offset.
-        assert!(scan.commit == 0 && scan.pages.is_empty() && scan.end_offset == scan.start_offset);
-        return;
-    }
+    // A start past the end of the file is refused with PrevFrameMismatch (it once was not:
+    // fuzz/regressions/wal_reader/scan-past-eof-after-partial-frame.wal).
+    assert!(
+        scan.start_offset <= len,
+        "scan accepted a start offset past the end of the file"
+    );
     assert!(scan.end_offset <= len, "scan ends past the end of the file");
     assert_eq!((scan.end_offset - WAL_HEADER_SIZE) % frame, 0);
     if scan.commit == 0 {
@@ -57,7 +55,11 @@ fn check(scan: &WalScan, file: &File, len: u64) {
     }
     let mut buf = vec![0u8; scan.header.page_size as usize];
     for (&pgno, &off) in &scan.pages {
-        assert!(pgno >= 1 && pgno <= scan.commit, "page {pgno} past commit {}", scan.commit);
+        assert!(
+            pgno >= 1 && pgno <= scan.commit,
+            "page {pgno} past commit {}",
+            scan.commit
+        );
         assert!(off >= scan.start_offset + WAL_FRAME_HEADER_SIZE);
         assert_eq!((off - WAL_HEADER_SIZE - WAL_FRAME_HEADER_SIZE) % frame, 0);
         assert!(off + page <= scan.end_offset);
@@ -72,7 +74,10 @@ fuzz_target!(|data: &[u8]| {
     let len = data.len() as u64;
 
     for bad in [0, 1, 31] {
-        assert!(matches!(wal::scan(file, bad, u64::MAX), Err(WalError::Misaligned { .. })));
+        assert!(matches!(
+            wal::scan(file, bad, u64::MAX),
+            Err(WalError::Misaligned { .. })
+        ));
     }
     let full = match wal::scan(file, WAL_HEADER_SIZE, u64::MAX) {
         Ok(Some(s)) => s,
@@ -85,7 +90,10 @@ fuzz_target!(|data: &[u8]| {
     // Continuing from where a complete scan ended finds no further commit.
     if let Ok(Some(rest)) = wal::scan(file, full.end_offset, u64::MAX) {
         check(&rest, file, len);
-        assert_eq!(rest.end_offset, full.end_offset, "commits found past the end of a full scan");
+        assert_eq!(
+            rest.end_offset, full.end_offset,
+            "commits found past the end of a full scan"
+        );
         assert_eq!(rest.header, full.header);
     } else if full.end_offset > WAL_HEADER_SIZE {
         panic!("cannot continue a scan from the boundary it reported");
