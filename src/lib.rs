@@ -31,6 +31,7 @@ pub mod replica;
 pub mod replica_client;
 pub mod restore;
 pub mod retry;
+pub mod s3_client;
 pub mod staging;
 pub mod store;
 pub mod wal;

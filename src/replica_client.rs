@@ -19,6 +19,7 @@ use chrono::{DateTime, Utc};
 use tokio::io::AsyncRead;
 
 use crate::file_client::FileClient;
+use crate::s3_client::{S3Client, S3Config};
 use crate::ltx::{Header, TxId};
 
 /// Level of full snapshots (`0000000000000001-<max>.ltx`).
@@ -143,11 +144,17 @@ pub trait ReplicaClient {
 pub enum AnyClient {
     /// A local directory.
     File(FileClient),
+    /// An S3-compatible bucket.
+    S3(S3Client),
 }
 
 impl AnyClient {
-    /// Builds a client from a replica URL: `file:///abs/path` or a plain path.
+    /// Builds a client from a replica URL: `file:///abs/path`, a plain path, or
+    /// `s3://BUCKET/PATH?endpoint=...` (credentials from the standard AWS chain).
     pub fn from_url(url: &str) -> Result<AnyClient, String> {
+        if url.starts_with("s3://") {
+            return Ok(AnyClient::S3(S3Client::new(S3Config::from_url(url)?)));
+        }
         if let Some(rest) = url.strip_prefix("file://") {
             if !rest.starts_with('/') {
                 return Err(format!("file URL {url:?} must be absolute (file:///path)"));
@@ -200,18 +207,21 @@ impl ReplicaClient for AnyClient {
     fn kind(&self) -> &'static str {
         match self {
             AnyClient::File(c) => c.kind(),
+            AnyClient::S3(c) => c.kind(),
         }
     }
 
     fn location(&self) -> String {
         match self {
             AnyClient::File(c) => c.location(),
+            AnyClient::S3(c) => c.location(),
         }
     }
 
     async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
         match self {
             AnyClient::File(c) => c.list(level).await,
+            AnyClient::S3(c) => c.list(level).await,
         }
     }
 
@@ -224,6 +234,7 @@ impl ReplicaClient for AnyClient {
     ) -> Result<ObjectReader, StorageError> {
         match self {
             AnyClient::File(c) => c.open(level, min, max, offset).await,
+            AnyClient::S3(c) => c.open(level, min, max, offset).await,
         }
     }
 
@@ -237,12 +248,14 @@ impl ReplicaClient for AnyClient {
     ) -> Result<LtxFileInfo, StorageError> {
         match self {
             AnyClient::File(c) => c.put(level, min, max, src, timestamp_ms).await,
+            AnyClient::S3(c) => c.put(level, min, max, src, timestamp_ms).await,
         }
     }
 
     async fn delete(&self, files: &[LtxFileInfo]) -> Result<(), StorageError> {
         match self {
             AnyClient::File(c) => c.delete(files).await,
+            AnyClient::S3(c) => c.delete(files).await,
         }
     }
 }
