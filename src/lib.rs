@@ -24,9 +24,11 @@
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod faulty_client;
 pub mod file_client;
 pub mod fsutil;
 pub mod ltx;
+pub mod metrics;
 pub mod replica;
 pub mod replica_client;
 pub mod restore;

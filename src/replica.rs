@@ -20,38 +20,44 @@ use tokio_util::sync::CancellationToken;
 
 use crate::db::{DbPos, RemoteTip};
 use crate::ltx::{self, TxId};
-use crate::replica_client::{AnyClient, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
+use crate::metrics::ReplicaCounters;
+use crate::replica_client::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::retry::Backoff;
 use crate::staging::Staging;
 
-/// Operations a replica counts, in the order of [`ReplicaStats::ops`].
-pub const OPERATIONS: [&str; 4] = ["put", "get", "list", "delete"];
-
-/// Counters of one replica (exported as metrics).
-#[derive(Debug, Default)]
+/// Counters of one replica: the Prometheus counters plus the remote position.
+#[derive(Clone)]
 pub struct ReplicaStats {
-    /// Client calls by operation, indexed like [`OPERATIONS`].
-    pub ops: [AtomicU64; 4],
-    /// Failed client calls.
-    pub errors: AtomicU64,
-    /// Bytes uploaded.
-    pub bytes_uploaded: AtomicU64,
+    /// Calls, errors and bytes by operation (`replicad_replica_*{db,replica,operation}`).
+    pub counters: ReplicaCounters,
     /// Highest TXID stored on the replica.
-    pub remote_txid: AtomicU64,
+    pub remote_txid: Arc<AtomicU64>,
     /// Header timestamp (ms) of the newest uploaded segment.
-    pub remote_timestamp_ms: AtomicU64,
+    pub remote_timestamp_ms: Arc<AtomicU64>,
 }
 
 impl ReplicaStats {
+    /// Stats counting into `counters`.
+    pub fn new(counters: ReplicaCounters) -> ReplicaStats {
+        ReplicaStats {
+            counters,
+            remote_txid: Arc::default(),
+            remote_timestamp_ms: Arc::default(),
+        }
+    }
+
     fn count(&self, op: usize) {
-        self.ops[op].fetch_add(1, Ordering::Relaxed);
+        self.counters.ops[op].inc();
     }
 
     /// Total client calls.
     pub fn total_ops(&self) -> u64 {
-        self.ops.iter().map(|o| o.load(Ordering::Relaxed)).sum()
+        self.counters.total_ops()
     }
 }
+
+/// Attempts of each startup listing call before the daemon gives up (about 30 s of backoff).
+const STARTUP_LIST_ATTEMPTS: u32 = 10;
 
 /// One replica of one database.
 pub struct Replica {
@@ -61,7 +67,7 @@ pub struct Replica {
     staging: Staging,
     remote: TxId,
     ack_tx: watch::Sender<TxId>,
-    stats: Arc<ReplicaStats>,
+    stats: ReplicaStats,
     heartbeat: Duration,
 }
 
@@ -73,6 +79,7 @@ impl Replica {
         client: AnyClient,
         staging: Staging,
         heartbeat: Duration,
+        counters: ReplicaCounters,
     ) -> Replica {
         let (ack_tx, _) = watch::channel(TxId(0));
         Replica {
@@ -82,7 +89,7 @@ impl Replica {
             staging,
             remote: TxId(0),
             ack_tx,
-            stats: Arc::default(),
+            stats: ReplicaStats::new(counters),
             heartbeat,
         }
     }
@@ -93,7 +100,7 @@ impl Replica {
     }
 
     /// Counters.
-    pub fn stats(&self) -> Arc<ReplicaStats> {
+    pub fn stats(&self) -> ReplicaStats {
         self.stats.clone()
     }
 
@@ -107,12 +114,7 @@ impl Replica {
         let mut tip = RemoteTip::default();
         let mut newest = None;
         for level in 0..=SNAPSHOT_LEVEL {
-            self.stats.count(2);
-            let files = self
-                .client
-                .list(level)
-                .await
-                .inspect_err(|_| self.note_error())?;
+            let files = self.list_with_retries(level).await?;
             if let Some(f) = files
                 .iter()
                 .max_by_key(|f| f.max_txid)
@@ -127,6 +129,7 @@ impl Replica {
         }
         self.remote = tip.txid;
         self.stats.remote_txid.store(tip.txid.0, Ordering::Relaxed);
+        self.stats.counters.txid.set(tip.txid.0 as i64);
         self.ack_tx.send_replace(tip.txid);
         Ok(tip)
     }
@@ -153,8 +156,30 @@ impl Replica {
         Ok(u64::from_be_bytes(b))
     }
 
-    fn note_error(&self) {
-        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+    /// Lists a level, retrying transient failures: a replica that blinks at startup must not
+    /// stop the daemon, while a permanent error (credentials, missing bucket) fails at once.
+    async fn list_with_retries(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut attempt = 1;
+        loop {
+            self.stats.count(2);
+            match self.client.list(level).await {
+                Ok(files) => return Ok(files),
+                Err(e) => {
+                    self.note_error(2);
+                    if !e.is_retryable() || attempt == STARTUP_LIST_ATTEMPTS {
+                        return Err(e);
+                    }
+                    tracing::debug!(db = %self.db, replica = %self.name, level, attempt, error = %e, "listing the replica failed; retrying");
+                    attempt += 1;
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+    }
+
+    fn note_error(&self, op: usize) {
+        self.stats.counters.errors[op].inc();
     }
 
     /// Uploads staged segments after the remote position up to `target`, in order.
@@ -178,11 +203,10 @@ impl Replica {
                 .client
                 .put(0, txid, txid, &path, header.timestamp)
                 .await
-                .inspect_err(|_| self.note_error())?;
+                .inspect_err(|_| self.note_error(0))?;
             self.remote = txid;
-            self.stats
-                .bytes_uploaded
-                .fetch_add(info.size, Ordering::Relaxed);
+            self.stats.counters.bytes[0].inc_by(info.size);
+            self.stats.counters.txid.set(txid.0 as i64);
             self.stats.remote_txid.store(txid.0, Ordering::Relaxed);
             self.stats
                 .remote_timestamp_ms

@@ -18,9 +18,10 @@ use std::pin::Pin;
 use chrono::{DateTime, Utc};
 use tokio::io::AsyncRead;
 
+use crate::faulty_client::FaultyClient;
 use crate::file_client::FileClient;
-use crate::s3_client::{S3Client, S3Config};
 use crate::ltx::{Header, TxId};
+use crate::s3_client::{S3Client, S3Config};
 
 /// Level of full snapshots (`0000000000000001-<max>.ltx`).
 pub const SNAPSHOT_LEVEL: u8 = 9;
@@ -146,6 +147,8 @@ pub enum AnyClient {
     File(FileClient),
     /// An S3-compatible bucket.
     S3(S3Client),
+    /// Any client with injected faults (tests and failure drills).
+    Faulty(Box<FaultyClient>),
 }
 
 impl AnyClient {
@@ -208,6 +211,7 @@ impl ReplicaClient for AnyClient {
         match self {
             AnyClient::File(c) => c.kind(),
             AnyClient::S3(c) => c.kind(),
+            AnyClient::Faulty(c) => c.kind(),
         }
     }
 
@@ -215,6 +219,7 @@ impl ReplicaClient for AnyClient {
         match self {
             AnyClient::File(c) => c.location(),
             AnyClient::S3(c) => c.location(),
+            AnyClient::Faulty(c) => c.location(),
         }
     }
 
@@ -222,6 +227,7 @@ impl ReplicaClient for AnyClient {
         match self {
             AnyClient::File(c) => c.list(level).await,
             AnyClient::S3(c) => c.list(level).await,
+            AnyClient::Faulty(c) => c.list(level).await,
         }
     }
 
@@ -235,6 +241,7 @@ impl ReplicaClient for AnyClient {
         match self {
             AnyClient::File(c) => c.open(level, min, max, offset).await,
             AnyClient::S3(c) => c.open(level, min, max, offset).await,
+            AnyClient::Faulty(c) => c.open(level, min, max, offset).await,
         }
     }
 
@@ -249,6 +256,7 @@ impl ReplicaClient for AnyClient {
         match self {
             AnyClient::File(c) => c.put(level, min, max, src, timestamp_ms).await,
             AnyClient::S3(c) => c.put(level, min, max, src, timestamp_ms).await,
+            AnyClient::Faulty(c) => c.put(level, min, max, src, timestamp_ms).await,
         }
     }
 
@@ -256,6 +264,7 @@ impl ReplicaClient for AnyClient {
         match self {
             AnyClient::File(c) => c.delete(files).await,
             AnyClient::S3(c) => c.delete(files).await,
+            AnyClient::Faulty(c) => c.delete(files).await,
         }
     }
 }

@@ -71,7 +71,7 @@ async fn idle_case(close_app_first: bool) {
     let skipped0 = h.stats.sync_skipped.load(Ordering::Relaxed);
     let syncs0 = h.stats.syncs.load(Ordering::Relaxed);
     let ops0 = rstats.total_ops();
-    let puts0 = rstats.ops[0].load(Ordering::Relaxed);
+    let puts0 = rstats.counters.ops[0].get();
     let window = Duration::from_millis(1500);
     tokio::time::sleep(window).await;
     let skipped = h.stats.sync_skipped.load(Ordering::Relaxed) - skipped0;
@@ -104,7 +104,7 @@ async fn idle_case(close_app_first: bool) {
         ops0 + 1,
         "one commit should cost one PUT"
     );
-    assert_eq!(rstats.ops[0].load(Ordering::Relaxed), puts0 + 1);
+    assert_eq!(rstats.counters.ops[0].get(), puts0 + 1);
 
     store.shutdown(std::future::pending()).await;
 }

