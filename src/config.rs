@@ -13,6 +13,10 @@
 //!     checkpoint-interval: 5m          # overrides the global value for this database
 //!     replicas:
 //!       - url: file:///backup/app      # or `path: /backup/app` (with optional `type: file`)
+//!       - type: s3                     # or `url: s3://my-bucket/app?region=eu-west-1`
+//!         bucket: my-bucket
+//!         path: app                    # the key prefix inside the bucket
+//!         region: eu-west-1
 //!   - path: /var/lib/app/audit.db
 //!     replica:                         # one replica: a map instead of a list
 //!       path: /backup/audit
@@ -24,8 +28,8 @@
 //!
 //! - **Unknown keys are errors that name the key and its line — never silently ignored.** A
 //!   misspelt `checkpoint-intreval` must not quietly leave the default in force; the same goes
-//!   for Litestream keys replicad does not implement (`retention`, `sync-interval`, S3
-//!   credentials, ...). Duplicate keys are errors too.
+//!   for Litestream keys replicad does not implement (`retention`, `sync-interval`, ...).
+//!   Duplicate keys are errors too.
 //! - Every error names the file, the key and the line when they are known:
 //!   `config /etc/replicad.yml: line 7: unknown key `retention-foo` in dbs[0] (...)`.
 //! - Setting keys (`monitor-interval`, `checkpoint-interval`, `min-checkpoint-page-count`,
@@ -34,7 +38,7 @@
 //!   top-level key, else the default ([`DbSettings::default`]).
 //! - Durations use Go syntax, as Litestream: `500ms`, `10s`, `1m`, `24h`, `1h30m`. A bare
 //!   number (`10`) is an error asking for a unit.
-//! - Paths (`path`, `meta-path`, a replica's `path` or plain-path `url`) are made absolute
+//! - Paths (`path`, `meta-path`, a file replica's `path` or plain-path `url`) are made absolute
 //!   against the current directory (not the config file's directory), with `~` expanded to
 //!   `$HOME` as Litestream does, and normalised lexically ([`std::path::absolute`], then `.`
 //!   components and duplicate or trailing slashes removed; `..` is kept because resolving it
@@ -43,16 +47,35 @@
 //!   variables become the empty string, as Litestream), unless expansion is turned off. A `$`
 //!   not followed by a name is kept as it is.
 //! - Every database needs at least one replica; no two databases may share a path, and no two
-//!   replicas (in any database) may share a destination.
+//!   replicas (in any database) may share a destination: a directory for file replicas,
+//!   (endpoint, bucket, path) for S3 replicas.
 //!
-//! Replica types: only `file` exists so far; `type: s3` or an `s3://` URL is rejected with a
-//! clear error. A new type is a new arm of [`ReplicaKind`] plus its keys in the replica map.
+//! Replica types:
+//!
+//! - `file`: `url: file:///dir` or a plain path, or `path: /dir` (with optional `type: file`).
+//! - `s3`: `type: s3` with `bucket` (required) and `path` (the key prefix, default none), or
+//!   `url: s3://BUCKET/PATH?endpoint=...&region=...` (the query takes the same keys, see
+//!   [`S3Config::from_url`]). Further keys, with Litestream's names and meanings: `region`,
+//!   `endpoint`, `force-path-style` (default true when `endpoint` is set, else false),
+//!   `access-key-id` and `secret-access-key` (both or neither; without them the standard AWS
+//!   chain or `LITESTREAM_ACCESS_KEY_ID`/`LITESTREAM_SECRET_ACCESS_KEY` is used), `part-size`
+//!   (bytes, `10MiB` or an integer; default 5 MiB), `concurrency` (default 5), `storage-class`,
+//!   `sse-kms-key-id`, `sse-customer-key` and `skip-verify` (only `false`: TLS verification
+//!   cannot be turned off). With `url`, only the secrets (`access-key-id`,
+//!   `secret-access-key`, `sse-customer-key`) and `skip-verify` may be added as keys; `url`
+//!   with `bucket` or `path` is an error, as in Litestream, and so is every other S3 key (it
+//!   goes in the URL's query). S3 keys on a file replica are errors.
+//! - Secrets (`secret-access-key`, `sse-customer-key`) never appear in an error message or in
+//!   `Debug` output ([`Secret`]); credentials inside a URL (`s3://key:secret@bucket`) are
+//!   rejected without echoing the URL. [`ReplicaConfig::url`] never holds credentials.
+//!
+//! A new type is a new arm of [`ReplicaKind`] plus its keys in the replica map.
 //!
 //! Implementation note: the file is read with `serde_norway` through hand-written visitors
 //! rather than derived structs, because an error raised inside a visitor carries the line of
 //! the YAML node being read: unknown and duplicate keys are reported at the key's line, bad
-//! values at the value's line, and rules that involve several keys (such as `url` vs `path`)
-//! at the line where the map starts.
+//! values at the value's line, and rules that involve several keys (such as `url` vs `path`,
+//! or an S3 key on a file replica) at the line where the map starts.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -63,6 +86,9 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
 use crate::ltx::Codec;
 use crate::replica_client::AnyClient;
+use crate::s3_client::{
+    DEFAULT_PART_SIZE, S3Client, S3Config, Secret, parse_size, reject_skip_verify,
+};
 
 /// Default of `shutdown-sync-timeout`.
 pub const DEFAULT_SHUTDOWN_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -159,22 +185,46 @@ impl DbSettings {
 /// One replica of a database.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaConfig {
-    /// Key `name`: unique within the database. Default: the type (`file`) for the first
+    /// Key `name`: unique within the database. Default: the type (`file`, `s3`) for the first
     /// replica, `<type>-N` for the replica at position N (1-based) after that.
     pub name: String,
-    /// Normalised replica URL, accepted by [`AnyClient::from_url`]: for files always
-    /// `file:///absolute/path`, whether given as `url` (`file://` or a plain path) or as
-    /// `path` (with optional `type: file`).
+    /// Where the replica is, for logs and listings; never holds credentials.
+    ///
+    /// File replicas: always `file:///absolute/path`, whether given as `url` (`file://` or a
+    /// plain path) or as `path` (with optional `type: file`); accepted by
+    /// [`AnyClient::from_url`]. S3 replicas: `s3://BUCKET/PATH` (`s3://BUCKET` without a
+    /// prefix), without the endpoint and other settings, which are in [`ReplicaConfig::s3`].
+    /// Build clients with [`ReplicaConfig::client`].
     pub url: String,
+    /// The settings of an S3 replica (`None` for file replicas). Its `Debug` output redacts
+    /// the secrets.
+    pub s3: Option<S3Config>,
+}
+
+impl ReplicaConfig {
+    /// Builds the client of this replica (nothing is contacted yet).
+    pub fn client(&self) -> Result<AnyClient, String> {
+        match &self.s3 {
+            Some(cfg) => Ok(AnyClient::S3(S3Client::new(cfg.clone()))),
+            None => AnyClient::from_url(&self.url),
+        }
+    }
+
+    /// The destination, as compared by the rule "no two replicas share a destination".
+    fn destination(&self) -> Destination {
+        Destination::of(&self.url, self.s3.as_ref())
+    }
 }
 
 /// The kind of a replica: decides which keys and URL schemes are valid.
 ///
-/// Adding a destination (S3 next) means a new arm here and in each `match` on it.
+/// Adding a destination means a new arm here and in each `match` on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplicaKind {
     /// A local directory (`type: file`, `file://` URL or plain path).
     File,
+    /// An S3-compatible bucket (`type: s3` or `s3://` URL).
+    S3,
 }
 
 impl ReplicaKind {
@@ -182,6 +232,7 @@ impl ReplicaKind {
     pub fn name(self) -> &'static str {
         match self {
             ReplicaKind::File => "file",
+            ReplicaKind::S3 => "s3",
         }
     }
 
@@ -189,6 +240,7 @@ impl ReplicaKind {
     fn from_type(t: &str) -> Result<ReplicaKind, String> {
         match t {
             "file" => Ok(ReplicaKind::File),
+            "s3" => Ok(ReplicaKind::S3),
             other => Err(unsupported_type(other)),
         }
     }
@@ -197,13 +249,16 @@ impl ReplicaKind {
     fn from_url(url: &str) -> Result<ReplicaKind, String> {
         match url.split_once("://") {
             None | Some(("file", _)) => Ok(ReplicaKind::File),
+            Some(("s3", _)) => Ok(ReplicaKind::S3),
             Some((scheme, _)) => Err(unsupported_type(scheme)),
         }
     }
 
-    /// Normalises a URL of this kind and checks that a client can be built from it.
-    fn normalize_url(self, url: &str) -> Result<String, String> {
-        let normalized = match self {
+    /// Parses a URL of this kind: the normalised URL ([`ReplicaConfig::url`]) and, for S3,
+    /// the settings the URL gives. Checks that a client can be built from it.
+    fn parse_url(self, url: &str) -> Result<(String, Option<S3Config>), String> {
+        reject_userinfo(url)?;
+        match self {
             ReplicaKind::File => {
                 let path = match url.strip_prefix("file://") {
                     Some(rest) if !rest.starts_with('/') => {
@@ -212,20 +267,13 @@ impl ReplicaKind {
                     Some(rest) => rest,
                     None => url,
                 };
-                if path.is_empty() {
-                    return Err("empty replica path".into());
-                }
-                file_url(&absolutize(Path::new(path))?)
+                let normalized = file_url_from_path(path)?;
+                Ok((normalized, None))
             }
-        };
-        AnyClient::from_url(&normalized).map_err(|e| format!("invalid replica URL: {e}"))?;
-        Ok(normalized)
-    }
-
-    /// Builds the URL of a replica given by the key `path`.
-    fn url_from_path(self, path: &str) -> Result<String, String> {
-        match self {
-            ReplicaKind::File => self.normalize_url(path),
+            ReplicaKind::S3 => {
+                let cfg = S3Config::from_url(url)?;
+                Ok((s3_url(&cfg), Some(cfg)))
+            }
         }
     }
 
@@ -237,24 +285,118 @@ impl ReplicaKind {
             format!("{}-{}", self.name(), index + 1)
         }
     }
-
-    /// How errors call a destination of this kind.
-    fn destination_noun(self) -> &'static str {
-        match self {
-            ReplicaKind::File => "replica path",
-        }
-    }
-
-    /// The destination shown in errors.
-    fn destination(self, url: &str) -> &str {
-        match self {
-            ReplicaKind::File => url.strip_prefix("file://").unwrap_or(url),
-        }
-    }
 }
 
 fn unsupported_type(t: &str) -> String {
     format!("replica type {t} is not supported yet")
+}
+
+/// The `file://` URL of a file replica given by a path (or the path part of a `file://` URL).
+fn file_url_from_path(path: &str) -> Result<String, String> {
+    if path.is_empty() {
+        return Err("empty replica path".into());
+    }
+    let normalized = file_url(&absolutize(Path::new(path))?);
+    AnyClient::from_url(&normalized).map_err(|e| format!("invalid replica URL: {e}"))?;
+    Ok(normalized)
+}
+
+/// [`ReplicaConfig::url`] of an S3 replica.
+fn s3_url(cfg: &S3Config) -> String {
+    if cfg.path.is_empty() {
+        format!("s3://{}", cfg.bucket)
+    } else {
+        format!("s3://{}/{}", cfg.bucket, cfg.path)
+    }
+}
+
+/// The authority part (`user:secret@host`) of `scheme://authority/...`, if any.
+fn authority(url: &str) -> Option<(&str, &str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    Some((scheme, &rest[..end], &rest[end..]))
+}
+
+/// Credentials in a URL would be shown wherever the URL is (logs, `replicad databases`).
+/// The error does not echo the URL.
+fn reject_userinfo(url: &str) -> Result<(), String> {
+    match authority(url) {
+        Some((_, auth, _)) if auth.contains('@') => Err(
+            "credentials do not belong in a replica URL (it is shown in logs): use the keys \
+             `access-key-id` and `secret-access-key` in a config file, or the standard AWS \
+             credential chain"
+                .into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// `url` with any `user:secret@` replaced, for error messages.
+fn redact_userinfo(url: &str) -> String {
+    match authority(url) {
+        Some((scheme, auth, rest)) if auth.contains('@') => {
+            let host = auth.rsplit_once('@').map_or("", |(_, h)| h);
+            format!("{scheme}://<redacted>@{host}{rest}")
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Where a replica writes: two replicas with the same destination would overwrite each other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Destination {
+    /// A directory (absolute, normalised).
+    File(String),
+    /// An S3 location. `endpoint` is empty for AWS, else normalised as the client uses it
+    /// (`https://` added when there is no scheme, no trailing slash, lower case).
+    S3 {
+        endpoint: String,
+        bucket: String,
+        path: String,
+    },
+}
+
+impl Destination {
+    fn of(url: &str, s3: Option<&S3Config>) -> Destination {
+        match s3 {
+            Some(cfg) => Destination::S3 {
+                endpoint: cfg
+                    .endpoint
+                    .as_deref()
+                    .map(|e| {
+                        let e = e.trim().trim_end_matches('/').to_ascii_lowercase();
+                        if e.contains("://") {
+                            e
+                        } else {
+                            format!("https://{e}")
+                        }
+                    })
+                    .unwrap_or_default(),
+                bucket: cfg.bucket.clone(),
+                path: cfg.path.clone(),
+            },
+            None => Destination::File(url.strip_prefix("file://").unwrap_or(url).to_string()),
+        }
+    }
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Destination::File(path) => write!(f, "replica path {path}"),
+            Destination::S3 {
+                endpoint,
+                bucket,
+                path,
+            } => {
+                write!(f, "s3 destination s3://{bucket}/{path}")?;
+                if !endpoint.is_empty() {
+                    write!(f, " at endpoint {endpoint}")?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Why a configuration was rejected.
@@ -302,19 +444,29 @@ impl Config {
     /// `expand_env` as for [`Config::load`].
     pub fn parse(text: &str, origin: &str, expand_env: bool) -> Result<Config, ConfigError> {
         if expand_env {
-            let expanded = expand_vars(text, |name| {
+            Config::parse_with_env(text, origin, |name| {
                 std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
-            });
-            parse_yaml(&expanded, origin)
+            })
         } else {
             parse_yaml(text, origin)
         }
     }
 
+    /// [`Config::parse`] with expansion, variables looked up by `lookup` (tests cannot set the
+    /// process environment safely).
+    fn parse_with_env(
+        text: &str,
+        origin: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        parse_yaml(&expand_vars(text, lookup), origin)
+    }
+
     /// One database with replicas from the command line (`replicad replicate DB URL...`),
     /// settings = defaults overridden by `settings` (build it from [`DbSettings::default`]).
-    /// Applies the file's rules: at least one URL, supported and valid URLs, no URL twice,
-    /// non-zero intervals; `truncate_page_n == 0` means the default.
+    /// Applies the file's rules: at least one URL, supported and valid URLs (`file://`, plain
+    /// paths, `s3://BUCKET/PATH?...` with credentials from the AWS chain), no destination
+    /// twice, non-zero intervals; `truncate_page_n == 0` means the default.
     pub fn single(
         db: PathBuf,
         urls: &[String],
@@ -336,22 +488,20 @@ impl Config {
         }
         let mut replicas: Vec<ReplicaConfig> = Vec::with_capacity(urls.len());
         for (i, raw) in urls.iter().enumerate() {
-            let kind = ReplicaKind::from_url(raw)
-                .map_err(|e| invalid(format!("{e} (replica URL {raw:?})")))?;
-            let url = kind
-                .normalize_url(raw)
-                .map_err(|e| invalid(format!("{e} (replica URL {raw:?})")))?;
-            if replicas.iter().any(|r| r.url == url) {
-                return Err(invalid(format!(
-                    "{} {} is given twice",
-                    kind.destination_noun(),
-                    kind.destination(&url)
-                )));
-            }
-            replicas.push(ReplicaConfig {
+            let in_url =
+                |e: String| invalid(format!("{e} (replica URL {:?})", redact_userinfo(raw)));
+            let kind = ReplicaKind::from_url(raw).map_err(in_url)?;
+            let (url, s3) = kind.parse_url(raw).map_err(in_url)?;
+            let replica = ReplicaConfig {
                 name: kind.default_name(i),
                 url,
-            });
+                s3,
+            };
+            let dest = replica.destination();
+            if replicas.iter().any(|r| r.destination() == dest) {
+                return Err(invalid(format!("{dest} is given twice")));
+            }
+            replicas.push(replica);
         }
         Ok(Config {
             dbs: vec![DbConfig {
@@ -483,7 +633,49 @@ const DB_KEYS: &[&str] = &[
     SETTING_KEYS[5],
     SETTING_KEYS[6],
 ];
-const REPLICA_KEYS: &[&str] = &["name", "type", "path", "url"];
+const REPLICA_KEYS: &[&str] = &[
+    "name",
+    "type",
+    "path",
+    "url",
+    S3_KEYS[0],
+    S3_KEYS[1],
+    S3_KEYS[2],
+    S3_KEYS[3],
+    S3_KEYS[4],
+    S3_KEYS[5],
+    S3_KEYS[6],
+    S3_KEYS[7],
+    S3_KEYS[8],
+    S3_KEYS[9],
+    S3_KEYS[10],
+    S3_KEYS[11],
+];
+/// Replica keys of S3 replicas only.
+const S3_KEYS: [&str; 12] = [
+    "bucket",
+    "region",
+    "endpoint",
+    "force-path-style",
+    "access-key-id",
+    "secret-access-key",
+    "part-size",
+    "concurrency",
+    "storage-class",
+    "sse-kms-key-id",
+    "sse-customer-key",
+    "skip-verify",
+];
+/// S3 keys that may be added to an `s3://` `url`: the secrets, which never go in a URL, and
+/// `skip-verify` (only `false` is accepted, so it cannot conflict with the URL).
+const S3_KEYS_WITH_URL: [&str; 4] = [
+    "access-key-id",
+    "secret-access-key",
+    "sse-customer-key",
+    "skip-verify",
+];
+/// S3's maximum size of one part of a multipart upload.
+const MAX_PART_SIZE: u64 = 5 * 1024 * 1024 * 1024;
 
 /// State shared by the visitors of one parse.
 #[derive(Default)]
@@ -495,8 +687,8 @@ struct Ctx {
     db_paths: RefCell<Vec<Option<PathBuf>>>,
     /// `meta-path`s seen so far, with their database index.
     meta_paths: RefCell<Vec<(PathBuf, usize)>>,
-    /// Replica URLs seen so far, with their database index.
-    replica_urls: RefCell<Vec<(String, usize)>>,
+    /// Replica destinations seen so far, with their database index.
+    replica_dests: RefCell<Vec<(Destination, usize)>>,
 }
 
 impl Ctx {
@@ -604,6 +796,69 @@ fn count(s: Scalar<'_>) -> Result<u32, String> {
         }
         other => Err(format!("expected a whole number, found {other}")),
     }
+}
+
+fn boolean(s: Scalar<'_>) -> Result<bool, String> {
+    match s {
+        Scalar::Bool(b) => Ok(b),
+        other => Err(format!("expected true or false, found {other}")),
+    }
+}
+
+/// A secret: a non-empty string, never echoed in errors. A number is refused rather than
+/// converted, since YAML may have changed its spelling (`0x1F`, `+1`, `1e3`).
+fn secret(s: Scalar<'_>) -> Result<Secret, String> {
+    match s {
+        Scalar::Str("") | Scalar::Null => Err("the value is empty".into()),
+        Scalar::Str(v) => Ok(Secret(v.to_string())),
+        _ => Err("the value is not a string: quote it (the value is not shown)".into()),
+    }
+}
+
+fn bucket(s: Scalar<'_>) -> Result<String, String> {
+    let b = text(s)?;
+    if b.contains('/') {
+        return Err(format!(
+            "bucket {b:?} contains `/`: give the key prefix in `path`"
+        ));
+    }
+    Ok(b)
+}
+
+/// `part-size`: bytes, as an integer or with a unit (`10MiB`), within S3's part size limits.
+fn part_size(s: Scalar<'_>) -> Result<u64, String> {
+    let n = match s {
+        Scalar::Str(v) => parse_size(v)?,
+        Scalar::Int(i) => u64::try_from(i).map_err(|_| format!("{i} is not a size in bytes"))?,
+        other => {
+            return Err(format!(
+                "expected a size in bytes such as 10MiB or 10485760, found {other}"
+            ));
+        }
+    };
+    if n < DEFAULT_PART_SIZE {
+        return Err(format!(
+            "part size {n} bytes is below S3's minimum of 5 MiB ({DEFAULT_PART_SIZE} bytes)"
+        ));
+    }
+    if n > MAX_PART_SIZE {
+        return Err(format!(
+            "part size {n} bytes is above S3's maximum of 5 GiB ({MAX_PART_SIZE} bytes)"
+        ));
+    }
+    Ok(n)
+}
+
+fn concurrency(s: Scalar<'_>) -> Result<usize, String> {
+    match s {
+        Scalar::Int(i) if i >= 1 => usize::try_from(i).map_err(|_| format!("{i} is out of range")),
+        Scalar::Int(i) => Err(format!("{i}: must be at least 1")),
+        other => Err(format!("expected a whole number, found {other}")),
+    }
+}
+
+fn skip_verify(s: Scalar<'_>) -> Result<(), String> {
+    reject_skip_verify(boolean(s)?)
 }
 
 fn codec(s: Scalar<'_>) -> Result<Codec, String> {
@@ -1061,7 +1316,11 @@ impl<'de> Visitor<'de> for DbSeed<'_> {
                      are called after their type, then <type>-N for the N-th replica)"
                 )));
             }
-            replicas.push(ReplicaConfig { name, url: r.url });
+            replicas.push(ReplicaConfig {
+                name,
+                url: r.url,
+                s3: r.s3,
+            });
         }
         Ok(PartialDb {
             path,
@@ -1124,6 +1383,93 @@ struct RawReplica {
     name: Option<String>,
     kind: ReplicaKind,
     url: String,
+    s3: Option<S3Config>,
+}
+
+/// The S3 keys of one replica map, as read.
+#[derive(Default)]
+struct RawS3 {
+    bucket: Option<String>,
+    region: Option<String>,
+    endpoint: Option<String>,
+    force_path_style: Option<bool>,
+    access_key_id: Option<String>,
+    secret_access_key: Option<Secret>,
+    part_size: Option<u64>,
+    concurrency: Option<usize>,
+    storage_class: Option<String>,
+    sse_kms_key_id: Option<String>,
+    sse_customer_key: Option<Secret>,
+}
+
+impl RawS3 {
+    /// Reads the value of `key` if it is an S3 key; returns whether it was.
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: &'static str,
+        map: &mut A,
+        ctx: &Ctx,
+        place: &str,
+    ) -> Result<bool, A::Error> {
+        fn value<'de, A: MapAccess<'de>, T>(
+            map: &mut A,
+            ctx: &Ctx,
+            key: &'static str,
+            place: &str,
+            convert: &dyn Fn(Scalar<'_>) -> Result<T, String>,
+        ) -> Result<Option<T>, A::Error> {
+            map.next_value_seed(ValueSeed {
+                ctx,
+                key,
+                place,
+                convert,
+            })
+            .map(Some)
+        }
+        match key {
+            "bucket" => self.bucket = value(map, ctx, key, place, &bucket)?,
+            "region" => self.region = value(map, ctx, key, place, &text)?,
+            "endpoint" => self.endpoint = value(map, ctx, key, place, &text)?,
+            "force-path-style" => self.force_path_style = value(map, ctx, key, place, &boolean)?,
+            "access-key-id" => self.access_key_id = value(map, ctx, key, place, &text)?,
+            "secret-access-key" => self.secret_access_key = value(map, ctx, key, place, &secret)?,
+            "part-size" => self.part_size = value(map, ctx, key, place, &part_size)?,
+            "concurrency" => self.concurrency = value(map, ctx, key, place, &concurrency)?,
+            "storage-class" => self.storage_class = value(map, ctx, key, place, &text)?,
+            "sse-kms-key-id" => self.sse_kms_key_id = value(map, ctx, key, place, &text)?,
+            "sse-customer-key" => self.sse_customer_key = value(map, ctx, key, place, &secret)?,
+            "skip-verify" => value(map, ctx, key, place, &skip_verify).map(drop)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The settings of a replica given by `bucket` and `path` (`path` is the key prefix).
+    fn into_config(self, path: Option<&str>) -> S3Config {
+        let d = S3Config::default();
+        S3Config {
+            bucket: self.bucket.unwrap_or_default(),
+            path: path.unwrap_or_default().trim_matches('/').to_string(),
+            region: self.region,
+            // Litestream: path style when an endpoint is set, unless said otherwise.
+            force_path_style: self.force_path_style.unwrap_or(self.endpoint.is_some()),
+            endpoint: self.endpoint,
+            access_key_id: self.access_key_id,
+            secret_access_key: self.secret_access_key,
+            part_size: self.part_size.unwrap_or(d.part_size),
+            concurrency: self.concurrency.unwrap_or(d.concurrency),
+            storage_class: self.storage_class,
+            sse_kms_key_id: self.sse_kms_key_id,
+            sse_customer_key: self.sse_customer_key,
+        }
+    }
+
+    /// Adds the secrets given as keys to the settings of an `s3://` URL.
+    fn add_secrets(self, cfg: &mut S3Config) {
+        cfg.access_key_id = self.access_key_id;
+        cfg.secret_access_key = self.secret_access_key;
+        cfg.sse_customer_key = self.sse_customer_key;
+    }
 }
 
 /// One replica map.
@@ -1162,7 +1508,8 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
         let mut name = None;
         let mut kind = None;
         let mut path = None;
-        let mut url: Option<(ReplicaKind, String)> = None;
+        let mut url: Option<(ReplicaKind, String, Option<S3Config>)> = None;
+        let mut raw_s3 = RawS3::default();
         while let Some(key) = map.next_key_seed(KeySeed {
             ctx,
             allowed: REPLICA_KEYS,
@@ -1194,59 +1541,134 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                         convert: &|s| {
                             let raw = text(s)?;
                             let kind = ReplicaKind::from_url(&raw)?;
-                            Ok((kind, kind.normalize_url(&raw)?))
+                            let (url, s3) = kind.parse_url(&raw)?;
+                            Ok((kind, url, s3))
                         },
                     })?)
                 }
-                _ => return Err(ctx.fail(format!("internal error: key `{key}` {place}"))),
+                _ => {
+                    if !raw_s3.read(key, &mut map, ctx, place)? {
+                        return Err(ctx.fail(format!("internal error: key `{key}` {place}")));
+                    }
+                }
             }
         }
-        let (kind, url) = match (url, path) {
-            (Some(_), Some(_)) => {
+        let s3_keys: Vec<&str> = seen
+            .iter()
+            .copied()
+            .filter(|k| S3_KEYS.contains(k))
+            .collect();
+        // The kind: `type`, else the URL's scheme, else file (as Litestream).
+        let kind = match (kind, &url) {
+            (Some(kind), Some((url_kind, url, _))) if kind != *url_kind => {
                 return Err(ctx.fail(format!(
-                    "keys `url` and `path` are mutually exclusive {place}"
+                    "`type: {}` does not match the URL {url} {place}",
+                    kind.name()
                 )));
             }
+            (Some(kind), _) => kind,
+            (None, Some((url_kind, _, _))) => *url_kind,
             (None, None) => {
-                return Err(ctx.fail(format!("missing key `url` or `path` {place}")));
-            }
-            (Some((url_kind, url)), None) => {
-                if let Some(kind) = kind
-                    && kind != url_kind
-                {
+                if let Some(key) = s3_keys.first() {
                     return Err(ctx.fail(format!(
-                        "`type: {}` does not match the URL {url} {place}",
-                        kind.name()
+                        "key `{key}` applies only to s3 replicas, not to a file replica \
+                         {place} (add `type: s3`, or use an s3:// `url`)"
                     )));
                 }
-                (url_kind, url)
-            }
-            (None, Some(path)) => {
-                let kind = kind.unwrap_or(ReplicaKind::File);
-                let url = kind
-                    .url_from_path(&path)
-                    .map_err(|e| ctx.fail(format!("{e} (key `path` {place})")))?;
-                (kind, url)
+                ReplicaKind::File
             }
         };
-        let mut urls = ctx.replica_urls.borrow_mut();
-        if let Some((_, other)) = urls.iter().find(|(u, _)| *u == url) {
-            let what = format!("{} {}", kind.destination_noun(), kind.destination(&url));
+        let (url, s3) = match kind {
+            ReplicaKind::File => {
+                if let Some(key) = s3_keys.first() {
+                    return Err(ctx.fail(format!(
+                        "key `{key}` applies only to s3 replicas, not to a file replica {place}"
+                    )));
+                }
+                match (url, path) {
+                    (Some(_), Some(_)) => {
+                        return Err(ctx.fail(format!(
+                            "keys `url` and `path` are mutually exclusive {place}"
+                        )));
+                    }
+                    (None, None) => {
+                        return Err(ctx.fail(format!("missing key `url` or `path` {place}")));
+                    }
+                    (Some((_, url, _)), None) => (url, None),
+                    (None, Some(path)) => {
+                        let url = file_url_from_path(&path)
+                            .map_err(|e| ctx.fail(format!("{e} (key `path` {place})")))?;
+                        (url, None)
+                    }
+                }
+            }
+            ReplicaKind::S3 => {
+                let cfg = match url {
+                    Some((_, _, url_cfg)) => {
+                        // As Litestream: the URL names the bucket and the prefix.
+                        for other in ["path", "bucket"] {
+                            if seen.contains(&other) {
+                                return Err(ctx.fail(format!(
+                                    "keys `url` and `{other}` are mutually exclusive {place}"
+                                )));
+                            }
+                        }
+                        if let Some(key) = s3_keys.iter().find(|k| !S3_KEYS_WITH_URL.contains(k)) {
+                            return Err(ctx.fail(format!(
+                                "key `{key}` cannot be combined with `url` {place}: put it in \
+                                 the URL's query (s3://BUCKET/PATH?{key}=...), or replace \
+                                 `url` with the keys `bucket` and `path`"
+                            )));
+                        }
+                        let mut cfg = url_cfg.unwrap_or_default();
+                        raw_s3.add_secrets(&mut cfg);
+                        cfg
+                    }
+                    None => {
+                        if raw_s3.bucket.is_none() {
+                            return Err(ctx.fail(format!(
+                                "missing key `bucket` {place} (an s3 replica takes `bucket` \
+                                 and an optional key prefix `path`, or `url: \
+                                 s3://BUCKET/PATH`)"
+                            )));
+                        }
+                        raw_s3.into_config(path.as_deref())
+                    }
+                };
+                cfg.validate()
+                    .map_err(|e| ctx.fail(format!("{e} {place}")))?;
+                if cfg.sse_kms_key_id.is_some() && cfg.sse_customer_key.is_some() {
+                    return Err(ctx.fail(format!(
+                        "keys `sse-kms-key-id` and `sse-customer-key` are mutually exclusive \
+                         {place} (S3 accepts one server-side encryption per object)"
+                    )));
+                }
+                (s3_url(&cfg), Some(cfg))
+            }
+        };
+        let dest = Destination::of(&url, s3.as_ref());
+        let mut dests = ctx.replica_dests.borrow_mut();
+        if let Some((_, other)) = dests.iter().find(|(d, _)| *d == dest) {
             return Err(ctx.fail(if *other == self.db {
                 format!(
-                    "{what} is used twice by {} ({place})",
+                    "{dest} is used twice by {} ({place})",
                     ctx.db_label(self.db)
                 )
             } else {
                 format!(
-                    "{what} is used by two databases: {} and {} ({place})",
+                    "{dest} is used by two databases: {} and {} ({place})",
                     ctx.db_label(*other),
                     ctx.db_label(self.db)
                 )
             }));
         }
-        urls.push((url.clone(), self.db));
-        Ok(RawReplica { name, kind, url })
+        dests.push((dest, self.db));
+        Ok(RawReplica {
+            name,
+            kind,
+            url,
+            s3,
+        })
     }
 }
 
@@ -1304,7 +1726,8 @@ mod tests {
             db.replicas,
             vec![ReplicaConfig {
                 name: "file".into(),
-                url: "file:///backup/a".into()
+                url: "file:///backup/a".into(),
+                s3: None,
             }]
         );
         let d = DbSettings::default();
@@ -1539,6 +1962,7 @@ dbs:
             vec![ReplicaConfig {
                 name: "file".into(),
                 url: format!("file://{}", cwd.join("rel/six").display()),
+                s3: None,
             }]
         );
         for r in c.dbs.iter().flat_map(|d| &d.replicas) {
@@ -1589,14 +2013,14 @@ dbs:
             ],
         );
         assert_fail(
-            &format!("{MINIMAL}      access-key-id: x\n"),
+            &format!("{MINIMAL}      acess-key-id: x\n"),
             5,
-            &["unknown key `access-key-id` in dbs[0].replica", "`url`"],
-        );
-        assert_fail(
-            "dbs:\n  - path: /a.db\n    replicas:\n      - url: /b\n      - url: /c\n        bucket: x\n",
-            6,
-            &["unknown key `bucket` in dbs[0].replicas[1]"],
+            &[
+                "unknown key `acess-key-id` in dbs[0].replica",
+                "`url`",
+                "`access-key-id`",
+                "`skip-verify`",
+            ],
         );
         // Keys that belong elsewhere are unknown too.
         assert_fail(
@@ -1629,19 +2053,14 @@ dbs:
     #[test]
     fn unsupported_replica_types() {
         assert_fail(
-            "dbs:\n  - path: /a.db\n    replicas:\n      - type: s3\n        path: bucket/x\n",
-            4,
-            &["replica type s3 is not supported yet (key `type` in dbs[0].replicas[0])"],
-        );
-        assert_fail(
-            "dbs:\n  - path: /a.db\n    replica:\n      name: s3\n      url: s3://bucket/db\n",
-            5,
-            &["replica type s3 is not supported yet (key `url` in dbs[0].replica)"],
-        );
-        assert_fail(
             "dbs:\n  - path: /a.db\n    replica: {type: sftp, path: /x}\n",
             3,
             &["replica type sftp is not supported yet (key `type` in dbs[0].replica)"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      name: gcs\n      url: gs://bucket/db\n",
+            5,
+            &["replica type gs is not supported yet (key `url` in dbs[0].replica)"],
         );
     }
 
@@ -1900,11 +2319,13 @@ dbs:
             vec![
                 ReplicaConfig {
                     name: "file".into(),
-                    url: "file:///backup/a".into()
+                    url: "file:///backup/a".into(),
+                    s3: None,
                 },
                 ReplicaConfig {
                     name: "file-2".into(),
-                    url: format!("file://{}", cwd().join("rel/b").display())
+                    url: format!("file://{}", cwd().join("rel/b").display()),
+                    s3: None,
                 },
             ]
         );
@@ -1926,9 +2347,25 @@ dbs:
             "config command line: no replica URL given for /a.db"
         );
         assert_eq!(
-            msg(&["s3://bucket/a"], d()),
-            "config command line: replica type s3 is not supported yet (replica URL \"s3://bucket/a\")"
+            msg(&["sftp://host/a"], d()),
+            "config command line: replica type sftp is not supported yet (replica URL \"sftp://host/a\")"
         );
+        assert_eq!(
+            msg(&["s3://b/a", "s3://b/a/"], d()),
+            "config command line: s3 destination s3://b/a is given twice"
+        );
+        assert_eq!(
+            msg(&["s3:///a"], d()),
+            "config command line: no bucket in \"s3:///a\" (replica URL \"s3:///a\")"
+        );
+        // Credentials in a URL: refused, and not echoed.
+        let m = msg(&["s3://AKID:hunter2secret@b/a"], d());
+        assert!(
+            m.contains("credentials do not belong in a replica URL"),
+            "{m}"
+        );
+        assert!(m.contains("s3://<redacted>@b/a"), "{m}");
+        assert!(!m.contains("hunter2secret") && !m.contains("AKID"), "{m}");
         assert!(msg(&["file://rel"], d()).contains("must be absolute"));
         assert_eq!(
             msg(&["/b", "file:///b/"], d()),
@@ -2030,8 +2467,44 @@ dbs:
                 names,
                 vec![
                     ("local", "file:///backup/app"),
-                    ("file-2", "file:///mnt/offsite/app")
+                    ("file-2", "file:///mnt/offsite/app"),
+                    ("s3-3", "s3://my-backups/app"),
                 ]
+            );
+            assert_eq!(app.replicas[0].s3, None);
+            let s3 = app.replicas[2].s3.as_ref().unwrap();
+            assert_eq!(
+                *s3,
+                S3Config {
+                    bucket: "my-backups".into(),
+                    path: "app".into(),
+                    region: Some("eu-west-1".into()),
+                    endpoint: None,
+                    force_path_style: false,
+                    access_key_id: None,
+                    secret_access_key: None,
+                    part_size: 10 * 1024 * 1024,
+                    concurrency: 5,
+                    storage_class: Some("STANDARD_IA".into()),
+                    sse_kms_key_id: Some(
+                        "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+                            .into()
+                    ),
+                    sse_customer_key: None,
+                }
+            );
+            // The URL form shown in a comment is valid and means the same (but for SSE-KMS).
+            let url = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("#   - url: "))
+                .expect("the example shows the URL form");
+            let from_url = S3Config::from_url(url).unwrap();
+            assert_eq!(
+                from_url,
+                S3Config {
+                    sse_kms_key_id: None,
+                    ..s3.clone()
+                }
             );
             let audit = &c.dbs[1];
             assert_eq!(audit.settings.monitor_interval, Duration::from_secs(5));
@@ -2041,5 +2514,489 @@ dbs:
         for key in ROOT_KEYS.iter().chain(DB_KEYS).chain(REPLICA_KEYS) {
             assert!(text.contains(&format!("{key}:")), "example lacks `{key}`");
         }
+    }
+
+    /// Every S3 key of a replica map.
+    const S3_ALL_KEYS: &str = "dbs:
+  - path: /data/a.db
+    replicas:
+      - type: s3
+        name: offsite
+        bucket: my-bucket
+        path: /backups/a/
+        region: eu-west-1
+        endpoint: http://localhost:9000
+        force-path-style: false
+        access-key-id: AKIDEXAMPLE
+        secret-access-key: wJalrXUtnFEMIsecretKEY
+        part-size: 10MiB
+        concurrency: 8
+        storage-class: STANDARD_IA
+        sse-customer-key: MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=
+        skip-verify: false
+";
+
+    #[test]
+    fn s3_replica_every_key() {
+        let c = parse(S3_ALL_KEYS).unwrap();
+        let r = &c.dbs[0].replicas[0];
+        assert_eq!(r.name, "offsite");
+        assert_eq!(r.url, "s3://my-bucket/backups/a");
+        let want = S3Config {
+            bucket: "my-bucket".into(),
+            path: "backups/a".into(),
+            region: Some("eu-west-1".into()),
+            endpoint: Some("http://localhost:9000".into()),
+            force_path_style: false,
+            access_key_id: Some("AKIDEXAMPLE".into()),
+            secret_access_key: Some(Secret("wJalrXUtnFEMIsecretKEY".into())),
+            part_size: 10 * 1024 * 1024,
+            concurrency: 8,
+            storage_class: Some("STANDARD_IA".into()),
+            sse_kms_key_id: None,
+            sse_customer_key: Some(Secret(
+                "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=".into(),
+            )),
+        };
+        assert_eq!(r.s3.as_ref(), Some(&want));
+        match r.client().unwrap() {
+            AnyClient::S3(client) => assert_eq!(client.config(), &want),
+            other => panic!("expected an S3 client, got {other:?}"),
+        }
+        // sse-kms-key-id (exclusive with sse-customer-key) and an integer part-size.
+        let c = parse(
+            "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: b\n      sse-kms-key-id: alias/replicad\n      part-size: 6000000\n",
+        )
+        .unwrap();
+        let s3 = c.dbs[0].replicas[0].s3.clone().unwrap();
+        assert_eq!(s3.sse_kms_key_id.as_deref(), Some("alias/replicad"));
+        assert_eq!(s3.part_size, 6_000_000);
+        // File replicas have no S3 settings and a file client.
+        let c = parse(MINIMAL).unwrap();
+        assert!(matches!(
+            c.dbs[0].replicas[0].client(),
+            Ok(AnyClient::File(_))
+        ));
+    }
+
+    #[test]
+    fn s3_defaults() {
+        let c = parse(
+            "dbs:
+  - path: /data/a.db
+    replicas:
+      - type: s3
+        bucket: b1
+      - type: s3
+        bucket: b2
+        path: x
+        endpoint: minio:9000
+      - type: s3
+        bucket: b3
+        endpoint: http://minio:9000
+        force-path-style: false
+      - type: s3
+        bucket: b4
+        force-path-style: true
+",
+        )
+        .unwrap();
+        let r = &c.dbs[0].replicas;
+        assert_eq!(
+            r.iter()
+                .map(|r| (r.name.as_str(), r.url.as_str()))
+                .collect::<Vec<_>>(),
+            vec![
+                ("s3", "s3://b1"),
+                ("s3-2", "s3://b2/x"),
+                ("s3-3", "s3://b3"),
+                ("s3-4", "s3://b4")
+            ]
+        );
+        let s3: Vec<&S3Config> = r.iter().map(|r| r.s3.as_ref().unwrap()).collect();
+        assert_eq!(
+            *s3[0],
+            S3Config {
+                bucket: "b1".into(),
+                ..S3Config::default()
+            }
+        );
+        assert_eq!(s3[0].path, "");
+        assert!(!s3[0].force_path_style, "no endpoint: virtual-hosted style");
+        assert_eq!(s3[0].part_size, 5 * 1024 * 1024);
+        assert_eq!(s3[0].concurrency, 5);
+        assert_eq!(s3[0].region, None);
+        assert_eq!(s3[0].access_key_id, None, "the AWS chain is used");
+        assert_eq!(s3[0].secret_access_key, None);
+        assert!(s3[1].force_path_style, "an endpoint implies path style");
+        assert!(!s3[2].force_path_style, "unless said otherwise");
+        assert!(s3[3].force_path_style);
+    }
+
+    #[test]
+    fn s3_url_form() {
+        let c = parse(
+            "dbs:
+  - path: /data/a.db
+    replicas:
+      - url: s3://bucket/db/a?endpoint=http://localhost:9000&region=auto&part-size=8MiB&concurrency=2
+        access-key-id: AKID
+        secret-access-key: s3cr3t
+        skip-verify: false
+      - url: s3://bucket
+",
+        )
+        .unwrap();
+        let r = &c.dbs[0].replicas[0];
+        assert_eq!(r.name, "s3");
+        assert_eq!(r.url, "s3://bucket/db/a", "no query, no credentials");
+        assert_eq!(
+            r.s3,
+            Some(S3Config {
+                bucket: "bucket".into(),
+                path: "db/a".into(),
+                region: Some("auto".into()),
+                endpoint: Some("http://localhost:9000".into()),
+                force_path_style: true,
+                access_key_id: Some("AKID".into()),
+                secret_access_key: Some(Secret("s3cr3t".into())),
+                part_size: 8 * 1024 * 1024,
+                concurrency: 2,
+                ..S3Config::default()
+            })
+        );
+        let r = &c.dbs[0].replicas[1];
+        assert_eq!((r.name.as_str(), r.url.as_str()), ("s3-2", "s3://bucket"));
+        assert_eq!(r.s3.as_ref().unwrap().path, "");
+        // `type: s3` with an s3 URL is fine; with a file URL it is not.
+        parse("dbs:\n  - path: /a.db\n    replica: {type: s3, url: s3://b/p}\n").unwrap();
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica: {type: s3, url: /b}\n",
+            3,
+            &["`type: s3` does not match the URL file:///b in dbs[0].replica"],
+        );
+    }
+
+    #[test]
+    fn s3_value_errors_name_the_key_and_line() {
+        let s3 = |extra: &str| {
+            format!("dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: b\n{extra}")
+        };
+        assert_fail(
+            &s3("      part-size: 10 MB please\n"),
+            6,
+            &["unknown size unit", "(key `part-size` in dbs[0].replica)"],
+        );
+        assert_fail(
+            &s3("      part-size: 1MiB\n"),
+            6,
+            &[
+                "part size 1048576 bytes is below S3's minimum of 5 MiB",
+                "key `part-size`",
+            ],
+        );
+        assert_fail(
+            &s3("      part-size: 6GiB\n"),
+            6,
+            &["above S3's maximum of 5 GiB", "key `part-size`"],
+        );
+        assert_fail(
+            &s3("      part-size: -5\n"),
+            6,
+            &["-5 is not a size in bytes", "key `part-size`"],
+        );
+        assert_fail(
+            &s3("      skip-verify: true\n"),
+            6,
+            &[
+                "skip-verify is not supported",
+                "(key `skip-verify` in dbs[0].replica)",
+            ],
+        );
+        assert_fail(
+            &s3("      skip-verify: \"no\"\n"),
+            6,
+            &["expected true or false, found \"no\"", "key `skip-verify`"],
+        );
+        assert_fail(
+            &s3("      force-path-style: 1\n"),
+            6,
+            &["expected true or false", "key `force-path-style`"],
+        );
+        assert_fail(
+            &s3("      concurrency: 0\n"),
+            6,
+            &["must be at least 1", "key `concurrency`"],
+        );
+        assert_fail(
+            &s3("      region: \"\"\n"),
+            6,
+            &["the value is empty (key `region` in dbs[0].replica)"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: b/prefix\n",
+            5,
+            &[
+                "contains `/`: give the key prefix in `path`",
+                "key `bucket`",
+            ],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      url: s3://b/p?skip-verify=true\n",
+            4,
+            &["skip-verify is not supported", "key `url`"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      url: s3://b/p?part-size=1MiB\n",
+            4,
+            &["below S3's minimum", "key `url`"],
+        );
+    }
+
+    #[test]
+    fn s3_key_rules() {
+        // `url` with `bucket` or `path`, as Litestream.
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n      - url: s3://b/p\n        bucket: b\n",
+            4,
+            &["keys `url` and `bucket` are mutually exclusive in dbs[0].replicas[0]"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n      - url: s3://b/p\n        path: p\n",
+            4,
+            &["keys `url` and `path` are mutually exclusive in dbs[0].replicas[0]"],
+        );
+        // Other S3 keys go in the URL's query.
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      url: s3://b/p\n      region: eu-west-1\n",
+            4,
+            &[
+                "key `region` cannot be combined with `url` in dbs[0].replica",
+                "s3://BUCKET/PATH?region=...",
+            ],
+        );
+        // S3 keys on a file replica, whether the type is given, implied by the URL or the
+        // default.
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n      - url: /b\n      - url: /c\n        bucket: x\n",
+            5,
+            &[
+                "key `bucket` applies only to s3 replicas, not to a file replica in dbs[0].replicas[1]",
+            ],
+        );
+        assert_fail(
+            &format!("{MINIMAL}      access-key-id: x\n"),
+            4,
+            &[
+                "key `access-key-id` applies only to s3 replicas, not to a file replica in dbs[0].replica",
+            ],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      type: file\n      path: /b\n      skip-verify: false\n",
+            4,
+            &["key `skip-verify` applies only to s3 replicas"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      bucket: b\n      path: p\n",
+            4,
+            &[
+                "key `bucket` applies only to s3 replicas",
+                "(add `type: s3`",
+            ],
+        );
+        // The bucket is required.
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      path: bucket/x\n",
+            4,
+            &["missing key `bucket` in dbs[0].replica", "s3://BUCKET/PATH"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      url: s3:///x\n",
+            4,
+            &["no bucket in \"s3:///x\" (key `url` in dbs[0].replica)"],
+        );
+        // S3Config::validate, at the replica's line.
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: b\n      access-key-id: AKID\n",
+            4,
+            &["access-key-id and secret-access-key go together in dbs[0].replica"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: b\n      sse-customer-key: c2hvcnQ=\n",
+            4,
+            &["sse-customer-key must be 32 bytes (base64) in dbs[0].replica"],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: b\n      sse-kms-key-id: k\n      sse-customer-key: MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n",
+            4,
+            &["keys `sse-kms-key-id` and `sse-customer-key` are mutually exclusive"],
+        );
+        // Credentials in the URL are refused.
+        let (line, msg) =
+            fail("dbs:\n  - path: /a.db\n    replica:\n      url: s3://AKID:topsecret@b/p\n");
+        assert_eq!(line, Some(4), "{msg}");
+        assert!(
+            msg.contains("credentials do not belong in a replica URL"),
+            "{msg}"
+        );
+        assert!(!msg.contains("topsecret"), "{msg}");
+    }
+
+    #[test]
+    fn s3_destinations_are_endpoint_bucket_and_path() {
+        assert_fail(
+            "dbs:
+  - path: /a.db
+    replica:
+      url: s3://b/x?endpoint=minio:9000
+  - path: /c.db
+    replica:
+      type: s3
+      endpoint: HTTPS://minio:9000/
+      bucket: b
+      path: /x/
+",
+            7,
+            &[
+                "s3 destination s3://b/x at endpoint https://minio:9000 is used by two databases: dbs[0] (/a.db) and dbs[1] (/c.db)",
+            ],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replicas:\n      - url: s3://b/x\n      - {type: s3, bucket: b, path: x, region: us-west-2}\n",
+            5,
+            &["s3 destination s3://b/x is used twice by dbs[0] (/a.db)"],
+        );
+        // Another endpoint, bucket or path is another destination; a file replica with the
+        // same path is unrelated.
+        let c = parse(
+            "dbs:
+  - path: /a.db
+    replicas:
+      - url: s3://b/x
+      - url: s3://b/x?endpoint=http://localhost:9000
+      - url: s3://b/y
+      - url: s3://c/x
+      - url: s3://b
+      - path: /x
+",
+        )
+        .unwrap();
+        assert_eq!(c.dbs[0].replicas.len(), 6);
+    }
+
+    #[test]
+    fn single_accepts_s3_urls() {
+        let urls = vec![
+            "s3://bucket/db?endpoint=http://127.0.0.1:9000".to_string(),
+            "/backup/a".to_string(),
+        ];
+        let c = Config::single(PathBuf::from("/a.db"), &urls, DbSettings::default()).unwrap();
+        let r = &c.dbs[0].replicas;
+        assert_eq!(
+            (r[0].name.as_str(), r[0].url.as_str()),
+            ("s3", "s3://bucket/db")
+        );
+        let s3 = r[0].s3.as_ref().unwrap();
+        assert_eq!(s3.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert!(s3.force_path_style);
+        assert_eq!(s3.access_key_id, None);
+        assert!(matches!(r[0].client(), Ok(AnyClient::S3(_))));
+        assert_eq!((r[1].name.as_str(), r[1].s3.as_ref()), ("file-2", None));
+    }
+
+    #[test]
+    fn secrets_never_appear_in_errors_or_debug() {
+        const SECRET: &str = "wJalrXUtnFEMIK7MDENGbPxRfiCYzEXAMPLEKEY";
+        const SSE_C: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+        let with = |extra: &str| {
+            format!(
+                "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: b\n      access-key-id: AKID\n      secret-access-key: {SECRET}\n      sse-customer-key: {SSE_C}\n{extra}"
+            )
+        };
+        let config = parse(&with("")).unwrap();
+        let dbg = format!(
+            "{config:?} {:?}",
+            config.dbs[0].replicas[0].client().unwrap()
+        );
+        assert!(!dbg.contains(SECRET) && !dbg.contains(SSE_C), "{dbg}");
+        assert!(dbg.contains("<redacted>"), "{dbg}");
+        for extra in [
+            "      part-size: 1KiB\n",
+            "      skip-verify: true\n",
+            "      region: eu-west-1\n      url: s3://b/p\n",
+            "      sse-kms-key-id: k\n",
+            "      concurrency: 0\n",
+            "      bogus: 1\n",
+            "      secret-access-key: again\n",
+            "    replica: {url: /x}\n",
+        ] {
+            let (_, msg) = fail(&with(extra));
+            assert!(
+                !msg.contains(SECRET) && !msg.contains(SSE_C),
+                "secret in {msg:?}"
+            );
+        }
+        // Errors on the secret itself do not echo it.
+        for (value, want) in [
+            ("123456789012.5", "the value is not a string: quote it"),
+            ("123456789012", "the value is not a string: quote it"),
+            ("0x1F2E3D", "the value is not a string: quote it"),
+            ("true", "the value is not a string: quote it"),
+            ("[a]", "found a list"),
+        ] {
+            let text = format!(
+                "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: b\n      access-key-id: AKID\n      secret-access-key: {value}\n"
+            );
+            let (line, msg) = fail(&text);
+            assert_eq!(line, Some(7), "{msg}");
+            assert!(msg.contains(want), "{msg}");
+            assert!(msg.contains("key `secret-access-key`"), "{msg}");
+            assert!(!msg.contains(value), "secret in {msg:?}");
+        }
+        // A secret in the config's own error (validate) is not shown either.
+        let (_, msg) = fail(&format!(
+            "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: b\n      secret-access-key: {SECRET}\n"
+        ));
+        assert!(msg.contains("go together"), "{msg}");
+        assert!(!msg.contains(SECRET), "{msg}");
+    }
+
+    #[test]
+    fn env_expansion_of_secrets() {
+        let text = "dbs:
+  - path: /a.db
+    replica:
+      type: s3
+      bucket: ${BUCKET}
+      access-key-id: $KEY_ID
+      secret-access-key: ${SECRET}
+";
+        let lookup = |name: &str| match name {
+            "BUCKET" => Some("my-bucket".to_string()),
+            "KEY_ID" => Some("AKID".to_string()),
+            "SECRET" => Some("s3cr3t/with+chars=".to_string()),
+            _ => None,
+        };
+        let c = Config::parse_with_env(text, "t", lookup).unwrap();
+        let s3 = c.dbs[0].replicas[0].s3.as_ref().unwrap();
+        assert_eq!(s3.bucket, "my-bucket");
+        assert_eq!(s3.access_key_id.as_deref(), Some("AKID"));
+        assert_eq!(
+            s3.secret_access_key,
+            Some(Secret("s3cr3t/with+chars=".into()))
+        );
+        // Without expansion the text is taken as it is.
+        let c = parse(text).unwrap();
+        let s3 = c.dbs[0].replicas[0].s3.as_ref().unwrap();
+        assert_eq!(s3.secret_access_key, Some(Secret("${SECRET}".into())));
+        // An unset variable leaves the key empty: an error, not a silent fallback to the AWS
+        // chain.
+        let e = Config::parse_with_env(text, "t", |n| lookup(n).filter(|_| n != "SECRET"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 7: the value is empty (key `secret-access-key` in dbs[0].replica)"),
+            "{e}"
+        );
     }
 }

@@ -113,8 +113,15 @@ impl S3Config {
         if url.scheme() != "s3" {
             return Err(format!("not an s3:// URL: {s:?}"));
         }
-        let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| format!("no bucket in {s:?}"))?;
-        let mut cfg = S3Config { bucket: bucket.to_string(), path: clean_path(url.path()), ..S3Config::default() };
+        let bucket = url
+            .host_str()
+            .filter(|b| !b.is_empty())
+            .ok_or_else(|| format!("no bucket in {s:?}"))?;
+        let mut cfg = S3Config {
+            bucket: bucket.to_string(),
+            path: clean_path(url.path()),
+            ..S3Config::default()
+        };
         let mut path_style = None;
         for (k, v) in url.query_pairs() {
             match k.as_ref() {
@@ -123,7 +130,9 @@ impl S3Config {
                 "force-path-style" | "forcePathStyle" => path_style = Some(parse_bool(&k, &v)?),
                 "part-size" | "partSize" => cfg.part_size = parse_size(&v)?,
                 "concurrency" => {
-                    cfg.concurrency = v.parse().map_err(|_| format!("concurrency {v:?} is not a number"))?
+                    cfg.concurrency = v
+                        .parse()
+                        .map_err(|_| format!("concurrency {v:?} is not a number"))?
                 }
                 "storage-class" | "storageClass" => cfg.storage_class = Some(v.into_owned()),
                 "sse-kms-key-id" | "sseKmsKeyId" => cfg.sse_kms_key_id = Some(v.into_owned()),
@@ -142,7 +151,10 @@ impl S3Config {
             return Err("s3 replica needs a bucket".into());
         }
         if self.part_size < DEFAULT_PART_SIZE {
-            return Err(format!("part-size {} is below S3's minimum of 5 MiB", self.part_size));
+            return Err(format!(
+                "part-size {} is below S3's minimum of 5 MiB",
+                self.part_size
+            ));
         }
         if self.concurrency == 0 {
             return Err("concurrency must be at least 1".into());
@@ -184,7 +196,9 @@ pub fn parse_size(v: &str) -> Result<u64, String> {
     let v = v.trim();
     let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
     let (num, unit) = v.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("size {v:?} is not a number"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("size {v:?} is not a number"))?;
     let mult = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "kb" => 1000,
@@ -195,7 +209,8 @@ pub fn parse_size(v: &str) -> Result<u64, String> {
         "gib" | "g" => 1024 * 1024 * 1024,
         other => return Err(format!("unknown size unit {other:?} in {v:?}")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {v:?} is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {v:?} is too large"))
 }
 
 fn clean_path(p: &str) -> String {
@@ -218,7 +233,10 @@ impl fmt::Debug for S3Client {
 impl S3Client {
     /// A client for `cfg`; nothing is contacted until the first call.
     pub fn new(cfg: S3Config) -> S3Client {
-        S3Client { cfg: Arc::new(cfg), client: Arc::new(OnceCell::new()) }
+        S3Client {
+            cfg: Arc::new(cfg),
+            client: Arc::new(OnceCell::new()),
+        }
     }
 
     /// The settings.
@@ -227,21 +245,39 @@ impl S3Client {
     }
 
     async fn client(&self) -> Result<&Client, StorageError> {
-        self.client.get_or_try_init(|| build_client(&self.cfg)).await
+        self.client
+            .get_or_try_init(|| build_client(&self.cfg))
+            .await
     }
 
     /// Object key of one file.
     pub fn key(&self, level: u8, min: TxId, max: TxId) -> String {
-        format!("{}{level:04x}/{}", self.prefix(), ltx::format_filename(min, max))
+        format!(
+            "{}{level:04x}/{}",
+            self.prefix(),
+            ltx::format_filename(min, max)
+        )
     }
 
     fn prefix(&self) -> String {
-        if self.cfg.path.is_empty() { String::new() } else { format!("{}/", self.cfg.path) }
+        if self.cfg.path.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.cfg.path)
+        }
     }
 
-    async fn put_single(&self, key: &str, src: &Path, len: u64, timestamp: &str) -> Result<(), StorageError> {
+    async fn put_single(
+        &self,
+        key: &str,
+        src: &Path,
+        len: u64,
+        timestamp: &str,
+    ) -> Result<(), StorageError> {
         let c = self.client().await?;
-        let body = ByteStream::from_path(src).await.map_err(|e| transient("put", key, e))?;
+        let body = ByteStream::from_path(src)
+            .await
+            .map_err(|e| transient("put", key, e))?;
         let mut req = c
             .put_object()
             .bucket(&self.cfg.bucket)
@@ -253,16 +289,27 @@ impl S3Client {
             req = req.storage_class(sc.as_str().into());
         }
         if let Some(kms) = &self.cfg.sse_kms_key_id {
-            req = req.server_side_encryption("aws:kms".into()).ssekms_key_id(kms);
+            req = req
+                .server_side_encryption("aws:kms".into())
+                .ssekms_key_id(kms);
         }
         if let Some((key_b64, md5)) = self.sse_c() {
-            req = req.sse_customer_algorithm("AES256").sse_customer_key(key_b64).sse_customer_key_md5(md5);
+            req = req
+                .sse_customer_algorithm("AES256")
+                .sse_customer_key(key_b64)
+                .sse_customer_key_md5(md5);
         }
         req.send().await.map_err(|e| classify("put", key, e))?;
         Ok(())
     }
 
-    async fn put_multipart(&self, key: &str, src: &Path, len: u64, timestamp: &str) -> Result<(), StorageError> {
+    async fn put_multipart(
+        &self,
+        key: &str,
+        src: &Path,
+        len: u64,
+        timestamp: &str,
+    ) -> Result<(), StorageError> {
         let c = self.client().await?;
         let mut create = c
             .create_multipart_upload()
@@ -273,10 +320,15 @@ impl S3Client {
             create = create.storage_class(sc.as_str().into());
         }
         if let Some(kms) = &self.cfg.sse_kms_key_id {
-            create = create.server_side_encryption("aws:kms".into()).ssekms_key_id(kms);
+            create = create
+                .server_side_encryption("aws:kms".into())
+                .ssekms_key_id(kms);
         }
         if let Some((k, md5)) = self.sse_c() {
-            create = create.sse_customer_algorithm("AES256").sse_customer_key(k).sse_customer_key_md5(md5);
+            create = create
+                .sse_customer_algorithm("AES256")
+                .sse_customer_key(k)
+                .sse_customer_key_md5(md5);
         }
         let upload = create.send().await.map_err(|e| classify("put", key, e))?;
         let upload_id = upload
@@ -307,11 +359,21 @@ impl S3Client {
                         .content_length(n as i64)
                         .body(body);
                     if let Some((k, md5)) = self.sse_c() {
-                        req = req.sse_customer_algorithm("AES256").sse_customer_key(k).sse_customer_key_md5(md5);
+                        req = req
+                            .sse_customer_algorithm("AES256")
+                            .sse_customer_key(k)
+                            .sse_customer_key_md5(md5);
                     }
                     let out = req.send().await.map_err(|e| classify("put", key, e))?;
-                    let etag = out.e_tag().ok_or_else(|| permanent("put", key, "UploadPart returned no ETag"))?;
-                    Ok::<_, StorageError>(CompletedPart::builder().part_number(i as i32 + 1).e_tag(etag).build())
+                    let etag = out
+                        .e_tag()
+                        .ok_or_else(|| permanent("put", key, "UploadPart returned no ETag"))?;
+                    Ok::<_, StorageError>(
+                        CompletedPart::builder()
+                            .part_number(i as i32 + 1)
+                            .e_tag(etag)
+                            .build(),
+                    )
                 }
             })
             .buffer_unordered(self.cfg.concurrency)
@@ -330,7 +392,11 @@ impl S3Client {
             .bucket(&self.cfg.bucket)
             .key(key)
             .upload_id(&upload_id)
-            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(completed)).build())
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(completed))
+                    .build(),
+            )
             .send()
             .await;
         if let Err(e) = done {
@@ -341,7 +407,13 @@ impl S3Client {
     }
 
     async fn abort(&self, c: &Client, key: &str, upload_id: &str) {
-        let r = c.abort_multipart_upload().bucket(&self.cfg.bucket).key(key).upload_id(upload_id).send().await;
+        let r = c
+            .abort_multipart_upload()
+            .bucket(&self.cfg.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await;
         if let Err(e) = r {
             tracing::warn!(key, error = %classify("abort multipart", key, e), "could not abort a failed multipart upload; a bucket lifecycle rule cleans it up");
         }
@@ -349,7 +421,9 @@ impl S3Client {
 
     fn sse_c(&self) -> Option<(String, String)> {
         let key = self.cfg.sse_customer_key.as_ref()?;
-        let raw = base64::engine::general_purpose::STANDARD.decode(&key.0).ok()?;
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(&key.0)
+            .ok()?;
         use md5::Digest;
         let md5 = base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(&raw));
         Some((key.0.clone(), md5))
@@ -362,7 +436,10 @@ impl S3Client {
             req = req.range(format!("bytes={offset}-"));
         }
         if let Some((k, md5)) = self.sse_c() {
-            req = req.sse_customer_algorithm("AES256").sse_customer_key(k).sse_customer_key_md5(md5);
+            req = req
+                .sse_customer_algorithm("AES256")
+                .sse_customer_key(k)
+                .sse_customer_key_md5(md5);
         }
         let out = req.send().await.map_err(|e| classify("get", key, e))?;
         Ok(out.body)
@@ -373,7 +450,13 @@ async fn build_client(cfg: &S3Config) -> Result<Client, StorageError> {
     let mut b = match (&cfg.access_key_id, &cfg.secret_access_key) {
         (Some(id), Some(secret)) => aws_sdk_s3::config::Builder::new()
             .behavior_version(BehaviorVersion::latest())
-            .credentials_provider(Credentials::new(id, &secret.0, None, None, "replicad-config")),
+            .credentials_provider(Credentials::new(
+                id,
+                &secret.0,
+                None,
+                None,
+                "replicad-config",
+            )),
         _ => {
             let mut loader = aws_config::defaults(BehaviorVersion::latest());
             if let (Ok(id), Ok(secret), Err(_)) = (
@@ -381,17 +464,30 @@ async fn build_client(cfg: &S3Config) -> Result<Client, StorageError> {
                 std::env::var("LITESTREAM_SECRET_ACCESS_KEY"),
                 std::env::var("AWS_ACCESS_KEY_ID"),
             ) {
-                loader = loader.credentials_provider(Credentials::new(id, secret, None, None, "litestream-env"));
+                loader = loader.credentials_provider(Credentials::new(
+                    id,
+                    secret,
+                    None,
+                    None,
+                    "litestream-env",
+                ));
             }
             aws_sdk_s3::config::Builder::from(&loader.load().await)
         }
     };
-    let region = cfg.region.clone().or_else(|| cfg.endpoint.as_ref().map(|_| "us-east-1".to_string()));
+    let region = cfg
+        .region
+        .clone()
+        .or_else(|| cfg.endpoint.as_ref().map(|_| "us-east-1".to_string()));
     if let Some(r) = region {
         b = b.region(Region::new(r));
     }
     if let Some(ep) = &cfg.endpoint {
-        let ep = if ep.contains("://") { ep.clone() } else { format!("https://{ep}") };
+        let ep = if ep.contains("://") {
+            ep.clone()
+        } else {
+            format!("https://{ep}")
+        };
         b = b
             .endpoint_url(ep)
             .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
@@ -418,11 +514,19 @@ async fn build_client(cfg: &S3Config) -> Result<Client, StorageError> {
 }
 
 fn transient(op: &'static str, key: &str, e: impl fmt::Display) -> StorageError {
-    StorageError::Transient { op, key: key.to_string(), reason: e.to_string() }
+    StorageError::Transient {
+        op,
+        key: key.to_string(),
+        reason: e.to_string(),
+    }
 }
 
 fn permanent(op: &'static str, key: &str, reason: &str) -> StorageError {
-    StorageError::Permanent { op, key: key.to_string(), reason: reason.to_string() }
+    StorageError::Permanent {
+        op,
+        key: key.to_string(),
+        reason: reason.to_string(),
+    }
 }
 
 /// Maps an SDK error: missing objects are NotFound; 4xx other than throttling and timeouts
@@ -436,8 +540,14 @@ where
         SdkError::ServiceError(s) => Some(raw_status(s.raw())),
         _ => None,
     };
-    let code = e.as_service_error().and_then(|s| s.code()).map(str::to_string);
-    let message = e.as_service_error().and_then(|s| s.message()).map(str::to_string);
+    let code = e
+        .as_service_error()
+        .and_then(|s| s.code())
+        .map(str::to_string);
+    let message = e
+        .as_service_error()
+        .and_then(|s| s.message())
+        .map(str::to_string);
     if matches!(code.as_deref(), Some("NoSuchKey" | "NotFound")) || status == Some(Some(404)) {
         return StorageError::NotFound(key.to_string());
     }
@@ -448,10 +558,23 @@ where
     };
     let permanent_status =
         matches!(status, Some(Some(s)) if (400..500).contains(&s) && !matches!(s, 408 | 429));
-    if permanent_status || matches!(code.as_deref(), Some("NoSuchBucket" | "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch")) {
-        StorageError::Permanent { op, key: key.to_string(), reason }
+    if permanent_status
+        || matches!(
+            code.as_deref(),
+            Some("NoSuchBucket" | "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch")
+        )
+    {
+        StorageError::Permanent {
+            op,
+            key: key.to_string(),
+            reason,
+        }
     } else {
-        StorageError::Transient { op, key: key.to_string(), reason }
+        StorageError::Transient {
+            op,
+            key: key.to_string(),
+            reason,
+        }
     }
 }
 
@@ -463,7 +586,8 @@ fn raw_status<R: fmt::Debug>(raw: &R) -> Option<u16> {
 }
 
 fn from_smithy_time(t: Option<&aws_sdk_s3::primitives::DateTime>) -> DateTime<Utc> {
-    t.and_then(|t| DateTime::<Utc>::from_timestamp(t.secs(), t.subsec_nanos())).unwrap_or_default()
+    t.and_then(|t| DateTime::<Utc>::from_timestamp(t.secs(), t.subsec_nanos()))
+        .unwrap_or_default()
 }
 
 impl ReplicaClient for S3Client {
@@ -478,13 +602,22 @@ impl ReplicaClient for S3Client {
     async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
         let c = self.client().await?;
         let prefix = format!("{}{level:04x}/", self.prefix());
-        let mut pages = c.list_objects_v2().bucket(&self.cfg.bucket).prefix(&prefix).into_paginator().send();
+        let mut pages = c
+            .list_objects_v2()
+            .bucket(&self.cfg.bucket)
+            .prefix(&prefix)
+            .into_paginator()
+            .send();
         let mut out = Vec::new();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| classify("list", &prefix, e))?;
             for obj in page.contents() {
-                let Some(name) = obj.key().and_then(|k| k.strip_prefix(&prefix)) else { continue };
-                let Some((min, max)) = ltx::parse_filename(name) else { continue };
+                let Some(name) = obj.key().and_then(|k| k.strip_prefix(&prefix)) else {
+                    continue;
+                };
+                let Some((min, max)) = ltx::parse_filename(name) else {
+                    continue;
+                };
                 out.push(LtxFileInfo {
                     level,
                     min_txid: min,
@@ -498,7 +631,13 @@ impl ReplicaClient for S3Client {
         Ok(out)
     }
 
-    async fn open(&self, level: u8, min: TxId, max: TxId, offset: u64) -> Result<ObjectReader, StorageError> {
+    async fn open(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        offset: u64,
+    ) -> Result<ObjectReader, StorageError> {
         let key = self.key(level, min, max);
         let first = self.get_from(&key, offset).await?;
         // State: the open body, the next offset, resumes left.
@@ -524,7 +663,8 @@ impl ReplicaClient for S3Client {
                                 resumes -= 1;
                                 tracing::debug!(key, at, error = %e, "GET body dropped; resuming with a ranged GET");
                                 tokio::time::sleep(Duration::from_millis(250)).await;
-                                body = me.get_from(&key, at).await.map_err(std::io::Error::other)?;
+                                body =
+                                    me.get_from(&key, at).await.map_err(std::io::Error::other)?;
                             }
                             Err(e) => return Err(std::io::Error::other(e)),
                         }
@@ -536,9 +676,19 @@ impl ReplicaClient for S3Client {
         Ok(Box::pin(tokio_util::io::StreamReader::new(stream)))
     }
 
-    async fn put(&self, level: u8, min: TxId, max: TxId, src: &Path, timestamp_ms: i64) -> Result<LtxFileInfo, StorageError> {
+    async fn put(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        src: &Path,
+        timestamp_ms: i64,
+    ) -> Result<LtxFileInfo, StorageError> {
         let key = self.key(level, min, max);
-        let len = tokio::fs::metadata(src).await.map_err(|e| StorageError::from_io("put", src, e))?.len();
+        let len = tokio::fs::metadata(src)
+            .await
+            .map_err(|e| StorageError::from_io("put", src, e))?
+            .len();
         let created = DateTime::<Utc>::from_timestamp_millis(timestamp_ms).unwrap_or_default();
         let timestamp = created.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
         if len > self.cfg.part_size {
@@ -546,12 +696,21 @@ impl ReplicaClient for S3Client {
         } else {
             self.put_single(&key, src, len, &timestamp).await?;
         }
-        Ok(LtxFileInfo { level, min_txid: min, max_txid: max, size: len, created_at: Utc::now() })
+        Ok(LtxFileInfo {
+            level,
+            min_txid: min,
+            max_txid: max,
+            size: len,
+            created_at: Utc::now(),
+        })
     }
 
     async fn delete(&self, files: &[LtxFileInfo]) -> Result<(), StorageError> {
         let c = self.client().await?;
-        let keys: Vec<String> = files.iter().map(|f| self.key(f.level, f.min_txid, f.max_txid)).collect();
+        let keys: Vec<String> = files
+            .iter()
+            .map(|f| self.key(f.level, f.min_txid, f.max_txid))
+            .collect();
         for batch in keys.chunks(DELETE_BATCH) {
             let ids = batch
                 .iter()
@@ -577,7 +736,11 @@ impl ReplicaClient for S3Client {
                 .map(|e| (e.key().unwrap_or("?"), e.code().unwrap_or("?")))
                 .collect();
             if let Some((k, code)) = failed.iter().next() {
-                return Err(transient("delete", k, format!("{code} ({} keys failed)", failed.len())));
+                return Err(transient(
+                    "delete",
+                    k,
+                    format!("{code} ({} keys failed)", failed.len()),
+                ));
             }
         }
         Ok(())
@@ -590,14 +753,24 @@ mod tests {
 
     #[test]
     fn url_form_parses_like_litestream() {
-        let c = S3Config::from_url("s3://bkt/db/app.db?endpoint=http://127.0.0.1:9000&region=eu-west-1").unwrap();
+        let c = S3Config::from_url(
+            "s3://bkt/db/app.db?endpoint=http://127.0.0.1:9000&region=eu-west-1",
+        )
+        .unwrap();
         assert_eq!((c.bucket.as_str(), c.path.as_str()), ("bkt", "db/app.db"));
         assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
         assert!(c.force_path_style, "custom endpoints default to path style");
-        let c = S3Config::from_url("s3://bkt/p?forcePathStyle=false&part-size=10MiB&concurrency=2").unwrap();
+        let c = S3Config::from_url("s3://bkt/p?forcePathStyle=false&part-size=10MiB&concurrency=2")
+            .unwrap();
         assert!(!c.force_path_style);
         assert_eq!((c.part_size, c.concurrency), (10 * 1024 * 1024, 2));
-        for bad in ["s3:///p", "s3://b/p?part-size=1MiB", "s3://b/p?skip-verify=true", "s3://b/p?nope=1", "file:///x"] {
+        for bad in [
+            "s3:///p",
+            "s3://b/p?part-size=1MiB",
+            "s3://b/p?skip-verify=true",
+            "s3://b/p?nope=1",
+            "file:///x",
+        ] {
             assert!(S3Config::from_url(bad).is_err(), "{bad}");
         }
     }
@@ -611,7 +784,10 @@ mod tests {
             secret_access_key: Some(Secret("wJalrXUtnFEMIsecret".into())),
             ..S3Config::default()
         });
-        assert_eq!(c.key(9, TxId(1), TxId(0x4d2)), "db/0009/0000000000000001-00000000000004d2.ltx");
+        assert_eq!(
+            c.key(9, TxId(1), TxId(0x4d2)),
+            "db/0009/0000000000000001-00000000000004d2.ltx"
+        );
         let dbg = format!("{c:?} {}", c.location());
         assert!(!dbg.contains("wJalrXUtnFEMIsecret"), "{dbg}");
     }

@@ -25,6 +25,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, DbConfig};
 use crate::db::{Db, DbError, DbPos, DbStats, RemoteTip};
 use crate::ltx::TxId;
+use crate::metrics::Metrics;
 use crate::replica::{Replica, ReplicaStats};
 use crate::replica_client::AnyClient;
 use crate::retry::Backoff;
@@ -34,15 +35,26 @@ use crate::staging::Staging;
 /// must start without a thundering herd on the disk and the object store.
 const OPEN_CONCURRENCY: usize = 16;
 
+/// What `start_db` needs from the Store.
+#[derive(Clone, Copy)]
+struct StartContext<'a> {
+    tracker: &'a TaskTracker,
+    root: &'a CancellationToken,
+    ingest: &'a CancellationToken,
+    permits: &'a Arc<Semaphore>,
+    metrics: &'a Metrics,
+    wrap: Option<&'a ClientWrapper>,
+}
+
 /// What the outside world can see of one database.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DbHandle {
     /// Database path.
     pub path: std::path::PathBuf,
     /// Counters.
     pub stats: Arc<DbStats>,
     /// Replicas: name and counters.
-    pub replicas: Vec<(String, Arc<ReplicaStats>)>,
+    pub replicas: Vec<(String, ReplicaStats)>,
     /// Position updates.
     pub pos: watch::Receiver<DbPos>,
 }
@@ -54,7 +66,12 @@ pub struct Store {
     tracker: TaskTracker,
     dbs: Vec<DbHandle>,
     shutdown_timeout: Duration,
+    metrics: Metrics,
 }
+
+/// Wraps each replica's client (database path, replica name, client): fault injection in
+/// tests and drills.
+pub type ClientWrapper = Arc<dyn Fn(&str, &str, AnyClient) -> AnyClient + Send + Sync>;
 
 /// Why the Store could not start.
 #[derive(Debug, thiserror::Error)]
@@ -72,13 +89,30 @@ impl Store {
     /// LIST per level per replica, bounded concurrency); a replica that cannot be listed is
     /// retried by its own task rather than failing the whole Store.
     pub async fn open(config: &Config) -> Result<Store, StoreError> {
+        Self::open_with(config, None).await
+    }
+
+    /// [`Store::open`], with every replica client passed through `wrap`.
+    pub async fn open_with(
+        config: &Config,
+        wrap: Option<ClientWrapper>,
+    ) -> Result<Store, StoreError> {
         let root = CancellationToken::new();
         let ingest = root.child_token();
         let tracker = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(OPEN_CONCURRENCY));
+        let metrics = Metrics::new();
+        let ctx = StartContext {
+            tracker: &tracker,
+            root: &root,
+            ingest: &ingest,
+            permits: &permits,
+            metrics: &metrics,
+            wrap: wrap.as_ref(),
+        };
         let mut dbs = Vec::with_capacity(config.dbs.len());
         for dbc in &config.dbs {
-            dbs.push(Self::start_db(dbc, &tracker, &root, &ingest, &permits).await?);
+            dbs.push(Self::start_db(dbc, &ctx).await?);
         }
         Ok(Store {
             root,
@@ -86,16 +120,20 @@ impl Store {
             tracker,
             dbs,
             shutdown_timeout: config.shutdown_sync_timeout,
+            metrics,
         })
     }
 
-    async fn start_db(
-        dbc: &DbConfig,
-        tracker: &TaskTracker,
-        root: &CancellationToken,
-        ingest: &CancellationToken,
-        permits: &Arc<Semaphore>,
-    ) -> Result<DbHandle, StoreError> {
+    async fn start_db(dbc: &DbConfig, ctx: &StartContext<'_>) -> Result<DbHandle, StoreError> {
+        let StartContext {
+            tracker,
+            root,
+            ingest,
+            permits,
+            metrics,
+            wrap,
+        } = *ctx;
+        let db_label = dbc.path.display().to_string();
         let meta = dbc
             .meta_path
             .clone()
@@ -106,13 +144,18 @@ impl Store {
         let mut replicas = Vec::new();
         let mut tip = RemoteTip::default();
         for rc in &dbc.replicas {
-            let client = AnyClient::from_url(&rc.url).map_err(StoreError::Config)?;
+            let client = rc.client().map_err(StoreError::Config)?;
+            let client = match wrap {
+                Some(w) => w(&db_label, &rc.name, client),
+                None => client,
+            };
             let mut r = Replica::new(
                 rc.name.clone(),
-                dbc.path.display().to_string(),
+                db_label.clone(),
                 client,
                 staging.clone(),
                 dbc.settings.heartbeat_interval,
+                metrics.replica(&db_label, &rc.name),
             );
             let _permit = permits
                 .acquire()
@@ -159,6 +202,11 @@ impl Store {
         );
         tracker.spawn(tracing::Instrument::instrument(monitor, span));
         Ok(handle)
+    }
+
+    /// The metrics of every database and replica.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The databases.

@@ -73,8 +73,7 @@ fn target(args: &RestoreArgs) -> Result<Target, CliError> {
 
 /// Runs `replicad restore`.
 pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
-    let (url, default_to) = source(&args)?;
-    let client = AnyClient::from_url(&url).map_err(CliError::Usage)?;
+    let (client, default_to) = source(&args)?;
     let target = target(&args)?;
     let to = match (&args.to, default_to, args.dry_run) {
         (Some(to), _, _) => to.clone(),
@@ -141,10 +140,12 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The replica URL to read, and the default output (the database path in config mode).
-fn source(args: &RestoreArgs) -> Result<(String, Option<PathBuf>), CliError> {
+/// The client of the replica to read (from the URL, or from the configured replica with its
+/// S3 settings and credentials), and the default output (the database path in config mode).
+fn source(args: &RestoreArgs) -> Result<(AnyClient, Option<PathBuf>), CliError> {
     let Some(config_path) = &args.config else {
-        return Ok((args.replica.clone(), None));
+        let client = AnyClient::from_url(&args.replica).map_err(CliError::Usage)?;
+        return Ok((client, None));
     };
     let config = crate::config::Config::load(config_path, !args.no_expand_env)
         .map_err(|e| CliError::Usage(e.to_string()))?;
@@ -174,7 +175,10 @@ fn source(args: &RestoreArgs) -> Result<(String, Option<PathBuf>), CliError> {
             .first()
             .ok_or_else(|| CliError::Usage(format!("database {} has no replica", args.replica)))?,
     };
-    Ok((replica.url.clone(), Some(db.path.clone())))
+    let client = replica
+        .client()
+        .map_err(|e| CliError::Usage(format!("replica {}: {e}", replica.name)))?;
+    Ok((client, Some(db.path.clone())))
 }
 
 fn print_plan(plan: &[crate::replica_client::LtxFileInfo], json: bool) {

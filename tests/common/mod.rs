@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod s3;
+
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
