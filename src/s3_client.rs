@@ -109,14 +109,21 @@ impl S3Config {
     /// keys accepted). Credentials never go in a URL: they come from the config file or the
     /// standard AWS chain (`AWS_ACCESS_KEY_ID`, ..., or `LITESTREAM_ACCESS_KEY_ID`, ...).
     pub fn from_url(s: &str) -> Result<S3Config, String> {
-        let url = url::Url::parse(s).map_err(|e| format!("invalid replica URL {s:?}: {e}"))?;
+        let shown = redact_url(s);
+        let url = url::Url::parse(s).map_err(|e| format!("invalid replica URL {shown:?}: {e}"))?;
         if url.scheme() != "s3" {
-            return Err(format!("not an s3:// URL: {s:?}"));
+            return Err(format!("not an s3:// URL: {shown:?}"));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(format!(
+                "credentials do not belong in a replica URL ({shown:?}): use access-key-id and \
+                 secret-access-key, or the AWS credential chain"
+            ));
         }
         let bucket = url
             .host_str()
             .filter(|b| !b.is_empty())
-            .ok_or_else(|| format!("no bucket in {s:?}"))?;
+            .ok_or_else(|| format!("no bucket in {shown:?}"))?;
         let mut cfg = S3Config {
             bucket: bucket.to_string(),
             path: clean_path(url.path()),
@@ -181,6 +188,16 @@ pub fn reject_skip_verify(on: bool) -> Result<(), String> {
         return Err("skip-verify is not supported: use http:// for a trusted local endpoint, or add its CA to the system store".into());
     }
     Ok(())
+}
+
+/// A URL as it may be shown: any `user:password@` part is replaced.
+pub fn redact_url(s: &str) -> String {
+    match (s.find("://"), s.find('@')) {
+        (Some(end), Some(at)) if at > end && !s[end + 3..at].contains('/') => {
+            format!("{}<redacted>{}", &s[..end + 3], &s[at..])
+        }
+        _ => s.to_string(),
+    }
 }
 
 fn parse_bool(k: &str, v: &str) -> Result<bool, String> {
@@ -475,9 +492,16 @@ async fn build_client(cfg: &S3Config) -> Result<Client, StorageError> {
             aws_sdk_s3::config::Builder::from(&loader.load().await)
         }
     };
+    // Explicit keys skip the environment loader, so read the region variables here too.
     let region = cfg
         .region
         .clone()
+        .or_else(|| std::env::var("AWS_REGION").ok().filter(|r| !r.is_empty()))
+        .or_else(|| {
+            std::env::var("AWS_DEFAULT_REGION")
+                .ok()
+                .filter(|r| !r.is_empty())
+        })
         .or_else(|| cfg.endpoint.as_ref().map(|_| "us-east-1".to_string()));
     if let Some(r) = region {
         b = b.region(Region::new(r));
@@ -764,6 +788,8 @@ mod tests {
             .unwrap();
         assert!(!c.force_path_style);
         assert_eq!((c.part_size, c.concurrency), (10 * 1024 * 1024, 2));
+        let err = S3Config::from_url("s3://AKID:topsecret@bkt/p").unwrap_err();
+        assert!(!err.contains("topsecret"), "{err}");
         for bad in [
             "s3:///p",
             "s3://b/p?part-size=1MiB",
