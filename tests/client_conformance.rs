@@ -109,7 +109,8 @@ impl Backend<'_> {
         }
     }
 
-    /// Plants many small objects quickly (straight into the server's files where possible).
+    /// Plants many small objects quickly: straight into the in-process server's files, or 32
+    /// requests at a time to an external endpoint.
     async fn plant_many(&self, level: u8, names: &[String]) {
         match &self.kind {
             Kind::S3 { server, .. } if !server.is_external() => {
@@ -117,7 +118,24 @@ impl Backend<'_> {
                     plant_file(server, &self.level_location(level, n), n.as_bytes());
                 }
             }
-            _ => {
+            Kind::S3 { server, .. } => {
+                let sdk = server.sdk();
+                for chunk in names.chunks(32) {
+                    let mut set = tokio::task::JoinSet::new();
+                    for n in chunk {
+                        let req = sdk
+                            .put_object()
+                            .bucket(&server.bucket)
+                            .key(server.key(&self.level_location(level, n)))
+                            .body(n.as_bytes().to_vec().into());
+                        set.spawn(req.send());
+                    }
+                    while let Some(r) = set.join_next().await {
+                        r.unwrap().expect("plant");
+                    }
+                }
+            }
+            Kind::File { .. } => {
                 for n in names {
                     self.plant(level, n, n.as_bytes()).await;
                 }

@@ -14,7 +14,8 @@ use crate::restore::{self, RestoreError, RestoreOptions, Target};
 /// Arguments of `replicad restore`.
 #[derive(Debug, Args)]
 pub struct RestoreArgs {
-    /// Replica to restore from: `file:///abs/path` or a directory path.
+    /// Replica to restore from (`file:///abs/path`, a directory, or `s3://BUCKET/PATH?...`); with
+    /// --config, the path of a configured database.
     #[arg(value_name = "REPLICA_URL")]
     pub replica: String,
     /// Configuration file: restore the database DB_PATH (the positional argument) from its
