@@ -190,7 +190,12 @@ impl ReplicaClient for FileClient {
                 }
             }
             for d in dirs {
-                fsutil::fsync_dir(&d).map_err(|e| StorageError::from_io("delete", &d, e))?;
+                match fsutil::fsync_dir(&d) {
+                    Ok(()) => {}
+                    // Nothing was ever stored in that level: nothing was removed there either.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(StorageError::from_io("delete", &d, e)),
+                }
             }
             Ok(())
         })

@@ -458,8 +458,17 @@ impl S3Client {
                 .sse_customer_key(k)
                 .sse_customer_key_md5(md5);
         }
-        let out = req.send().await.map_err(|e| classify("get", key, e))?;
-        Ok(out.body)
+        match req.send().await {
+            Ok(out) => Ok(out.body),
+            // A range starting at the object's end: the object exists, its tail is empty.
+            Err(e)
+                if offset > 0
+                    && e.as_service_error().and_then(|s| s.code()) == Some("InvalidRange") =>
+            {
+                Ok(ByteStream::from_static(b""))
+            }
+            Err(e) => Err(classify("get", key, e)),
+        }
     }
 }
 
@@ -572,7 +581,10 @@ where
         .as_service_error()
         .and_then(|s| s.message())
         .map(str::to_string);
-    if matches!(code.as_deref(), Some("NoSuchKey" | "NotFound")) || status == Some(Some(404)) {
+    // A missing bucket is a configuration error, not a missing object.
+    if code.as_deref() != Some("NoSuchBucket")
+        && (matches!(code.as_deref(), Some("NoSuchKey" | "NotFound")) || status == Some(Some(404)))
+    {
         return StorageError::NotFound(key.to_string());
     }
     let reason = match (&code, &message) {
