@@ -22,6 +22,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod cli;
+pub mod compaction;
 pub mod config;
 pub mod db;
 pub mod faulty_client;
