@@ -38,7 +38,8 @@ impl RemoteIndex {
     /// Forgets deleted files.
     pub fn remove(&mut self, files: &[LtxFileInfo]) {
         for f in files {
-            self.levels[f.level as usize].retain(|x| (x.min_txid, x.max_txid) != (f.min_txid, f.max_txid));
+            self.levels[f.level as usize]
+                .retain(|x| (x.min_txid, x.max_txid) != (f.min_txid, f.max_txid));
         }
     }
 
@@ -49,12 +50,19 @@ impl RemoteIndex {
 
     /// Highest TXID in a level (0 if empty).
     pub fn max_txid(&self, level: u8) -> TxId {
-        self.levels[level as usize].iter().map(|f| f.max_txid).max().unwrap_or_default()
+        self.levels[level as usize]
+            .iter()
+            .map(|f| f.max_txid)
+            .max()
+            .unwrap_or_default()
     }
 
     /// Highest TXID anywhere.
     pub fn tip(&self) -> TxId {
-        (0..=SNAPSHOT_LEVEL).map(|l| self.max_txid(l)).max().unwrap_or_default()
+        (0..=SNAPSHOT_LEVEL)
+            .map(|l| self.max_txid(l))
+            .max()
+            .unwrap_or_default()
     }
 
     /// Every file, all levels.
@@ -69,11 +77,16 @@ pub fn compaction_inputs(index: &RemoteIndex, level: u8) -> Vec<LtxFileInfo> {
     debug_assert!((1..SNAPSHOT_LEVEL).contains(&level));
     let seek = index.max_txid(level).0;
     let mut run: Vec<LtxFileInfo> = Vec::new();
-    for f in index.level(level - 1).iter().filter(|f| f.min_txid.0 > seek) {
-        if let Some(prev) = run.last() {
-            if f.min_txid.0 != prev.max_txid.0 + 1 {
-                break;
-            }
+    for f in index
+        .level(level - 1)
+        .iter()
+        .filter(|f| f.min_txid.0 > seek)
+    {
+        if run
+            .last()
+            .is_some_and(|prev| f.min_txid.0 != prev.max_txid.0 + 1)
+        {
+            break;
         }
         run.push(f.clone());
     }
@@ -90,26 +103,46 @@ pub struct RetentionPolicy {
 }
 
 /// Files that may be deleted now.
-pub fn retention_deletes(index: &RemoteIndex, now: DateTime<Utc>, policy: RetentionPolicy) -> Vec<LtxFileInfo> {
+pub fn retention_deletes(
+    index: &RemoteIndex,
+    now: DateTime<Utc>,
+    policy: RetentionPolicy,
+) -> Vec<LtxFileInfo> {
     let mut out = Vec::new();
     let snapshots = index.level(SNAPSHOT_LEVEL);
-    let cutoff = now - chrono::Duration::from_std(policy.snapshot_retention).unwrap_or(chrono::Duration::MAX);
+    let cutoff = now
+        - chrono::Duration::from_std(policy.snapshot_retention).unwrap_or(chrono::Duration::MAX);
     // The base: the newest snapshot taken before the window opened.
-    let base = snapshots.iter().filter(|s| s.created_at < cutoff).max_by_key(|s| (s.max_txid, s.created_at));
+    let base = snapshots
+        .iter()
+        .filter(|s| s.created_at < cutoff)
+        .max_by_key(|s| (s.max_txid, s.created_at));
     if let Some(base) = base {
         out.extend(
-            snapshots.iter().filter(|s| s.created_at < cutoff && (s.max_txid, s.created_at) < (base.max_txid, base.created_at)).cloned(),
+            snapshots
+                .iter()
+                .filter(|s| {
+                    s.created_at < cutoff
+                        && (s.max_txid, s.created_at) < (base.max_txid, base.created_at)
+                })
+                .cloned(),
         );
         // Restores in the window start at the base or later: files it covers are not needed.
         for level in 1..SNAPSHOT_LEVEL {
             let files = index.level(level);
             let newest = files.iter().map(|f| f.max_txid).max();
-            out.extend(files.iter().filter(|f| f.max_txid <= base.max_txid && Some(f.max_txid) != newest).cloned());
+            out.extend(
+                files
+                    .iter()
+                    .filter(|f| f.max_txid <= base.max_txid && Some(f.max_txid) != newest)
+                    .cloned(),
+            );
         }
     }
     if !policy.l0_retention.is_zero() {
         let l1 = index.max_txid(1);
-        let old = now - chrono::Duration::from_std(policy.l0_retention).unwrap_or(chrono::Duration::MAX);
+        let old =
+            now - chrono::Duration::from_std(policy.l0_retention).unwrap_or(chrono::Duration::MAX);
         let l0 = index.level(0);
         let newest = l0.iter().map(|f| f.max_txid).max();
         out.extend(
@@ -142,13 +175,22 @@ mod tests {
         for t in 1..=9 {
             idx.insert(f(0, t, t, 0, now));
         }
-        let got: Vec<u64> = compaction_inputs(&idx, 1).iter().map(|f| f.min_txid.0).collect();
+        let got: Vec<u64> = compaction_inputs(&idx, 1)
+            .iter()
+            .map(|f| f.min_txid.0)
+            .collect();
         assert_eq!(got, (1..=9).collect::<Vec<_>>());
         idx.insert(f(1, 1, 6, 0, now));
-        let got: Vec<u64> = compaction_inputs(&idx, 1).iter().map(|f| f.min_txid.0).collect();
+        let got: Vec<u64> = compaction_inputs(&idx, 1)
+            .iter()
+            .map(|f| f.min_txid.0)
+            .collect();
         assert_eq!(got, vec![7, 8, 9]);
         idx.remove(&[f(0, 8, 8, 0, now)]);
-        let got: Vec<u64> = compaction_inputs(&idx, 1).iter().map(|f| f.min_txid.0).collect();
+        let got: Vec<u64> = compaction_inputs(&idx, 1)
+            .iter()
+            .map(|f| f.min_txid.0)
+            .collect();
         assert_eq!(got, vec![7], "stops at a gap");
         idx.insert(f(1, 7, 9, 0, now));
         assert!(compaction_inputs(&idx, 1).is_empty(), "nothing new");
@@ -164,11 +206,22 @@ mod tests {
         idx.insert(f(9, 1, 200, 2 * day - 60, now)); // older than the base: deleted
         idx.insert(f(9, 1, 300, day + 60, now)); // the base (just before the window)
         idx.insert(f(9, 1, 400, 600, now));
-        for (min, max, age) in [(150, 199, 2 * day), (201, 300, day + 100), (301, 350, day / 2), (351, 420, 60)] {
+        for (min, max, age) in [
+            (150, 199, 2 * day),
+            (201, 300, day + 100),
+            (301, 350, day / 2),
+            (351, 420, 60),
+        ] {
             idx.insert(f(1, min, max, age, now));
         }
-        let policy = RetentionPolicy { snapshot_retention: Duration::from_secs(day as u64), l0_retention: Duration::ZERO };
-        let mut got: Vec<(u8, u64)> = retention_deletes(&idx, now, policy).iter().map(|f| (f.level, f.max_txid.0)).collect();
+        let policy = RetentionPolicy {
+            snapshot_retention: Duration::from_secs(day as u64),
+            l0_retention: Duration::ZERO,
+        };
+        let mut got: Vec<(u8, u64)> = retention_deletes(&idx, now, policy)
+            .iter()
+            .map(|f| (f.level, f.max_txid.0))
+            .collect();
         got.sort();
         assert_eq!(got, vec![(1, 199), (1, 300), (9, 100), (9, 200)]);
     }
@@ -181,10 +234,19 @@ mod tests {
             idx.insert(f(0, t, t, if t <= 5 { 600 } else { 10 }, now));
         }
         idx.insert(f(1, 1, 8, 0, now));
-        let policy = RetentionPolicy { snapshot_retention: Duration::from_secs(86_400), l0_retention: Duration::from_secs(300) };
-        let got: Vec<u64> = retention_deletes(&idx, now, policy).iter().map(|f| f.max_txid.0).collect();
+        let policy = RetentionPolicy {
+            snapshot_retention: Duration::from_secs(86_400),
+            l0_retention: Duration::from_secs(300),
+        };
+        let got: Vec<u64> = retention_deletes(&idx, now, policy)
+            .iter()
+            .map(|f| f.max_txid.0)
+            .collect();
         assert_eq!(got, vec![1, 2, 3, 4, 5]);
-        let off = RetentionPolicy { l0_retention: Duration::ZERO, ..policy };
+        let off = RetentionPolicy {
+            l0_retention: Duration::ZERO,
+            ..policy
+        };
         assert!(retention_deletes(&idx, now, off).is_empty());
     }
 }

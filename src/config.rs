@@ -8,6 +8,19 @@
 //! compression: zstd:3
 //! shutdown-sync-timeout: 30s
 //!
+//! # Compaction, snapshots and retention (top level only, as in Litestream).
+//! levels:                              # L1..Ln compaction intervals (1 to 8 levels)
+//!   - interval: 30s
+//!   - interval: 5m
+//!   - interval: 1h
+//! snapshot:
+//!   interval: 24h                      # level-9 snapshot cadence
+//!   retention: 24h                     # how long snapshots are kept
+//! l0-retention: 5m
+//! l0-retention-check-interval: 15s
+//! retention:
+//!   enabled: true
+//!
 //! dbs:
 //!   - path: /var/lib/app/app.db
 //!     checkpoint-interval: 5m          # overrides the global value for this database
@@ -28,14 +41,32 @@
 //!
 //! - **Unknown keys are errors that name the key and its line — never silently ignored.** A
 //!   misspelt `checkpoint-intreval` must not quietly leave the default in force; the same goes
-//!   for Litestream keys replicad does not implement (`retention`, `sync-interval`, ...).
-//!   Duplicate keys are errors too.
+//!   for Litestream keys replicad does not implement (`sync-interval`, `addr`, ...).
+//!   Duplicate keys are errors too, and so are unknown keys inside the maps `levels[]`,
+//!   `snapshot` and `retention`.
 //! - Every error names the file, the key and the line when they are known:
 //!   `config /etc/replicad.yml: line 7: unknown key `retention-foo` in dbs[0] (...)`.
 //! - Setting keys (`monitor-interval`, `checkpoint-interval`, `min-checkpoint-page-count`,
 //!   `truncate-page-n`, `full-verify-interval`, `compression`, `heartbeat-interval`) may appear
 //!   at the top level and in each database; the effective value is the database's key, else the
 //!   top-level key, else the default ([`DbSettings::default`]).
+//! - Compaction, snapshot and retention keys are **top level only, as in Litestream** (one
+//!   schedule for every database; each database's settings get a copy):
+//!   - `levels` (default `[30s, 5m, 1h]`): the compaction intervals of levels L1..Ln, a list
+//!     of 1 to 8 maps `- interval: DURATION` (each > 0); L0 holds the files written as the WAL
+//!     changes and L9 is the snapshot level. An empty list is an error (remove the key for the
+//!     defaults).
+//!   - `snapshot`: a map with `interval` (default 24h, > 0), how often a level-9 snapshot is
+//!     written, and `retention` (default 24h, > 0), how long snapshots are kept.
+//!   - `l0-retention` (default 5m): L0 files are deleted once compacted into L1 and older than
+//!     this; `0s` disables the deletion of L0 files.
+//!   - `l0-retention-check-interval` (default 15s, > 0): how often that rule is enforced.
+//!   - `retention`: a map with `enabled` (default true); `false` means replicad never deletes
+//!     remote files (leave it to the bucket's lifecycle rules).
+//!
+//!   In a database map these keys (and `shutdown-sync-timeout`) are errors saying they are
+//!   top-level only. `snapshot` or `retention` with no value (all sub-keys commented
+//!   out) means the defaults.
 //! - Durations use Go syntax, as Litestream: `500ms`, `10s`, `1m`, `24h`, `1h30m`. A bare
 //!   number (`10`) is an error asking for a unit.
 //! - Paths (`path`, `meta-path`, a file replica's `path` or plain-path `url`) are made absolute
@@ -96,6 +127,23 @@ pub const DEFAULT_SHUTDOWN_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// truncates the WAL.
 pub const DEFAULT_TRUNCATE_PAGE_N: u32 = 121_359;
 
+/// Default of `levels`: the compaction intervals of L1, L2 and L3 (Litestream's).
+pub const DEFAULT_LEVELS: [Duration; 3] = [
+    Duration::from_secs(30),
+    Duration::from_secs(5 * 60),
+    Duration::from_secs(60 * 60),
+];
+/// Most compaction levels in `levels` (L1..L8): level 9 is the snapshot level.
+pub const MAX_LEVELS: usize = 8;
+/// Default of `snapshot.interval`.
+pub const DEFAULT_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default of `snapshot.retention`.
+pub const DEFAULT_SNAPSHOT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default of `l0-retention`.
+pub const DEFAULT_L0_RETENTION: Duration = Duration::from_secs(5 * 60);
+/// Default of `l0-retention-check-interval`.
+pub const DEFAULT_L0_RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(15);
+
 /// Origin used in errors from [`Config::single`].
 const COMMAND_LINE: &str = "command line";
 
@@ -147,6 +195,26 @@ pub struct DbSettings {
     pub compression: Codec,
     /// Key `heartbeat-interval` (default 60s, must be > 0): idle heartbeat of upload tasks.
     pub heartbeat_interval: Duration,
+    /// Key `levels` (top level only; default 30s, 5m, 1h): the compaction intervals of levels
+    /// L1..Ln, `levels[0]` being L1. Every `levels[i]`, the files of the level below are
+    /// compacted into one file of level i+1. 1 to [`MAX_LEVELS`] entries, each > 0.
+    pub levels: Vec<Duration>,
+    /// Key `snapshot.interval` (top level only; default 24h, must be > 0): how often a
+    /// snapshot (level 9) of the database is written.
+    pub snapshot_interval: Duration,
+    /// Key `snapshot.retention` (top level only; default 24h, must be > 0): how long
+    /// snapshots are kept.
+    pub snapshot_retention: Duration,
+    /// Key `l0-retention` (top level only; default 5m): L0 files are deleted once they have
+    /// been compacted into L1 and are older than this. `0s` disables the deletion of L0 files.
+    pub l0_retention: Duration,
+    /// Key `l0-retention-check-interval` (top level only; default 15s, must be > 0): how
+    /// often the `l0-retention` rule is enforced.
+    pub l0_retention_check_interval: Duration,
+    /// Key `retention.enabled` (top level only; default true): `false` means remote files
+    /// are never deleted (neither snapshots past `snapshot.retention` nor L0 files past
+    /// `l0-retention`): deletion is left to the bucket's lifecycle rules.
+    pub retention_enabled: bool,
 }
 
 impl Default for DbSettings {
@@ -159,6 +227,12 @@ impl Default for DbSettings {
             full_verify_interval: Duration::from_secs(60),
             compression: Codec::Zstd(crate::ltx::codec::DEFAULT_ZSTD_LEVEL),
             heartbeat_interval: Duration::from_secs(60),
+            levels: DEFAULT_LEVELS.to_vec(),
+            snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
+            snapshot_retention: DEFAULT_SNAPSHOT_RETENTION,
+            l0_retention: DEFAULT_L0_RETENTION,
+            l0_retention_check_interval: DEFAULT_L0_RETENTION_CHECK_INTERVAL,
+            retention_enabled: true,
         }
     }
 }
@@ -170,10 +244,31 @@ impl DbSettings {
             ("monitor-interval", self.monitor_interval),
             ("full-verify-interval", self.full_verify_interval),
             ("heartbeat-interval", self.heartbeat_interval),
+            ("snapshot.interval", self.snapshot_interval),
+            ("snapshot.retention", self.snapshot_retention),
+            (
+                "l0-retention-check-interval",
+                self.l0_retention_check_interval,
+            ),
         ] {
             if value.is_zero() {
                 return Err(format!("{key} must be greater than zero"));
             }
+        }
+        if self.levels.is_empty() {
+            return Err(EMPTY_LEVELS.into());
+        }
+        if self.levels.len() > MAX_LEVELS {
+            return Err(too_many_levels(&format!(
+                "`levels` has {} entries",
+                self.levels.len()
+            )));
+        }
+        if let Some(i) = self.levels.iter().position(|d| d.is_zero()) {
+            return Err(format!(
+                "levels[{i}] (L{}): interval must be greater than zero",
+                i + 1
+            ));
         }
         if self.truncate_page_n == 0 {
             self.truncate_page_n = DEFAULT_TRUNCATE_PAGE_N;
@@ -609,9 +704,23 @@ const SETTING_KEYS: [&str; 7] = [
     "compression",
     "heartbeat-interval",
 ];
+/// Keys of the top level that are errors in a database map ("top-level only").
+const TOP_ONLY_KEYS: [&str; 6] = [
+    "shutdown-sync-timeout",
+    "levels",
+    "snapshot",
+    "l0-retention",
+    "l0-retention-check-interval",
+    "retention",
+];
 const ROOT_KEYS: &[&str] = &[
     "dbs",
-    "shutdown-sync-timeout",
+    TOP_ONLY_KEYS[0],
+    TOP_ONLY_KEYS[1],
+    TOP_ONLY_KEYS[2],
+    TOP_ONLY_KEYS[3],
+    TOP_ONLY_KEYS[4],
+    TOP_ONLY_KEYS[5],
     SETTING_KEYS[0],
     SETTING_KEYS[1],
     SETTING_KEYS[2],
@@ -633,6 +742,12 @@ const DB_KEYS: &[&str] = &[
     SETTING_KEYS[5],
     SETTING_KEYS[6],
 ];
+/// Keys of one `levels` entry.
+const LEVEL_KEYS: &[&str] = &["interval"];
+/// Keys of the `snapshot` map.
+const SNAPSHOT_KEYS: &[&str] = &["interval", "retention"];
+/// Keys of the `retention` map.
+const RETENTION_KEYS: &[&str] = &["enabled"];
 const REPLICA_KEYS: &[&str] = &[
     "name",
     "type",
@@ -942,6 +1057,8 @@ impl<'de, T> Visitor<'de> for ValueSeed<'_, T> {
 struct KeySeed<'a> {
     ctx: &'a Ctx,
     allowed: &'static [&'static str],
+    /// Keys refused with "top-level only" rather than "unknown" (in database maps).
+    top_only: &'static [&'static str],
     seen: &'a mut Vec<&'static str>,
     place: &'a str,
 }
@@ -960,6 +1077,13 @@ impl<'de> Visitor<'de> for KeySeed<'_> {
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<&'static str, E> {
         let Some(key) = self.allowed.iter().copied().find(|k| *k == v) else {
+            if self.top_only.contains(&v) {
+                return Err(self.ctx.fail(format!(
+                    "key `{v}` {} is top-level only, as in Litestream (one value for every \
+                     database): move it to the top level of the file",
+                    self.place
+                )));
+            }
             let expected: Vec<String> = self.allowed.iter().map(|k| format!("`{k}`")).collect();
             return Err(self.ctx.fail(format!(
                 "unknown key `{v}` {} (expected one of {})",
@@ -1043,7 +1167,8 @@ impl RawSettings {
         Ok(true)
     }
 
-    /// Effective settings: `self`, else `global`, else the defaults.
+    /// Effective settings: `self`, else `global`, else the defaults (the top-level-only keys
+    /// keep their defaults here).
     fn resolve(&self, global: &RawSettings) -> DbSettings {
         let d = DbSettings::default();
         let nonzero = |n: &u32| *n != 0;
@@ -1077,7 +1202,311 @@ impl RawSettings {
                 .heartbeat_interval
                 .or(global.heartbeat_interval)
                 .unwrap_or(d.heartbeat_interval),
+            // The top-level-only keys are set by `RawCompaction::apply`.
+            ..d
         }
+    }
+}
+
+/// The top-level-only keys of compaction, snapshots and retention, as read.
+#[derive(Default)]
+struct RawCompaction {
+    levels: Option<Vec<Duration>>,
+    snapshot_interval: Option<Duration>,
+    snapshot_retention: Option<Duration>,
+    l0_retention: Option<Duration>,
+    l0_retention_check_interval: Option<Duration>,
+    retention_enabled: Option<bool>,
+}
+
+impl RawCompaction {
+    /// Reads the value of `key` if it is one of these keys; returns whether it was.
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: &'static str,
+        map: &mut A,
+        ctx: &Ctx,
+        place: &str,
+    ) -> Result<bool, A::Error> {
+        let value = |convert| ValueSeed {
+            ctx,
+            key,
+            place,
+            convert,
+        };
+        match key {
+            "levels" => self.levels = Some(map.next_value_seed(LevelsSeed { ctx })?),
+            "snapshot" => {
+                let section = map.next_value_seed(SectionSeed {
+                    ctx,
+                    name: key.to_string(),
+                    keys: SNAPSHOT_KEYS,
+                    required: false,
+                    convert: &positive_duration,
+                    hint: "",
+                    refuse: None,
+                })?;
+                for (k, v) in section {
+                    match k {
+                        "interval" => self.snapshot_interval = Some(v),
+                        _ => self.snapshot_retention = Some(v),
+                    }
+                }
+            }
+            "l0-retention" => self.l0_retention = Some(map.next_value_seed(value(&duration))?),
+            "l0-retention-check-interval" => {
+                self.l0_retention_check_interval =
+                    Some(map.next_value_seed(value(&positive_duration))?)
+            }
+            "retention" => {
+                let section = map.next_value_seed(SectionSeed {
+                    ctx,
+                    name: key.to_string(),
+                    keys: RETENTION_KEYS,
+                    required: false,
+                    convert: &boolean,
+                    hint: " (how long snapshots are kept is `retention` inside `snapshot`)",
+                    refuse: None,
+                })?;
+                for (_, enabled) in section {
+                    self.retention_enabled = Some(enabled);
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Sets the keys that were given on `s`; the others keep their value.
+    fn apply(&self, s: &mut DbSettings) {
+        if let Some(levels) = &self.levels {
+            s.levels.clone_from(levels);
+        }
+        if let Some(v) = self.snapshot_interval {
+            s.snapshot_interval = v;
+        }
+        if let Some(v) = self.snapshot_retention {
+            s.snapshot_retention = v;
+        }
+        if let Some(v) = self.l0_retention {
+            s.l0_retention = v;
+        }
+        if let Some(v) = self.l0_retention_check_interval {
+            s.l0_retention_check_interval = v;
+        }
+        if let Some(v) = self.retention_enabled {
+            s.retention_enabled = v;
+        }
+    }
+}
+
+const EMPTY_LEVELS: &str = "`levels` is empty: give at least one compaction level \
+                            (`- interval: 30s`), or remove the key for the defaults (30s, 5m, 1h)";
+
+/// `what`, followed by the rule on the number of levels.
+fn too_many_levels(what: &str) -> String {
+    format!(
+        "{what}: at most {MAX_LEVELS} compaction levels (L1..L{MAX_LEVELS}; level 9 is the \
+         snapshot level, set by `snapshot`)"
+    )
+}
+
+/// Visitor methods for every scalar, each returning `self.$method(Scalar::...)`.
+macro_rules! visit_scalars {
+    ($method:ident) => {
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            self.$method(Scalar::Str(v))
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            self.$method(Scalar::Int(v.into()))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            self.$method(Scalar::Int(v.into()))
+        }
+        fn visit_i128<E: de::Error>(self, v: i128) -> Result<Self::Value, E> {
+            self.$method(Scalar::Int(v))
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            self.$method(Scalar::Float(v))
+        }
+        fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+            self.$method(Scalar::Bool(v))
+        }
+    };
+}
+
+/// The `levels` list: the intervals of L1..Ln.
+struct LevelsSeed<'a> {
+    ctx: &'a Ctx,
+}
+
+impl LevelsSeed<'_> {
+    fn not_a_list<E: de::Error>(&self, found: impl fmt::Display) -> Result<Vec<Duration>, E> {
+        Err(self.ctx.fail(format!(
+            "`levels` takes a list of maps such as `- interval: 30s`, found {found}"
+        )))
+    }
+
+    fn scalar<E: de::Error>(self, s: Scalar<'_>) -> Result<Vec<Duration>, E> {
+        self.not_a_list(s)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for LevelsSeed<'_> {
+    type Value = Vec<Duration>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Vec<Duration>, D::Error> {
+        // `any`: a map or a scalar must reach its `visit_` method for a clear error.
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LevelsSeed<'_> {
+    type Value = Vec<Duration>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of compaction levels")
+    }
+    visit_scalars!(scalar);
+    fn visit_unit<E: de::Error>(self) -> Result<Vec<Duration>, E> {
+        Err(self.ctx.fail(EMPTY_LEVELS.into()))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Vec<Duration>, A::Error> {
+        self.not_a_list("a map")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Duration>, A::Error> {
+        let mut levels = Vec::new();
+        loop {
+            let index = levels.len();
+            let Some(mut level) = seq.next_element_seed(SectionSeed {
+                ctx: self.ctx,
+                name: format!("levels[{index}]"),
+                keys: LEVEL_KEYS,
+                required: true,
+                convert: &positive_duration,
+                hint: " (write `- interval: 30s`)",
+                refuse: (index >= MAX_LEVELS)
+                    .then(|| too_many_levels(&format!("too many levels (levels[{index}])"))),
+            })?
+            else {
+                break;
+            };
+            let Some((_, interval)) = level.pop() else {
+                return Err(self
+                    .ctx
+                    .fail(format!("internal error: levels[{index}] has no interval")));
+            };
+            levels.push(interval);
+        }
+        if levels.is_empty() {
+            return Err(self.ctx.fail(EMPTY_LEVELS.into()));
+        }
+        Ok(levels)
+    }
+}
+
+/// A map of scalars of one kind under a top-level key (`snapshot`, `retention`) or in a list
+/// (one entry of `levels`): its keys, in file order, with their converted values.
+struct SectionSeed<'a, T> {
+    ctx: &'a Ctx,
+    /// How errors name the map: `snapshot`, `levels[0]`.
+    name: String,
+    keys: &'static [&'static str],
+    /// Whether every key is required; else absent keys keep their defaults and an empty value
+    /// (every key commented out) means all defaults.
+    required: bool,
+    convert: &'a dyn Fn(Scalar<'_>) -> Result<T, String>,
+    /// Added to the error when the value is not a map.
+    hint: &'static str,
+    /// Refuse the value, whatever it is, with this message (a level beyond the last).
+    refuse: Option<String>,
+}
+
+impl<T> SectionSeed<'_, T> {
+    /// The refusal, if any.
+    fn check<E: de::Error>(&self) -> Result<(), E> {
+        match &self.refuse {
+            Some(message) => Err(self.ctx.fail(message.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn not_a_map<E: de::Error>(
+        &self,
+        found: impl fmt::Display,
+    ) -> Result<Vec<(&'static str, T)>, E> {
+        self.check()?;
+        let keys: Vec<String> = self.keys.iter().map(|k| format!("`{k}`")).collect();
+        let plural = if keys.len() == 1 { "key" } else { "keys" };
+        Err(self.ctx.fail(format!(
+            "`{}` takes a map with the {plural} {}, found {found}{}",
+            self.name,
+            keys.join(", "),
+            self.hint
+        )))
+    }
+
+    fn scalar<E: de::Error>(self, s: Scalar<'_>) -> Result<Vec<(&'static str, T)>, E> {
+        self.not_a_map(s)
+    }
+
+    fn missing<E: de::Error>(&self, seen: &[&str]) -> Result<(), E> {
+        if !self.required {
+            return Ok(());
+        }
+        match self.keys.iter().find(|k| !seen.contains(k)) {
+            Some(key) => Err(self
+                .ctx
+                .fail(format!("missing key `{key}` in {}", self.name))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<'de, T> DeserializeSeed<'de> for SectionSeed<'_, T> {
+    type Value = Vec<(&'static str, T)>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        // `any`: a list or a scalar must reach its `visit_` method for a clear error.
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de, T> Visitor<'de> for SectionSeed<'_, T> {
+    type Value = Vec<(&'static str, T)>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a map for `{}`", self.name)
+    }
+    visit_scalars!(scalar);
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        self.check()?;
+        self.missing(&[])?;
+        Ok(Vec::new())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+        self.not_a_map("a list")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        self.check()?;
+        let ctx = self.ctx;
+        let place = format!("in {}", self.name);
+        let place = place.as_str();
+        let mut seen = Vec::new();
+        let mut values = Vec::new();
+        while let Some(key) = map.next_key_seed(KeySeed {
+            ctx,
+            allowed: self.keys,
+            top_only: &[],
+            seen: &mut seen,
+            place,
+        })? {
+            let value = map.next_value_seed(ValueSeed {
+                ctx,
+                key,
+                place,
+                convert: self.convert,
+            })?;
+            values.push((key, value));
+        }
+        self.missing(&seen)?;
+        Ok(values)
     }
 }
 
@@ -1108,11 +1537,13 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
         let place = "at the top level";
         let mut seen = Vec::new();
         let mut settings = RawSettings::default();
+        let mut compaction = RawCompaction::default();
         let mut dbs = None;
         let mut shutdown_sync_timeout = None;
         while let Some(key) = map.next_key_seed(KeySeed {
             ctx,
             allowed: ROOT_KEYS,
+            top_only: &[],
             seen: &mut seen,
             place,
         })? {
@@ -1127,7 +1558,9 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                     })?)
                 }
                 _ => {
-                    if !settings.read(key, &mut map, ctx, place)? {
+                    if !settings.read(key, &mut map, ctx, place)?
+                        && !compaction.read(key, &mut map, ctx, place)?
+                    {
                         return Err(ctx.fail(format!("internal error: key `{key}` {place}")));
                     }
                 }
@@ -1139,11 +1572,15 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
         Ok(Config {
             dbs: dbs
                 .into_iter()
-                .map(|db| DbConfig {
-                    settings: db.settings.resolve(&settings),
-                    path: db.path,
-                    meta_path: db.meta_path,
-                    replicas: db.replicas,
+                .map(|db| {
+                    let mut db_settings = db.settings.resolve(&settings);
+                    compaction.apply(&mut db_settings);
+                    DbConfig {
+                        settings: db_settings,
+                        path: db.path,
+                        meta_path: db.meta_path,
+                        replicas: db.replicas,
+                    }
                 })
                 .collect(),
             shutdown_sync_timeout: shutdown_sync_timeout.unwrap_or(DEFAULT_SHUTDOWN_SYNC_TIMEOUT),
@@ -1227,6 +1664,7 @@ impl<'de> Visitor<'de> for DbSeed<'_> {
         while let Some(key) = map.next_key_seed(KeySeed {
             ctx,
             allowed: DB_KEYS,
+            top_only: &TOP_ONLY_KEYS,
             seen: &mut seen,
             place,
         })? {
@@ -1513,6 +1951,7 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
         while let Some(key) = map.next_key_seed(KeySeed {
             ctx,
             allowed: REPLICA_KEYS,
+            top_only: &[],
             seen: &mut seen,
             place,
         })? {
@@ -1739,6 +2178,19 @@ mod tests {
         assert_eq!(d.full_verify_interval, Duration::from_secs(60));
         assert_eq!(d.compression, Codec::Zstd(3));
         assert_eq!(d.heartbeat_interval, Duration::from_secs(60));
+        assert_eq!(
+            d.levels,
+            vec![
+                Duration::from_secs(30),
+                Duration::from_secs(300),
+                Duration::from_secs(3600)
+            ]
+        );
+        assert_eq!(d.snapshot_interval, Duration::from_secs(86_400));
+        assert_eq!(d.snapshot_retention, Duration::from_secs(86_400));
+        assert_eq!(d.l0_retention, Duration::from_secs(300));
+        assert_eq!(d.l0_retention_check_interval, Duration::from_secs(15));
+        assert!(d.retention_enabled);
     }
 
     #[test]
@@ -1779,6 +2231,7 @@ dbs:
                 full_verify_interval: Duration::from_secs(5400),
                 compression: Codec::Gzip(9),
                 heartbeat_interval: Duration::from_secs(86_400),
+                ..DbSettings::default()
             }
         );
         assert_eq!(
@@ -1791,6 +2244,7 @@ dbs:
                 full_verify_interval: Duration::from_secs(600),
                 compression: Codec::None,
                 heartbeat_interval: Duration::from_secs(5),
+                ..DbSettings::default()
             }
         );
     }
@@ -1799,6 +2253,431 @@ dbs:
     fn global_settings_may_follow_dbs() {
         let c = parse(&format!("{MINIMAL}monitor-interval: 3s\n")).unwrap();
         assert_eq!(c.dbs[0].settings.monitor_interval, Duration::from_secs(3));
+    }
+
+    /// Every compaction, snapshot and retention key, with values other than the defaults.
+    const COMPACTION_ALL_KEYS: &str = "levels:
+  - interval: 10s
+  - interval: 1m30s
+snapshot:
+  interval: 6h
+  retention: 168h
+l0-retention: 0s
+l0-retention-check-interval: 1m
+retention:
+  enabled: false
+dbs:
+  - path: /data/a.db
+    monitor-interval: 2s
+    replica: {url: /backup/a}
+  - path: /data/b.db
+    replica: {url: /backup/b}
+";
+
+    #[test]
+    fn compaction_keys_are_parsed_and_copied_to_every_database() {
+        let c = parse(COMPACTION_ALL_KEYS).unwrap();
+        let want = DbSettings {
+            levels: vec![Duration::from_secs(10), Duration::from_secs(90)],
+            snapshot_interval: Duration::from_secs(6 * 3600),
+            snapshot_retention: Duration::from_secs(168 * 3600),
+            l0_retention: Duration::ZERO,
+            l0_retention_check_interval: Duration::from_secs(60),
+            retention_enabled: false,
+            ..DbSettings::default()
+        };
+        assert_eq!(
+            c.dbs[0].settings,
+            DbSettings {
+                monitor_interval: Duration::from_secs(2),
+                ..want.clone()
+            }
+        );
+        assert_eq!(c.dbs[1].settings, want);
+        // After `dbs`, in flow style, one key at a time: the others keep their defaults.
+        let one = |extra: &str| {
+            parse(&format!("{MINIMAL}{extra}")).unwrap().dbs[0]
+                .settings
+                .clone()
+        };
+        let d = DbSettings::default;
+        assert_eq!(
+            one("levels: [{interval: 1s}, {interval: 2s}, {interval: 3s}, {interval: 4s}, {interval: 5s}, {interval: 6s}, {interval: 7s}, {interval: 8s}]\n").levels,
+            (1..=8).map(Duration::from_secs).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            one("levels:\n- interval: 1h\n"),
+            DbSettings {
+                levels: vec![Duration::from_secs(3600)],
+                ..d()
+            }
+        );
+        assert_eq!(
+            one("snapshot: {interval: 1h}\n"),
+            DbSettings {
+                snapshot_interval: Duration::from_secs(3600),
+                ..d()
+            }
+        );
+        assert_eq!(
+            one("snapshot:\n  retention: 72h\n"),
+            DbSettings {
+                snapshot_retention: Duration::from_secs(72 * 3600),
+                ..d()
+            }
+        );
+        assert_eq!(
+            one("l0-retention: 10m\n"),
+            DbSettings {
+                l0_retention: Duration::from_secs(600),
+                ..d()
+            }
+        );
+        assert_eq!(
+            one("l0-retention-check-interval: 500ms\n"),
+            DbSettings {
+                l0_retention_check_interval: Duration::from_millis(500),
+                ..d()
+            }
+        );
+        assert_eq!(
+            one("retention: {enabled: true}\n"),
+            DbSettings {
+                retention_enabled: true,
+                ..d()
+            }
+        );
+        // A section with every key commented out (or `{}`) means the defaults, as Litestream.
+        for empty in [
+            "snapshot:\n#  interval: 1h\n",
+            "snapshot: {}\n",
+            "retention:\n",
+            "retention: {}\n",
+        ] {
+            assert_eq!(one(empty), d(), "{empty:?}");
+        }
+    }
+
+    #[test]
+    fn compaction_keys_are_top_level_only() {
+        for (key, value) in [
+            ("levels", "[{interval: 1s}]"),
+            ("snapshot", "{interval: 1h}"),
+            ("l0-retention", "5m"),
+            ("l0-retention-check-interval", "15s"),
+            ("retention", "{enabled: false}"),
+        ] {
+            assert_fail(
+                &format!("dbs:\n  - path: /a.db\n    replica: {{url: /b}}\n    {key}: {value}\n"),
+                4,
+                &[
+                    &format!("key `{key}` in dbs[0] is top-level only, as in Litestream"),
+                    "move it to the top level",
+                ],
+            );
+        }
+        // In a replica they are unknown keys, as any other.
+        assert_fail(
+            &format!("{MINIMAL}      retention: 24h\n"),
+            5,
+            &["unknown key `retention` in dbs[0].replica (expected one of"],
+        );
+    }
+
+    #[test]
+    fn levels_errors() {
+        let levels = |n: usize| -> String {
+            (0..n)
+                .map(|i| format!("  - interval: {}s\n", i + 1))
+                .collect()
+        };
+        // Empty: `[]`, or no value at all (every level commented out).
+        assert_fail(
+            &format!("{MINIMAL}levels: []\n"),
+            5,
+            &[
+                "`levels` is empty: give at least one compaction level",
+                "remove the key",
+            ],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels:\n#  - interval: 30s\nmonitor-interval: 1s\n"),
+            5,
+            &["`levels` is empty"],
+        );
+        // Eight levels are fine; the ninth is refused at its line.
+        assert_eq!(
+            parse(&format!("{MINIMAL}levels:\n{}", levels(8)))
+                .unwrap()
+                .dbs[0]
+                .settings
+                .levels
+                .len(),
+            8
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels:\n{}", levels(10)),
+            14,
+            &[
+                "too many levels (levels[8])",
+                "at most 8 compaction levels (L1..L8; level 9 is the snapshot level",
+            ],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels:\n{}  - interval: 0s\n", levels(2)),
+            8,
+            &["must be greater than zero (key `interval` in levels[2])"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels:\n  - interval: 30\n"),
+            6,
+            &[
+                "30 is a bare number: add a unit",
+                "(key `interval` in levels[0])",
+            ],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels:\n  - interval: soon\n"),
+            6,
+            &["invalid duration \"soon\"", "(key `interval` in levels[0])"],
+        );
+        // Unknown, duplicate and missing keys in an entry.
+        assert_fail(
+            &format!("{MINIMAL}levels:\n  - level: 1\n    interval: 30s\n"),
+            6,
+            &["unknown key `level` in levels[0] (expected one of `interval`)"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels:\n  - interval: 30s\n  - interval: 1m\n    interval: 2m\n"),
+            8,
+            &["duplicate key `interval` in levels[1]"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels:\n  - interval: 30s\n  - {{}}\n"),
+            7,
+            &["missing key `interval` in levels[1]"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels:\n  - interval: 30s\n  -\n"),
+            7,
+            &["missing key `interval` in levels[1]"],
+        );
+        // Bad types.
+        assert_fail(
+            &format!("{MINIMAL}levels:\n  - 30s\n"),
+            6,
+            &[
+                "`levels[0]` takes a map with the key `interval`, found \"30s\" (write `- interval: 30s`)",
+            ],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels:\n  - [30s]\n"),
+            6,
+            &["`levels[0]` takes a map with the key `interval`, found a list"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels:\n  - interval: [30s]\n"),
+            6,
+            &["found a list (key `interval` in levels[0])"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels: 30s\n"),
+            5,
+            &["`levels` takes a list of maps such as `- interval: 30s`, found \"30s\""],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels: 30\n"),
+            5,
+            &["`levels` takes a list of maps", "found 30"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels:\n  interval: 30s\n"),
+            6,
+            &["`levels` takes a list of maps such as `- interval: 30s`, found a map"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}levels: [{{interval: 1s}}]\nlevels: [{{interval: 2s}}]\n"),
+            6,
+            &["duplicate key `levels` at the top level"],
+        );
+    }
+
+    #[test]
+    fn snapshot_and_retention_errors() {
+        for (key, line) in [("interval", 6), ("retention", 7)] {
+            let other = if key == "interval" {
+                "retention"
+            } else {
+                "interval"
+            };
+            let text = |value: &str| {
+                if key == "interval" {
+                    format!("{MINIMAL}snapshot:\n  {key}: {value}\n  {other}: 1h\n")
+                } else {
+                    format!("{MINIMAL}snapshot:\n  {other}: 1h\n  {key}: {value}\n")
+                }
+            };
+            assert_fail(
+                &text("0s"),
+                line,
+                &[&format!(
+                    "must be greater than zero (key `{key}` in snapshot)"
+                )],
+            );
+            assert_fail(
+                &text("24"),
+                line,
+                &["24 is a bare number", &format!("(key `{key}` in snapshot)")],
+            );
+            assert_fail(
+                &text("true"),
+                line,
+                &[
+                    "expected a duration, found true",
+                    &format!("(key `{key}` in snapshot)"),
+                ],
+            );
+        }
+        assert_fail(
+            &format!("{MINIMAL}snapshot:\n  interval: 1h\n  intervall: 2h\n"),
+            7,
+            &["unknown key `intervall` in snapshot (expected one of `interval`, `retention`)"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}snapshot:\n  interval: 1h\n  interval: 2h\n"),
+            7,
+            &["duplicate key `interval` in snapshot"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}snapshot: 24h\n"),
+            5,
+            &["`snapshot` takes a map with the keys `interval`, `retention`, found \"24h\""],
+        );
+        assert_fail(
+            &format!("{MINIMAL}snapshot:\n  - interval: 24h\n"),
+            6,
+            &["`snapshot` takes a map with the keys `interval`, `retention`, found a list"],
+        );
+        // l0-retention: 0 is allowed (no deletion of L0 files); the check interval is not.
+        assert_fail(
+            &format!("{MINIMAL}l0-retention: 5\n"),
+            5,
+            &[
+                "5 is a bare number",
+                "(key `l0-retention` at the top level)",
+            ],
+        );
+        assert_fail(
+            &format!("{MINIMAL}l0-retention: {{after: 5m}}\n"),
+            5,
+            &["found a map (key `l0-retention` at the top level)"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}l0-retention-check-interval: 0s\n"),
+            5,
+            &["must be greater than zero (key `l0-retention-check-interval` at the top level)"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}l0-retention-check-interval: often\n"),
+            5,
+            &[
+                "invalid duration \"often\"",
+                "key `l0-retention-check-interval`",
+            ],
+        );
+        // retention.
+        assert_fail(
+            &format!("{MINIMAL}retention:\n  enabled: no\n"),
+            6,
+            &["expected true or false, found \"no\" (key `enabled` in retention)"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}retention:\n  enabled: 1\n"),
+            6,
+            &["expected true or false, found 1 (key `enabled` in retention)"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}retention:\n  enabled: false\n  check-interval: 1h\n"),
+            7,
+            &["unknown key `check-interval` in retention (expected one of `enabled`)"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}retention: 24h\n"),
+            5,
+            &[
+                "`retention` takes a map with the key `enabled`, found \"24h\"",
+                "`retention` inside `snapshot`",
+            ],
+        );
+    }
+
+    #[test]
+    fn single_checks_compaction_settings() {
+        let urls = vec!["/b".to_string()];
+        let msg = |s: DbSettings| match Config::single(PathBuf::from("/a.db"), &urls, s) {
+            Ok(c) => panic!("expected an error, got {c:?}"),
+            Err(e) => e.to_string(),
+        };
+        let d = DbSettings::default;
+        let c = Config::single(PathBuf::from("/a.db"), &urls, d()).unwrap();
+        assert_eq!(c.dbs[0].settings, d());
+        assert_eq!(
+            msg(DbSettings {
+                levels: vec![],
+                ..d()
+            }),
+            format!("config command line: {EMPTY_LEVELS}")
+        );
+        assert!(
+            msg(DbSettings {
+                levels: vec![Duration::from_secs(1); 9],
+                ..d()
+            })
+            .contains("`levels` has 9 entries: at most 8 compaction levels"),
+        );
+        assert_eq!(
+            msg(DbSettings {
+                levels: vec![Duration::from_secs(1), Duration::ZERO],
+                ..d()
+            }),
+            "config command line: levels[1] (L2): interval must be greater than zero"
+        );
+        for (s, key) in [
+            (
+                DbSettings {
+                    snapshot_interval: Duration::ZERO,
+                    ..d()
+                },
+                "snapshot.interval",
+            ),
+            (
+                DbSettings {
+                    snapshot_retention: Duration::ZERO,
+                    ..d()
+                },
+                "snapshot.retention",
+            ),
+            (
+                DbSettings {
+                    l0_retention_check_interval: Duration::ZERO,
+                    ..d()
+                },
+                "l0-retention-check-interval",
+            ),
+        ] {
+            assert_eq!(
+                msg(s),
+                format!("config command line: {key} must be greater than zero")
+            );
+        }
+        // l0_retention 0 and retention disabled are valid.
+        let s = DbSettings {
+            l0_retention: Duration::ZERO,
+            retention_enabled: false,
+            ..d()
+        };
+        let c = Config::single(PathBuf::from("/a.db"), &urls, s.clone()).unwrap();
+        assert_eq!(c.dbs[0].settings, s);
     }
 
     #[test]
@@ -2022,11 +2901,16 @@ dbs:
                 "`skip-verify`",
             ],
         );
-        // Keys that belong elsewhere are unknown too.
+        // Keys that belong elsewhere are unknown too, but for top-level keys in a database.
+        assert_fail(
+            &format!("{MINIMAL}      shutdown-sync-timeout: 1s\n"),
+            5,
+            &["unknown key `shutdown-sync-timeout` in dbs[0].replica"],
+        );
         assert_fail(
             &format!("{MINIMAL}    shutdown-sync-timeout: 1s\n"),
             5,
-            &["unknown key `shutdown-sync-timeout` in dbs[0]"],
+            &["key `shutdown-sync-timeout` in dbs[0] is top-level only"],
         );
         // Flow style: still the right line.
         assert_fail(
@@ -2513,6 +3397,28 @@ dbs:
         // The example documents every key the parser knows.
         for key in ROOT_KEYS.iter().chain(DB_KEYS).chain(REPLICA_KEYS) {
             assert!(text.contains(&format!("{key}:")), "example lacks `{key}`");
+        }
+        for (section, keys) in [
+            ("levels", LEVEL_KEYS),
+            ("snapshot", SNAPSHOT_KEYS),
+            ("retention", RETENTION_KEYS),
+        ] {
+            let body = text
+                .split_once(&format!("\n{section}:\n"))
+                .map(|(_, rest)| rest)
+                .unwrap_or_else(|| panic!("example lacks `{section}`"));
+            // The section's lines: indented, comments or list items.
+            let body: String = body
+                .lines()
+                .take_while(|l| l.starts_with(' ') || l.starts_with('#'))
+                .map(|l| format!("{}\n", l.trim_start_matches([' ', '-'])))
+                .collect();
+            for key in keys {
+                assert!(
+                    body.contains(&format!("\n{key}:")) || body.starts_with(&format!("{key}:")),
+                    "example lacks `{key}` in `{section}`"
+                );
+            }
         }
     }
 

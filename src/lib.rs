@@ -23,12 +23,14 @@
 
 pub mod cli;
 pub mod compaction;
+pub mod compactor;
 pub mod config;
 pub mod db;
 pub mod faulty_client;
 pub mod file_client;
 pub mod fsutil;
 pub mod ltx;
+pub mod maintenance;
 pub mod metrics;
 pub mod replica;
 pub mod replica_client;

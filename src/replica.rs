@@ -18,8 +18,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::compaction::RemoteIndex;
 use crate::db::{DbPos, RemoteTip};
 use crate::ltx::{self, TxId};
+use crate::maintenance::{self, Maintenance, Schedule};
 use crate::metrics::ReplicaCounters;
 use crate::replica_client::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::retry::Backoff;
@@ -69,6 +71,8 @@ pub struct Replica {
     ack_tx: watch::Sender<TxId>,
     stats: ReplicaStats,
     heartbeat: Duration,
+    index: RemoteIndex,
+    maint: Maintenance,
 }
 
 impl Replica {
@@ -80,6 +84,7 @@ impl Replica {
         staging: Staging,
         heartbeat: Duration,
         counters: ReplicaCounters,
+        maint: Maintenance,
     ) -> Replica {
         let (ack_tx, _) = watch::channel(TxId(0));
         Replica {
@@ -91,6 +96,8 @@ impl Replica {
             ack_tx,
             stats: ReplicaStats::new(counters),
             heartbeat,
+            index: RemoteIndex::default(),
+            maint,
         }
     }
 
@@ -115,6 +122,9 @@ impl Replica {
         let mut newest = None;
         for level in 0..=SNAPSHOT_LEVEL {
             let files = self.list_with_retries(level).await?;
+            for f in &files {
+                self.index.insert(f.clone());
+            }
             if let Some(f) = files
                 .iter()
                 .max_by_key(|f| f.max_txid)
@@ -130,7 +140,7 @@ impl Replica {
         self.remote = tip.txid;
         self.stats.remote_txid.store(tip.txid.0, Ordering::Relaxed);
         self.stats.counters.txid.set(tip.txid.0 as i64);
-        self.ack_tx.send_replace(tip.txid);
+        self.send_ack();
         Ok(tip)
     }
 
@@ -154,6 +164,50 @@ impl Replica {
                 reason: e.to_string(),
             })?;
         Ok(u64::from_be_bytes(b))
+    }
+
+    /// Acknowledges what staging may drop: segments on the replica and, when levels are
+    /// configured, covered by level 1 (so L1 compaction reads them locally, without a GET).
+    fn send_ack(&self) {
+        let ack = if self.maint.levels.is_empty() {
+            self.remote
+        } else {
+            self.remote.min(self.index.max_txid(1))
+        };
+        self.ack_tx.send_if_modified(|a| {
+            let changed = *a != ack;
+            *a = ack;
+            changed
+        });
+    }
+
+    /// Runs the maintenance jobs that are due (never while uploads are failing).
+    async fn maintain(&mut self, schedule: &mut Schedule) {
+        for job in schedule.take_due(Instant::now()) {
+            match maintenance::run_job(
+                job,
+                &self.maint,
+                &self.client,
+                &self.staging,
+                &mut self.index,
+            )
+            .await
+            {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::debug!(db = %self.db, replica = %self.name, ?job, files = n, "maintenance");
+                    self.send_ack();
+                }
+                Err(e) => {
+                    self.note_error(if matches!(job, maintenance::Job::Retention) {
+                        3
+                    } else {
+                        0
+                    });
+                    tracing::warn!(db = %self.db, replica = %self.name, ?job, error = %e, "maintenance failed; retrying at its next interval");
+                }
+            }
+        }
     }
 
     /// Lists a level, retrying transient failures: a replica that blinks at startup must not
@@ -206,12 +260,13 @@ impl Replica {
                 .inspect_err(|_| self.note_error(0))?;
             self.remote = txid;
             self.stats.counters.bytes[0].inc_by(info.size);
+            self.index.insert(info);
             self.stats.counters.txid.set(txid.0 as i64);
             self.stats.remote_txid.store(txid.0, Ordering::Relaxed);
             self.stats
                 .remote_timestamp_ms
                 .store(header.timestamp.max(0) as u64, Ordering::Relaxed);
-            self.ack_tx.send_replace(txid);
+            self.send_ack();
         }
         Ok(())
     }
@@ -221,6 +276,7 @@ impl Replica {
     pub async fn run(mut self, mut pos_rx: watch::Receiver<DbPos>, abort: CancellationToken) {
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
         let mut streak: Option<(Instant, u32)> = None;
+        let mut schedule = Schedule::new(&self.maint, Instant::now());
         loop {
             let target = pos_rx.borrow_and_update().txid;
             let closed = pos_rx.has_changed().is_err();
@@ -250,7 +306,15 @@ impl Replica {
                     Some(backoff.next_delay())
                 }
             };
-            let wait = retry.unwrap_or(self.heartbeat);
+            if retry.is_none() {
+                tokio::select! {
+                    _ = abort.cancelled() => return,
+                    _ = self.maintain(&mut schedule) => {}
+                }
+            }
+            let wait = retry
+                .unwrap_or(self.heartbeat)
+                .min(schedule.until_next(Instant::now()));
             tokio::select! {
                 _ = abort.cancelled() => return,
                 _ = pos_rx.changed(), if retry.is_none() && !closed => {}

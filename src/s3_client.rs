@@ -126,7 +126,12 @@ impl S3Config {
             .ok_or_else(|| format!("no bucket in {shown:?}"))?;
         let mut cfg = S3Config {
             bucket: bucket.to_string(),
-            path: clean_path(url.path()),
+            // Go's url.Parse decodes the path; so must we, or keys differ from Litestream's.
+            path: clean_path(
+                &percent_encoding::percent_decode_str(url.path())
+                    .decode_utf8()
+                    .map_err(|_| format!("path of {shown:?} is not UTF-8"))?,
+            ),
             ..S3Config::default()
         };
         let mut path_style = None;
@@ -800,6 +805,8 @@ mod tests {
             .unwrap();
         assert!(!c.force_path_style);
         assert_eq!((c.part_size, c.concurrency), (10 * 1024 * 1024, 2));
+        let c = S3Config::from_url("s3://b/my%20db/caf%C3%A9.db").unwrap();
+        assert_eq!(c.path, "my db/café.db");
         let err = S3Config::from_url("s3://AKID:topsecret@bkt/p").unwrap_err();
         assert!(!err.contains("topsecret"), "{err}");
         for bad in [

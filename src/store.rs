@@ -22,9 +22,11 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::compaction::RetentionPolicy;
 use crate::config::{Config, DbConfig};
 use crate::db::{Db, DbError, DbPos, DbStats, RemoteTip};
 use crate::ltx::TxId;
+use crate::maintenance::Maintenance;
 use crate::metrics::Metrics;
 use crate::replica::{Replica, ReplicaStats};
 use crate::replica_client::AnyClient;
@@ -156,6 +158,7 @@ impl Store {
                 staging.clone(),
                 dbc.settings.heartbeat_interval,
                 metrics.replica(&db_label, &rc.name),
+                maintenance_of(&dbc.settings, meta.join("tmp").join(&rc.name)),
             );
             let _permit = permits
                 .acquire()
@@ -234,6 +237,24 @@ impl Store {
         }
         self.root.cancel();
         self.tracker.wait().await;
+    }
+}
+
+/// A replica's maintenance settings; removes build leftovers of a previous run.
+fn maintenance_of(s: &crate::config::DbSettings, tmp_dir: std::path::PathBuf) -> Maintenance {
+    // Leftovers are partial outputs of a crashed compaction: never uploaded, safe to drop.
+    let _ = std::fs::remove_dir_all(&tmp_dir);
+    Maintenance {
+        levels: s.levels.clone(),
+        snapshot_interval: s.snapshot_interval,
+        retention: RetentionPolicy {
+            snapshot_retention: s.snapshot_retention,
+            l0_retention: s.l0_retention,
+        },
+        retention_check: s.l0_retention_check_interval,
+        retention_enabled: s.retention_enabled,
+        codec: s.compression,
+        tmp_dir,
     }
 }
 

@@ -1,7 +1,18 @@
 //! One conformance suite for every replica backend: the semantics written down in
 //! `src/replica_client.rs`, checked the same way against the `file` backend (a temp dir) and the
 //! `s3` backend (the in-process S3 server of `common::s3`, or `REPLICAD_TEST_S3_ENDPOINT`).
-//! S3-only behaviour (request shapes, error classes, outages) is tested below the suite.
+//!
+//! [`conformance`] runs every section against a fresh replica of the backend and reports all
+//! failed sections at once: empty listings; put then list (sorted by TXID range, one level
+//! only, sizes, sane `created_at`, headers); exact reads whole and from offsets (ranged GETs),
+//! including from the very end; NotFound for missing objects; failed puts leave nothing;
+//! whole overwrites; deletes of present and missing files; 16 concurrent puts; a 12 MiB object
+//! (multipart on S3); foreign names and a sibling replica skipped; 1100 files (more than one
+//! listing page) listed and deleted.
+//!
+//! Below it, S3-only tests: request shapes (multipart parts, DeleteObjects batches), error
+//! classes (missing bucket, bad credentials, outage, injected 500s), an aborted multipart
+//! overwrite leaving the old object whole, and a GET resumed after its connection drops.
 
 mod common;
 
@@ -186,6 +197,32 @@ fn ltx_file(
         enc.encode_page(pgno, &page).unwrap();
     }
     enc.finish(0).unwrap().0
+}
+
+/// `len` bytes that start with a valid LTX header for `min..=max` at `timestamp_ms` (all that
+/// `read_header` looks at) and go on with pseudo-random noise: a large object that is quick
+/// to make in a debug build.
+fn big_object(len: usize, min: u64, max: u64, timestamp_ms: i64, seed: u64) -> Vec<u8> {
+    let h = Header {
+        flags: HEADER_FLAG_NO_CHECKSUM,
+        page_size: 4096,
+        commit: 1,
+        min_txid: TxId(min),
+        max_txid: TxId(max),
+        timestamp: timestamp_ms,
+        ..Header::default()
+    };
+    let mut out = Vec::with_capacity(len + 8);
+    out.extend_from_slice(&h.encode().unwrap());
+    let mut x = seed | 1;
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
 }
 
 fn now_ms() -> i64 {
@@ -733,9 +770,7 @@ async fn concurrent_puts_all_land(b: &Backend<'_>) {
 async fn large_object_round_trips(b: &Backend<'_>) {
     let name = b.name();
     let ts = now_ms();
-    // 64 KiB random pages compress to slightly more than themselves.
-    let bytes = ltx_file(100, 200, 192, 65536, ts, 300);
-    assert!(bytes.len() > 12 * MIB, "{}", bytes.len());
+    let bytes = big_object(12 * MIB + 4321, 100, 200, ts, 300);
     let big = Put {
         level: 3,
         min: 100,
@@ -882,7 +917,7 @@ async fn s3_request_shapes() {
 
     // 12 MiB + a little: 3 parts.
     let src = b.scratch.join("big.ltx");
-    let bytes = ltx_file(1, 1, 192, 65536, now_ms(), 1);
+    let bytes = big_object(12 * MIB + 1, 1, 1, now_ms(), 1);
     std::fs::write(&src, &bytes).unwrap();
     b.client
         .put(3, TxId(1), TxId(1), &src, now_ms())
@@ -977,6 +1012,12 @@ async fn s3_server_fixture_smoke() {
     let status = raw_get_status(&url).await;
     assert_eq!(status, Some(403), "unsigned GET");
     assert_eq!(server.request_count(), 4);
+    assert_eq!(
+        server.op_count("GetObject"),
+        2,
+        "{:?}",
+        server.requests_by_op()
+    );
 
     let port = server.endpoint.rsplit(':').next().unwrap().to_string();
     server.stop().await;
@@ -1056,7 +1097,12 @@ fn s3_client_with(server: &S3Server, prefix: &str, bucket: &str, secret: &str) -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_missing_bucket_is_permanent() {
     let (server, _client, _dir, src) = errors_fixture("s3-nobucket").await;
-    let nob = s3_client_with(&server, "x", "replicad-no-such-bucket", &server.secret_key);
+    let nob = s3_client_with(
+        &server,
+        "x",
+        &format!("replicad-no-such-bucket-{:08x}", rand::random::<u32>()),
+        &server.secret_key,
+    );
     let mut wrong = Vec::new();
     for (op, r) in [
         ("list", nob.list(0).await.map(|_| ())),
@@ -1100,10 +1146,22 @@ async fn s3_bad_credentials_are_permanent() {
         ("delete", bad.delete(&[info(0, 1, 1)]).await),
     ] {
         match r {
-            Err(e @ StorageError::Permanent { .. }) => eprintln!("wrong secret, {op}: {e}"),
+            Err(e @ StorageError::Permanent { .. }) => {
+                let shown = format!("{e} {e:?} {bad:?} {}", bad.location());
+                assert!(
+                    !shown.contains("wrong-secret"),
+                    "{op}: the secret is shown: {shown}"
+                );
+                eprintln!("wrong secret, {op}: {e}")
+            }
             other => panic!("{op} with a wrong secret: expected Permanent, got {other:?}"),
         }
     }
+    eprintln!(
+        "requests: {} in all, by op {:?}",
+        server.request_count(),
+        server.requests_by_op()
+    );
 }
 
 /// A stopped server is a retryable error for every operation; after a restart on the same
@@ -1166,7 +1224,8 @@ async fn s3_read_resumes_after_connection_drop() {
     let client = s3_client(&server, "resume");
     let dir = TestDir::new("conformance-s3-resume");
     let src = dir.join("big.ltx");
-    let bytes = ltx_file(1, 1, 512, 65536, now_ms(), 9); // ~32 MiB: more than socket buffers hold
+    // 32 MiB: more than the socket buffers between client and server hold.
+    let bytes = big_object(32 * MIB, 1, 1, now_ms(), 9);
     std::fs::write(&src, &bytes).unwrap();
     client
         .put(3, TxId(1), TxId(1), &src, now_ms())
@@ -1188,4 +1247,96 @@ async fn s3_read_resumes_after_connection_drop() {
         "the body was never cut (all buffered before the stop?): {:?}",
         server.requests_by_op()
     );
+}
+
+/// Server errors: a single one is retried by the client and the put lands; persistent ones
+/// on a multipart upload fail the put with a retryable error, abort the upload, and leave the
+/// previous version of the object whole and no parts behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_server_errors_retry_then_abort_cleanly() {
+    let server = S3Server::start().await;
+    if server.is_external() {
+        return;
+    }
+    let client = s3_client(&server, "faults");
+    let dir = TestDir::new("conformance-s3-faults");
+    let src = dir.join("src.ltx");
+
+    // One 500 on PutObject: retried, lands.
+    let small = ltx_file(1, 5, 3, 4096, now_ms(), 1);
+    std::fs::write(&src, &small).unwrap();
+    server.fail_next("PutObject", 1);
+    client
+        .put(3, TxId(1), TxId(5), &src, now_ms())
+        .await
+        .unwrap_or_else(|e| panic!("put after one server error: {e:?}"));
+    assert_eq!(
+        (
+            server.op_count("PutObject"),
+            server.failures_left("PutObject")
+        ),
+        (2, 0),
+        "{:?}",
+        server.requests_by_op()
+    );
+
+    // UploadPart always fails: the large overwrite fails, retryable, and is aborted.
+    let big = big_object(12 * MIB, 1, 5, now_ms(), 2);
+    std::fs::write(&src, &big).unwrap();
+    server.fail_next("UploadPart", 1_000);
+    let r = client.put(3, TxId(1), TxId(5), &src, now_ms()).await;
+    server.fail_next("UploadPart", 0);
+    match r {
+        Err(e) if e.is_retryable() => eprintln!("put with failing parts: {e}"),
+        other => panic!("put with failing parts: expected a retryable error, got {other:?}"),
+    }
+    let ops = server.requests_by_op();
+    assert_eq!(
+        (
+            ops.get("CreateMultipartUpload"),
+            ops.get("CompleteMultipartUpload"),
+            ops.get("AbortMultipartUpload")
+        ),
+        (Some(&1), None, Some(&1)),
+        "{ops:?}"
+    );
+    let l = client.list(3).await.unwrap();
+    assert_eq!(
+        (ranges(&l), l[0].size),
+        (vec![(3, 1, 5)], small.len() as u64),
+        "the failed overwrite replaced the object"
+    );
+    assert_bytes(
+        "object after a failed overwrite",
+        &read_all_client(&client, 3, 1, 5).await,
+        &small,
+    );
+    let leftovers: Vec<String> = std::fs::read_dir(&server.root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("upload"))
+        .collect();
+    assert!(leftovers.is_empty(), "multipart leftovers: {leftovers:?}");
+
+    // And with the server healthy again the same put goes through.
+    client
+        .put(3, TxId(1), TxId(5), &src, now_ms())
+        .await
+        .unwrap();
+    assert_bytes(
+        "object after the retried overwrite",
+        &read_all_client(&client, 3, 1, 5).await,
+        &big,
+    );
+
+    // Persistent errors on list and get: retryable.
+    server.fail_next("ListObjectsV2", 1_000);
+    server.fail_next("GetObject", 1_000);
+    let (l, o) = tokio::join!(client.list(3), client.open(3, TxId(1), TxId(5), 0));
+    for (op, r) in [("list", l.map(|_| ())), ("open", o.map(|_| ()))] {
+        match r {
+            Err(e) if e.is_retryable() => eprintln!("{op} with server errors: {e}"),
+            other => panic!("{op} with server errors: expected a retryable error, got {other:?}"),
+        }
+    }
 }

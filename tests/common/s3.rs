@@ -6,7 +6,8 @@
 //! on its own tokio runtime in a background thread, so it outlives any one `#[tokio::test]`
 //! runtime, and it can be stopped and restarted on the same port ([`S3Server::stop`],
 //! [`S3Server::restart`]) to test outages. Every request is counted ([`S3Server::request_count`],
-//! [`S3Server::requests_by_op`]), which is what "no requests while idle" tests assert on.
+//! [`S3Server::requests_by_op`]), which is what "no requests while idle" tests assert on, and
+//! server errors can be injected per operation ([`S3Server::fail_next`]).
 //!
 //! # Running the S3 tests against MinIO or a real bucket
 //!
@@ -24,8 +25,14 @@
 //! (so runs and tests never see each other's objects) and deletes what is under it when
 //! dropped. In that mode the server cannot be observed or controlled: [`S3Server::root`] is
 //! empty, the request counts are always 0 (check [`S3Server::counts_requests`]), and
-//! [`S3Server::stop`] / [`S3Server::restart`] panic (check [`S3Server::is_external`] and skip
-//! outage tests). Path-style addressing is always used, which MinIO needs and AWS accepts.
+//! [`S3Server::stop`], [`S3Server::restart`] and [`S3Server::fail_next`] panic (check
+//! [`S3Server::is_external`] and skip such tests). Path-style addressing is always used, which
+//! MinIO needs and AWS accepts. Objects of a failing test are kept (as with
+//! `REPLICAD_TEST_KEEP`) and their prefix printed.
+//!
+//! A bare `s3s-fs` binary is not a faithful external endpoint: it creates a missing bucket on
+//! PutObject and answers NoSuchKey for objects of a missing bucket, so the missing-bucket test
+//! fails against it (the in-process server answers NoSuchBucket, as S3 does).
 
 #![allow(dead_code)]
 
@@ -96,14 +103,17 @@ struct Counters {
     total: AtomicU64,
     /// Requests s3s resolved to an operation, by operation name.
     by_op: Mutex<BTreeMap<String, u64>>,
+    /// Injected failures still to serve, by operation name.
+    faults: Mutex<BTreeMap<String, u64>>,
 }
 
 /// Counts operations. s3s calls `check` for every request it routed to an operation (when
 /// authentication is on, as here), before the operation runs; the request is then authorised
 /// exactly as by s3s's default check (signed requests only).
 ///
-/// It also refuses writes to a bucket that does not exist with `NoSuchBucket`, as S3 does:
-/// s3s-fs would create the bucket directory instead.
+/// It also refuses writes to a bucket that does not exist with `NoSuchBucket`, as S3 does
+/// (s3s-fs would create the bucket directory instead), and serves the failures injected with
+/// [`S3Server::fail_next`].
 struct CountingAccess {
     counters: Arc<Counters>,
     root: PathBuf,
@@ -122,6 +132,12 @@ impl S3Access for CountingAccess {
             .or_default() += 1;
         if cx.credentials().is_none() {
             return Err(s3s::s3_error!(AccessDenied, "Signature is required"));
+        }
+        if let Some(left) = self.counters.faults.lock().unwrap().get_mut(op)
+            && *left > 0
+        {
+            *left -= 1;
+            return Err(s3s::s3_error!(InternalError, "injected by the test"));
         }
         if let Some(bucket) = cx.s3_path().get_bucket_name()
             && op != "CreateBucket"
@@ -322,8 +338,9 @@ impl S3Server {
 
     /// Requests since start by S3 operation name ("PutObject", "ListObjectsV2", "GetObject",
     /// "HeadObject", "DeleteObjects", "CreateMultipartUpload", "UploadPart",
-    /// "CompleteMultipartUpload", ...). A request that failed authentication or could not be
-    /// routed is in [`S3Server::request_count`] but not here. Empty for an external endpoint.
+    /// "CompleteMultipartUpload", ...). Unsigned requests are counted here (and refused); a
+    /// request with a bad signature, or one s3s could not route to an operation, is only in
+    /// [`S3Server::request_count`]. Empty for an external endpoint.
     pub fn requests_by_op(&self) -> BTreeMap<String, u64> {
         self.local
             .as_ref()
@@ -335,7 +352,36 @@ impl S3Server {
         self.requests_by_op().get(op).copied().unwrap_or(0)
     }
 
-    /// Sets every count back to 0.
+    /// Makes the next `n` signed requests of operation `op` (a name as in
+    /// [`S3Server::requests_by_op`]) fail with `500 InternalError` before they do anything;
+    /// `n = 0` clears it. The failed requests are counted. Panics for an external endpoint.
+    pub fn fail_next(&self, op: &str, n: u64) {
+        let local = self
+            .local
+            .as_ref()
+            .expect("S3Server::fail_next is not possible with REPLICAD_TEST_S3_ENDPOINT");
+        local
+            .counters
+            .faults
+            .lock()
+            .unwrap()
+            .insert(op.to_string(), n);
+    }
+
+    /// Injected failures of `op` not served yet.
+    pub fn failures_left(&self, op: &str) -> u64 {
+        self.local.as_ref().map_or(0, |l| {
+            l.counters
+                .faults
+                .lock()
+                .unwrap()
+                .get(op)
+                .copied()
+                .unwrap_or(0)
+        })
+    }
+
+    /// Sets every count back to 0 (injected failures stay).
     pub fn reset_counts(&self) {
         if let Some(l) = &self.local {
             l.counters.total.store(0, Ordering::SeqCst);
