@@ -213,6 +213,23 @@ pub fn calc_plan(
         .filter(|f| f.min_txid.0 > current.saturating_add(1) && f.min_txid <= limit)
         .map(|f| f.min_txid)
         .min();
+    if plan.is_empty() && beyond.is_some() {
+        // Nothing to start from: the history before the oldest snapshot was retired.
+        let oldest = files
+            .iter()
+            .filter(|f| f.level == SNAPSHOT_LEVEL || f.min_txid.0 == 1)
+            .map(|f| f.max_txid)
+            .min();
+        return Err(RestoreError::NotAvailable {
+            target: target_txid.map_or("the latest state".into(), |t| format!("TXID {t}")),
+            reason: match oldest {
+                Some(o) => format!(
+                    "it is older than the oldest restorable TXID {o} (retention removed what came before)"
+                ),
+                None => "the replica holds no snapshot and no chain starting at TXID 1".into(),
+            },
+        });
+    }
     if let Some(next_min) = beyond {
         return Err(RestoreError::Gap {
             from: TxId(current.saturating_add(1)),

