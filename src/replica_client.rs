@@ -123,6 +123,25 @@ pub trait ReplicaClient {
         offset: u64,
     ) -> impl Future<Output = Result<ObjectReader, StorageError>> + Send;
 
+    /// Opens `len` bytes of a file's body from byte `offset` (parallel chunked downloads).
+    fn open_range(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = Result<ObjectReader, StorageError>> + Send
+    where
+        Self: Sync,
+    {
+        async move {
+            use tokio::io::AsyncReadExt;
+            let body = self.open(level, min, max, offset).await?;
+            Ok(Box::pin(body.take(len)) as ObjectReader)
+        }
+    }
+
     /// Writes a whole file atomically from a local path; `timestamp_ms` is the LTX header's.
     fn put(
         &self,
@@ -242,6 +261,21 @@ impl ReplicaClient for AnyClient {
             AnyClient::File(c) => c.open(level, min, max, offset).await,
             AnyClient::S3(c) => c.open(level, min, max, offset).await,
             AnyClient::Faulty(c) => c.open(level, min, max, offset).await,
+        }
+    }
+
+    async fn open_range(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        offset: u64,
+        len: u64,
+    ) -> Result<ObjectReader, StorageError> {
+        match self {
+            AnyClient::File(c) => c.open_range(level, min, max, offset, len).await,
+            AnyClient::S3(c) => c.open_range(level, min, max, offset, len).await,
+            AnyClient::Faulty(c) => c.open_range(level, min, max, offset, len).await,
         }
     }
 

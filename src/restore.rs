@@ -302,14 +302,182 @@ pub async fn apply(
     plan: Vec<LtxFileInfo>,
     opts: &RestoreOptions,
 ) -> Result<RestoreReport, RestoreError> {
+    apply_parallel(client, plan, opts, DEFAULT_PARALLELISM).await
+}
+
+/// Default number of ranged GETs in flight during a restore.
+pub const DEFAULT_PARALLELISM: usize = 8;
+/// Bytes per ranged GET: large enough to stream well, small enough to spread one big
+/// snapshot over every connection.
+const CHUNK: u64 = 8 * 1024 * 1024;
+/// Bytes buffered per GET in flight: memory stays `parallelism x 1 MiB` whatever the size.
+const COPY_BUF: usize = 1024 * 1024;
+/// Attempts per chunk before the restore fails.
+const CHUNK_ATTEMPTS: u32 = 4;
+
+/// [`apply`] with `parallelism` ranged GETs in flight. Remote files are first fetched in
+/// chunks into `<to>.restore/` (disk, not memory), then applied newest first; local
+/// (directory) replicas are read in place.
+pub async fn apply_parallel(
+    client: &AnyClient,
+    plan: Vec<LtxFileInfo>,
+    opts: &RestoreOptions,
+    parallelism: usize,
+) -> Result<RestoreReport, RestoreError> {
     let started = Instant::now();
     check_output(&opts.to, opts.force)?;
+    let total: u64 = plan.iter().map(|f| f.size).sum();
+    let remote = !matches!(client, AnyClient::File(_));
+    let progress = Progress::start(if remote { 2 * total } else { total });
+    let fetch_dir = sidecar(&opts.to, ".restore");
+    let local = if remote {
+        match fetch_all(client, &plan, &fetch_dir, parallelism.max(1), &progress).await {
+            Ok(paths) => Some(paths),
+            Err(e) => {
+                let _ = fs::remove_dir_all(&fetch_dir);
+                progress.finish();
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
     let client = client.clone();
     let opts = opts.clone();
     let handle = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || apply_blocking(&client, &plan, &opts, &handle, started))
+    let p = progress.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        apply_blocking(
+            &client,
+            &plan,
+            &opts,
+            &handle,
+            started,
+            local.as_deref(),
+            &p,
+        )
+    })
+    .await
+    .map_err(|e| RestoreError::Inconsistent(format!("restore task failed: {e}")))
+    .and_then(|r| r);
+    if remote {
+        let _ = fs::remove_dir_all(&fetch_dir);
+    }
+    progress.finish();
+    result
+}
+
+/// Downloads every planned file into `dir` with ranged GETs, `parallelism` at a time.
+async fn fetch_all(
+    client: &AnyClient,
+    plan: &[LtxFileInfo],
+    dir: &Path,
+    parallelism: usize,
+    progress: &Progress,
+) -> Result<Vec<PathBuf>, RestoreError> {
+    use futures_util::{StreamExt, TryStreamExt};
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir).map_err(RestoreError::io("create directory", dir))?;
+    let mut paths = Vec::with_capacity(plan.len());
+    let mut files = Vec::with_capacity(plan.len());
+    for (i, f) in plan.iter().enumerate() {
+        let path = dir.join(format!(
+            "{i:04}-{}",
+            ltx::format_filename(f.min_txid, f.max_txid)
+        ));
+        let file = File::create(&path).map_err(RestoreError::io("create", &path))?;
+        file.set_len(f.size)
+            .map_err(RestoreError::io("size", &path))?;
+        files.push(std::sync::Arc::new(file));
+        paths.push(path);
+    }
+    let chunks: Vec<(usize, u64, u64)> = plan
+        .iter()
+        .enumerate()
+        .flat_map(|(i, f)| {
+            (0..f.size)
+                .step_by(CHUNK as usize)
+                .map(move |off| (i, off, CHUNK.min(f.size - off)))
+        })
+        .collect();
+    futures_util::stream::iter(chunks)
+        .map(|(i, off, len)| {
+            let file = files[i].clone();
+            async move {
+                let mut attempt = 1;
+                loop {
+                    match fetch_chunk(client, &plan[i], &file, off, len, progress).await {
+                        Ok(()) => return Ok(()),
+                        Err(RestoreError::Storage(e)) if e.is_retryable() && attempt < CHUNK_ATTEMPTS => {
+                            tracing::debug!(file = %file_label(&plan[i]), off, attempt, error = %e, "chunk download failed; retrying");
+                            tokio::time::sleep(std::time::Duration::from_millis(250 << attempt)).await;
+                            attempt += 1;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        })
+        .buffer_unordered(parallelism)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(paths)
+}
+
+/// One ranged GET copied into its place in the local file.
+async fn fetch_chunk(
+    client: &AnyClient,
+    f: &LtxFileInfo,
+    file: &std::sync::Arc<File>,
+    off: u64,
+    len: u64,
+    progress: &Progress,
+) -> Result<(), RestoreError> {
+    use tokio::io::AsyncReadExt;
+    let mut body = client
+        .open_range(f.level, f.min_txid, f.max_txid, off, len)
+        .await?;
+    let mut buf = vec![0u8; COPY_BUF.min(len as usize)];
+    let mut pos = off;
+    let end = off + len;
+    while pos < end {
+        let want = buf.len().min((end - pos) as usize);
+        let mut filled = 0;
+        while filled < want {
+            let n =
+                body.read(&mut buf[filled..want])
+                    .await
+                    .map_err(|e| StorageError::Transient {
+                        op: "get",
+                        key: file_label(f),
+                        reason: e.to_string(),
+                    })?;
+            if n == 0 {
+                return Err(RestoreError::Storage(StorageError::Transient {
+                    op: "get",
+                    key: file_label(f),
+                    reason: format!("body ended at byte {} of {}", pos + filled as u64, end),
+                }));
+            }
+            filled += n;
+        }
+        let file = file.clone();
+        let data = std::mem::take(&mut buf);
+        let at = pos;
+        buf = tokio::task::spawn_blocking(move || {
+            file.write_all_at(&data[..want], at).map(|()| data)
+        })
         .await
-        .map_err(|e| RestoreError::Inconsistent(format!("restore task failed: {e}")))?
+        .map_err(|e| RestoreError::Inconsistent(e.to_string()))?
+        .map_err(|e| RestoreError::Io {
+            op: "write",
+            path: PathBuf::from(file_label(f)),
+            source: e,
+        })?;
+        pos += want as u64;
+        progress.add(want as u64);
+    }
+    Ok(())
 }
 
 /// Refuses an existing output (or a WAL beside it) unless `force`.
@@ -337,6 +505,8 @@ fn apply_blocking(
     opts: &RestoreOptions,
     handle: &tokio::runtime::Handle,
     started: Instant,
+    local: Option<&[PathBuf]>,
+    progress: &Progress,
 ) -> Result<RestoreReport, RestoreError> {
     let last = plan
         .last()
@@ -345,7 +515,7 @@ fn apply_blocking(
     if let Some(dir) = opts.to.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir).map_err(RestoreError::io("create directory", dir))?;
     }
-    let result = write_tmp(client, plan, &tmp, handle).and_then(|applied| {
+    let result = write_tmp(client, plan, &tmp, handle, local, progress).and_then(|applied| {
         if opts.integrity_check {
             integrity_check(&tmp)?;
         }
@@ -414,6 +584,8 @@ fn write_tmp(
     plan: &[LtxFileInfo],
     tmp: &Path,
     handle: &tokio::runtime::Handle,
+    local: Option<&[PathBuf]>,
+    progress: &Progress,
 ) -> Result<Applied, RestoreError> {
     let _ = fs::remove_file(tmp);
     let out = File::options()
@@ -435,9 +607,17 @@ fn write_tmp(
             file: label.clone(),
             source,
         };
-        let reader = handle.block_on(client.open(info.level, info.min_txid, info.max_txid, 0))?;
-        let mut dec =
-            Decoder::new(SyncIoBridge::new_with_handle(reader, handle.clone())).map_err(ltx_err)?;
+        let reader: Box<dyn std::io::Read + Send> = match local {
+            Some(paths) => {
+                Box::new(File::open(&paths[i]).map_err(RestoreError::io("open", &paths[i]))?)
+            }
+            None => {
+                let body =
+                    handle.block_on(client.open(info.level, info.min_txid, info.max_txid, 0))?;
+                Box::new(SyncIoBridge::new_with_handle(body, handle.clone()))
+            }
+        };
+        let mut dec = Decoder::new(reader).map_err(ltx_err)?;
         let h = *dec.header();
         if (h.min_txid, h.max_txid) != (info.min_txid, info.max_txid) {
             return Err(RestoreError::Inconsistent(format!(
@@ -473,6 +653,7 @@ fn write_tmp(
             sum.toggle(page_checksum(pgno, &buf));
         }
         let trailer = dec.finish().map_err(ltx_err)?;
+        progress.add(info.size);
         seen[i] = Some((h, trailer.post_apply_checksum));
     }
     let lock = lock_pgno(page_size);
@@ -597,5 +778,80 @@ mod tests {
             calc_plan(&[file(0, 1, 1), file(0, 3, 3)], None),
             Err(RestoreError::Gap { .. })
         ));
+    }
+}
+
+/// Restore progress over bytes fetched and applied: a bar (bytes, rate, ETA) when stderr is a
+/// terminal, otherwise an INFO log line every few seconds.
+#[derive(Clone)]
+struct Progress {
+    inner: std::sync::Arc<ProgressInner>,
+}
+
+struct ProgressInner {
+    done: std::sync::atomic::AtomicU64,
+    total: u64,
+    bar: Option<indicatif::ProgressBar>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+/// Interval of progress log lines when no terminal is attached.
+const PROGRESS_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Progress {
+    fn start(total: u64) -> Progress {
+        use std::io::IsTerminal;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(total);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "restore [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            ) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        });
+        let inner = std::sync::Arc::new(ProgressInner {
+            done: std::sync::atomic::AtomicU64::new(0),
+            total,
+            bar,
+            stop: tokio_util::sync::CancellationToken::new(),
+        });
+        if inner.bar.is_none() {
+            let me = inner.clone();
+            let started = Instant::now();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = me.stop.cancelled() => return,
+                        _ = tokio::time::sleep(PROGRESS_LOG_EVERY) => {}
+                    }
+                    let done = me.done.load(std::sync::atomic::Ordering::Relaxed);
+                    let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001) / 1e6;
+                    tracing::info!(
+                        done_bytes = done,
+                        total_bytes = me.total,
+                        mb_per_s = format!("{rate:.1}"),
+                        "restore progress"
+                    );
+                }
+            });
+        }
+        Progress { inner }
+    }
+
+    fn add(&self, n: u64) {
+        self.inner
+            .done
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        if let Some(bar) = &self.inner.bar {
+            bar.inc(n);
+        }
+    }
+
+    fn finish(&self) {
+        self.inner.stop.cancel();
+        if let Some(bar) = &self.inner.bar {
+            bar.finish_and_clear();
+        }
     }
 }

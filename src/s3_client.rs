@@ -451,11 +451,69 @@ impl S3Client {
         Some((key.0.clone(), md5))
     }
 
-    async fn get_from(&self, key: &str, offset: u64) -> Result<ByteStream, StorageError> {
+    /// A GET of `[offset, end)` whose body resumes with a ranged GET when it drops.
+    async fn open_bounded(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        offset: u64,
+        end: Option<u64>,
+    ) -> Result<ObjectReader, StorageError> {
+        let key = self.key(level, min, max);
+        let first = self.get_from(&key, offset, end).await?;
+        // State: the open body, the next offset, resumes left.
+        let me = self.clone();
+        let stream = futures_util::stream::try_unfold(
+            (Some(first), offset, GET_RESUMES, key),
+            move |(body, at, resumes, key)| {
+                let me = me.clone();
+                async move {
+                    let mut body = match body {
+                        Some(b) => b,
+                        None => return Ok(None),
+                    };
+                    let mut resumes = resumes;
+                    loop {
+                        match body.try_next().await {
+                            Ok(Some(chunk)) => {
+                                let next = at + chunk.len() as u64;
+                                return Ok(Some((chunk, (Some(body), next, resumes, key))));
+                            }
+                            Ok(None) => return Ok::<_, std::io::Error>(None),
+                            Err(e) if resumes > 0 => {
+                                resumes -= 1;
+                                tracing::debug!(key, at, error = %e, "GET body dropped; resuming with a ranged GET");
+                                tokio::time::sleep(Duration::from_millis(250)).await;
+                                body = me
+                                    .get_from(&key, at, end)
+                                    .await
+                                    .map_err(std::io::Error::other)?;
+                            }
+                            Err(e) => return Err(std::io::Error::other(e)),
+                        }
+                    }
+                }
+            },
+        );
+        let stream = stream.map_ok(|b: Bytes| b);
+        Ok(Box::pin(tokio_util::io::StreamReader::new(stream)))
+    }
+
+    /// GETs `key` from `offset` to `end` (exclusive; `None`: to the object's end).
+    async fn get_from(
+        &self,
+        key: &str,
+        offset: u64,
+        end: Option<u64>,
+    ) -> Result<ByteStream, StorageError> {
         let c = self.client().await?;
         let mut req = c.get_object().bucket(&self.cfg.bucket).key(key);
-        if offset > 0 {
-            req = req.range(format!("bytes={offset}-"));
+        match end {
+            Some(end) if end > offset => req = req.range(format!("bytes={offset}-{}", end - 1)),
+            Some(_) => return Ok(ByteStream::from_static(b"")),
+            None if offset > 0 => req = req.range(format!("bytes={offset}-")),
+            None => {}
         }
         if let Some((k, md5)) = self.sse_c() {
             req = req
@@ -679,42 +737,19 @@ impl ReplicaClient for S3Client {
         max: TxId,
         offset: u64,
     ) -> Result<ObjectReader, StorageError> {
-        let key = self.key(level, min, max);
-        let first = self.get_from(&key, offset).await?;
-        // State: the open body, the next offset, resumes left.
-        let me = self.clone();
-        let stream = futures_util::stream::try_unfold(
-            (Some(first), offset, GET_RESUMES, key),
-            move |(body, at, resumes, key)| {
-                let me = me.clone();
-                async move {
-                    let mut body = match body {
-                        Some(b) => b,
-                        None => return Ok(None),
-                    };
-                    let mut resumes = resumes;
-                    loop {
-                        match body.try_next().await {
-                            Ok(Some(chunk)) => {
-                                let next = at + chunk.len() as u64;
-                                return Ok(Some((chunk, (Some(body), next, resumes, key))));
-                            }
-                            Ok(None) => return Ok::<_, std::io::Error>(None),
-                            Err(e) if resumes > 0 => {
-                                resumes -= 1;
-                                tracing::debug!(key, at, error = %e, "GET body dropped; resuming with a ranged GET");
-                                tokio::time::sleep(Duration::from_millis(250)).await;
-                                body =
-                                    me.get_from(&key, at).await.map_err(std::io::Error::other)?;
-                            }
-                            Err(e) => return Err(std::io::Error::other(e)),
-                        }
-                    }
-                }
-            },
-        );
-        let stream = stream.map_ok(|b: Bytes| b);
-        Ok(Box::pin(tokio_util::io::StreamReader::new(stream)))
+        self.open_bounded(level, min, max, offset, None).await
+    }
+
+    async fn open_range(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        offset: u64,
+        len: u64,
+    ) -> Result<ObjectReader, StorageError> {
+        self.open_bounded(level, min, max, offset, Some(offset + len))
+            .await
     }
 
     async fn put(

@@ -490,3 +490,65 @@ async fn litestream_and_replicad_read_each_others_buckets() {
     run_ok(&server, &["restore", "--to", out2.to_str().unwrap(), &url2]);
     assert_same_content(&db2, &out2, "replicad restore of Litestream's bucket");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_chunked_restore_survives_failing_calls() {
+    let server = S3Server::start().await;
+    let dir = TestDir::new("s3-chunked");
+    let db = dir.join("app.db");
+    {
+        // About 20 MiB of incompressible rows: the snapshot spans three 8 MiB chunks.
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB);")
+            .unwrap();
+        for _ in 0..20 {
+            c.execute("INSERT INTO t(b) VALUES (randomblob(1024 * 1024))", [])
+                .unwrap();
+        }
+    }
+    let url = server.url("chunked/app.db");
+    let settings = DbSettings {
+        compression: replicad::ltx::Codec::None,
+        ..settings()
+    };
+    let config = Config::single(db.clone(), std::slice::from_ref(&url), settings).unwrap();
+    let store = Store::open_with(&config, Some(wrapper(&server, vec![])))
+        .await
+        .unwrap();
+    let h = store.dbs()[0].clone();
+    wait_until("snapshot uploaded", Duration::from_secs(60), || {
+        caught_up(&h, 0)
+    })
+    .await;
+    store.shutdown(std::future::pending()).await;
+
+    let faults = Faults::new();
+    faults.fail_next(3);
+    let client = AnyClient::Faulty(Box::new(FaultyClient::new(
+        AnyClient::S3(s3_client(&server, &url)),
+        faults.clone(),
+    )));
+    let plan = restore::plan(&AnyClient::S3(s3_client(&server, &url)), Target::Latest)
+        .await
+        .unwrap();
+    assert!(
+        plan.iter().map(|f| f.size).sum::<u64>() > 16 * 1024 * 1024,
+        "snapshot smaller than expected"
+    );
+    let out = dir.join("restored.db");
+    let opts = RestoreOptions {
+        to: out.clone(),
+        target: Target::Latest,
+        force: false,
+        integrity_check: true,
+    };
+    restore::apply_parallel(&client, plan, &opts, 4)
+        .await
+        .unwrap();
+    assert_eq!(faults.injected(), 3);
+    assert_same_content(&db, &out, "parallel chunked restore");
+    assert!(
+        !dir.join("restored.db.restore").exists(),
+        "fetch directory left behind"
+    );
+}
