@@ -5,6 +5,8 @@ mod databases;
 mod ltx;
 pub mod replicate;
 mod restore;
+mod snapshot;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -31,6 +33,10 @@ pub enum Command {
     Ltx(ltx::LtxArgs),
     /// List the databases and replicas of a configuration file.
     Databases(databases::DatabasesArgs),
+    /// Export a plain SQLite database file (optionally .gz) of a replica's state.
+    Snapshot(snapshot::SnapshotArgs),
+    /// Check that a replica restores (and, with --config, whether it equals the live database).
+    Verify(verify::VerifyArgs),
 }
 
 /// A failure, classified by exit code.
@@ -61,5 +67,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Restore(args) => restore::run(args).await,
         Command::Ltx(args) => ltx::run(args).await,
         Command::Databases(args) => databases::run(args).await,
+        Command::Snapshot(args) => snapshot::run(args).await,
+        Command::Verify(args) => verify::run(args).await,
     }
 }

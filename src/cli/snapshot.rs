@@ -1,0 +1,373 @@
+//! `replicad snapshot`: exports a plain SQLite database file (optionally gzip-compressed) of a
+//! replica's state, the latest or at a target TXID or time.
+//!
+//! The state is rebuilt with [`restore::apply`] (every check of a restore, `PRAGMA
+//! integrity_check` included) into a hidden work file beside the output, then published:
+//! - `FILE` not ending in `.gz`: the work file is renamed to `FILE` (already fsynced by the
+//!   restore), and the directory fsynced;
+//! - `FILE.gz`: the work file is streamed through a gzip encoder (level 6) into `FILE.tmp`,
+//!   which is fsynced and renamed to `FILE`; the work file is removed. Memory stays one copy
+//!   buffer whatever the size of the database.
+//!
+//! An existing `FILE` is replaced only with `--force`. The work file never outlives the run.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, anyhow};
+use chrono::{DateTime, Utc};
+use clap::Args;
+use flate2::Compression;
+use flate2::write::GzEncoder;
+
+use super::CliError;
+use crate::config::{Config, DbConfig};
+use crate::fsutil;
+use crate::ltx::TxId;
+use crate::replica_client::AnyClient;
+use crate::restore::{self, RestoreOptions, Target};
+
+/// The gzip level of `.gz` snapshots.
+const GZIP_LEVEL: u32 = 6;
+
+/// Copy buffer of the gzip stream.
+const COPY_BUFFER: usize = 256 * 1024;
+
+/// Arguments of `replicad snapshot`.
+#[derive(Debug, Args)]
+#[command(
+    after_long_help = "Export a plain SQLite database file of a replica's state: the latest state, \
+or the state at --txid or before --timestamp.\n\n\
+The database is rebuilt exactly as `replicad restore` does (checksums, page coverage and \
+PRAGMA integrity_check are verified) into a hidden work file beside FILE, then renamed to \
+FILE. If FILE ends in `.gz`, the database is instead streamed through gzip (level 6) into \
+FILE.tmp, fsynced and renamed to FILE. An existing FILE is replaced only with --force.\n\n\
+The source is a replica URL (`file:///abs/path`, a directory, or `s3://BUCKET/PATH?...`), or, \
+with --config, the path of a configured database, whose replica is used."
+)]
+pub struct SnapshotArgs {
+    /// Replica to export (`file:///abs/path`, a directory, or `s3://BUCKET/PATH?...`); with
+    /// --config, the path of a configured database (DB_PATH).
+    #[arg(value_name = "DB_PATH|REPLICA_URL")]
+    pub source: String,
+    /// Output file; gzip-compressed if it ends in `.gz`.
+    #[arg(long = "to", short = 'o', value_name = "FILE")]
+    pub to: PathBuf,
+    /// Export the state right after this TXID (16 hex digits).
+    #[arg(long, value_name = "HEX16", conflicts_with = "timestamp")]
+    pub txid: Option<String>,
+    /// Export the newest state written strictly before this time (RFC 3339).
+    #[arg(long, value_name = "RFC3339")]
+    pub timestamp: Option<String>,
+    /// Overwrite an existing output file (and, for a plain database, remove its -wal and -shm
+    /// files, which SQLite would otherwise replay onto the snapshot).
+    #[arg(long)]
+    pub force: bool,
+    /// Configuration file: export the replica of the database DB_PATH (the positional
+    /// argument).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// With --config, the replica to export from (default: the first).
+    #[arg(long = "replica", value_name = "NAME", requires = "config")]
+    pub replica_name: Option<String>,
+    /// Do not expand $VAR and ${VAR} in the configuration file.
+    #[arg(long)]
+    pub no_expand_env: bool,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `replicad snapshot`.
+pub async fn run(args: SnapshotArgs) -> Result<(), CliError> {
+    let started = Instant::now();
+    let (client, _db) = source(
+        &args.source,
+        args.config.as_deref(),
+        args.replica_name.as_deref(),
+        !args.no_expand_env,
+    )?;
+    let target = target(args.txid.as_deref(), args.timestamp.as_deref())?;
+    let to = args.to.clone();
+    let gzip = to.to_string_lossy().ends_with(".gz");
+    if to.is_dir() {
+        return Err(CliError::Usage(format!(
+            "--to {} is a directory; give a file name",
+            to.display()
+        )));
+    }
+    check_output(&to, gzip, args.force)?;
+
+    let plan = restore::plan(&client, target)
+        .await
+        .map_err(|e| anyhow!(e))?;
+    let work = WorkFile::beside(&to);
+    let opts = RestoreOptions {
+        to: work.path.clone(),
+        target,
+        force: false,
+        integrity_check: true,
+    };
+    let report = restore::apply(&client, plan, &opts)
+        .await
+        .map_err(|e| anyhow!(e))?;
+
+    let (work_path, dest, force) = (work.path.clone(), to.clone(), args.force);
+    tokio::task::spawn_blocking(move || publish(&work_path, &dest, gzip, force))
+        .await
+        .map_err(|e| anyhow!("snapshot task failed: {e}"))??;
+    drop(work);
+
+    let written = fs::metadata(&to)
+        .with_context(|| format!("stat {}", to.display()))?
+        .len();
+    let db_size = u64::from(report.pages) * u64::from(report.page_size);
+    let duration_ms = started.elapsed().as_millis();
+    if args.json {
+        let v = serde_json::json!({
+            "path": to,
+            "replica": report.replica,
+            "txid": report.txid,
+            "gzip": gzip,
+            "bytes_written": written,
+            "db_size": db_size,
+            "page_size": report.page_size,
+            "pages": report.pages,
+            "files": report.files.len(),
+            "bytes_read": report.bytes,
+            "db_checksum": report.db_checksum,
+            "integrity_check": report.integrity_check,
+            "duration_ms": duration_ms,
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "snapshot of {} at TXID {} written to {} ({} pages of {} bytes, {db_size} bytes{}, integrity_check {}{}) in {duration_ms} ms",
+            report.replica,
+            report.txid,
+            to.display(),
+            report.pages,
+            report.page_size,
+            if gzip {
+                format!(", gzip {written} bytes")
+            } else {
+                String::new()
+            },
+            report.integrity_check,
+            report
+                .db_checksum
+                .as_ref()
+                .map(|c| format!(", checksum {c} verified"))
+                .unwrap_or_default(),
+        );
+    }
+    Ok(())
+}
+
+/// Refuses an existing output (or, for a plain database, a `-wal` beside it) unless `force`.
+fn check_output(to: &Path, gzip: bool, force: bool) -> Result<(), CliError> {
+    if force {
+        return Ok(());
+    }
+    let mut paths = vec![to.to_path_buf()];
+    if !gzip {
+        paths.push(sidecar(to, "-wal"));
+    }
+    for p in paths {
+        if p.symlink_metadata().is_ok() {
+            return Err(CliError::Runtime(anyhow!(
+                "{} already exists; pass --force to overwrite it",
+                p.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Moves the restored `work` file to `to`, gzip-compressing it on the way for `.gz`.
+fn publish(work: &Path, to: &Path, gzip: bool, force: bool) -> anyhow::Result<()> {
+    if gzip {
+        let tmp = fsutil::tmp_path(to);
+        let result = compress(work, &tmp).and_then(|()| place(&tmp, to, force));
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result?;
+    } else {
+        if force {
+            for suffix in ["-wal", "-shm"] {
+                let p = sidecar(to, suffix);
+                match fs::remove_file(&p) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e).with_context(|| format!("remove {}", p.display())),
+                }
+            }
+        }
+        place(work, to, force)?;
+    }
+    let dir = fsutil::parent_dir(to);
+    fsutil::fsync_dir(dir).with_context(|| format!("fsync {}", dir.display()))
+}
+
+/// Moves the finished `src` to `to`. Without `force` the move never replaces a file that
+/// appeared since the check at the start: a hard link is created (failing if `to` exists),
+/// then `src` unlinked; where hard links are unsupported, it falls back to check-then-rename.
+fn place(src: &Path, to: &Path, force: bool) -> anyhow::Result<()> {
+    let exists = || {
+        anyhow!(
+            "{} already exists; pass --force to overwrite it",
+            to.display()
+        )
+    };
+    if !force {
+        match fs::hard_link(src, to) {
+            Ok(()) => {
+                return fs::remove_file(src).with_context(|| format!("remove {}", src.display()));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(exists()),
+            Err(_) if to.symlink_metadata().is_ok() => return Err(exists()),
+            Err(_) => {}
+        }
+    }
+    fs::rename(src, to).with_context(|| format!("rename to {}", to.display()))
+}
+
+/// Streams `src` through gzip into a new `dest`, then fsyncs it.
+fn compress(src: &Path, dest: &Path) -> anyhow::Result<()> {
+    let mut input = File::open(src).with_context(|| format!("open {}", src.display()))?;
+    let out = File::create(dest).with_context(|| format!("create {}", dest.display()))?;
+    let mut enc = GzEncoder::new(out, Compression::new(GZIP_LEVEL));
+    let mut buf = vec![0u8; COPY_BUFFER];
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).with_context(|| format!("read {}", src.display())),
+        };
+        enc.write_all(&buf[..n])
+            .with_context(|| format!("write {}", dest.display()))?;
+    }
+    let out = enc
+        .finish()
+        .with_context(|| format!("write {}", dest.display()))?;
+    out.sync_all()
+        .with_context(|| format!("fsync {}", dest.display()))
+}
+
+/// The hidden file beside the output that the restore writes; removed (with the restore's own
+/// `.tmp`) when dropped, whatever happened.
+struct WorkFile {
+    path: PathBuf,
+}
+
+impl WorkFile {
+    fn beside(to: &Path) -> WorkFile {
+        let name = to
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "snapshot".into());
+        let path = fsutil::parent_dir(to).join(format!(
+            ".{name}.replicad-snapshot-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        WorkFile { path }
+    }
+}
+
+impl Drop for WorkFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+        let _ = fs::remove_file(fsutil::tmp_path(&self.path));
+    }
+}
+
+/// The restore target of `--txid` / `--timestamp` (latest when neither is given).
+pub(super) fn target(txid: Option<&str>, timestamp: Option<&str>) -> Result<Target, CliError> {
+    if let Some(t) = txid {
+        let txid: TxId = t
+            .parse()
+            .map_err(|e| CliError::Usage(format!("--txid: {e}")))?;
+        return Ok(Target::TxId(txid));
+    }
+    if let Some(ts) = timestamp {
+        let t = DateTime::parse_from_rfc3339(ts)
+            .map_err(|e| CliError::Usage(format!("--timestamp {ts:?} is not RFC 3339: {e}")))?;
+        return Ok(Target::Before(t.with_timezone(&Utc)));
+    }
+    Ok(Target::Latest)
+}
+
+/// Whether `path` is an existing regular file starting with the SQLite header string.
+fn is_sqlite_file(path: &Path) -> bool {
+    let mut magic = [0u8; 16];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && &magic == b"SQLite format 3\0"
+}
+
+/// The client of the replica to read, and the configured database in `--config` mode.
+///
+/// `arg` is a replica URL, or with `config` the path of a configured database (the replica
+/// `replica_name`, else the first). Without `config`, an existing regular file cannot be a
+/// replica (replicas are directories or URLs): that is a usage error asking for a replica URL
+/// or `--config`.
+pub(super) fn source(
+    arg: &str,
+    config: Option<&Path>,
+    replica_name: Option<&str>,
+    expand_env: bool,
+) -> Result<(AnyClient, Option<DbConfig>), CliError> {
+    let Some(config_path) = config else {
+        let p = Path::new(arg);
+        if p.is_file() {
+            let what = if is_sqlite_file(p) {
+                "a SQLite database"
+            } else {
+                "a file"
+            };
+            return Err(CliError::Usage(format!(
+                "{arg} is {what}, not a replica: give a replica URL (file:///path, a replica \
+                 directory, s3://BUCKET/PATH), or --config FILE to use the database's \
+                 configured replica"
+            )));
+        }
+        let client = AnyClient::from_url(arg).map_err(CliError::Usage)?;
+        return Ok((client, None));
+    };
+    let config =
+        Config::load(config_path, expand_env).map_err(|e| CliError::Usage(e.to_string()))?;
+    let db = config.find_db(Path::new(arg)).ok_or_else(|| {
+        CliError::Usage(format!(
+            "database {arg} is not in {}",
+            config_path.display()
+        ))
+    })?;
+    let replica = match replica_name {
+        Some(name) => db.replicas.iter().find(|r| r.name == name).ok_or_else(|| {
+            let names: Vec<&str> = db.replicas.iter().map(|r| r.name.as_str()).collect();
+            CliError::Usage(format!(
+                "database {arg} has no replica {name:?} (it has {names:?})"
+            ))
+        })?,
+        None => db
+            .replicas
+            .first()
+            .ok_or_else(|| CliError::Usage(format!("database {arg} has no replica")))?,
+    };
+    let client = replica
+        .client()
+        .map_err(|e| CliError::Usage(format!("replica {}: {e}", replica.name)))?;
+    Ok((client, Some(db.clone())))
+}
