@@ -180,6 +180,10 @@ pub struct DbSettings {
     /// Key `checkpoint-interval` (default 1m): time-based PASSIVE checkpoints; `0s` disables
     /// them (page-count checkpoints still happen).
     pub checkpoint_interval: Duration,
+    /// Key `verify-interval` (default 0s = off): how often each replica is restored into a
+    /// temporary directory and checked (`integrity_check`, checksums); the result is the
+    /// metric `replicad_replica_verify_ok`.
+    pub verify_interval: Duration,
     /// Key `min-checkpoint-page-count` (default 1000 pages): WAL size that triggers a PASSIVE
     /// checkpoint.
     pub min_checkpoint_page_count: u32,
@@ -222,6 +226,7 @@ impl Default for DbSettings {
         DbSettings {
             monitor_interval: Duration::from_secs(1),
             checkpoint_interval: Duration::from_secs(60),
+            verify_interval: Duration::ZERO,
             min_checkpoint_page_count: 1000,
             truncate_page_n: DEFAULT_TRUNCATE_PAGE_N,
             full_verify_interval: Duration::from_secs(60),
@@ -695,7 +700,7 @@ fn file_url(path: &Path) -> String {
 // ---------------------------------------------------------------------------------------------
 // YAML reading.
 
-const SETTING_KEYS: [&str; 7] = [
+const SETTING_KEYS: [&str; 8] = [
     "monitor-interval",
     "checkpoint-interval",
     "min-checkpoint-page-count",
@@ -703,6 +708,7 @@ const SETTING_KEYS: [&str; 7] = [
     "full-verify-interval",
     "compression",
     "heartbeat-interval",
+    "verify-interval",
 ];
 /// Keys of the top level that are errors in a database map ("top-level only").
 const TOP_ONLY_KEYS: [&str; 6] = [
@@ -728,6 +734,7 @@ const ROOT_KEYS: &[&str] = &[
     SETTING_KEYS[4],
     SETTING_KEYS[5],
     SETTING_KEYS[6],
+    SETTING_KEYS[7],
 ];
 const DB_KEYS: &[&str] = &[
     "path",
@@ -741,6 +748,7 @@ const DB_KEYS: &[&str] = &[
     SETTING_KEYS[4],
     SETTING_KEYS[5],
     SETTING_KEYS[6],
+    SETTING_KEYS[7],
 ];
 /// Keys of one `levels` entry.
 const LEVEL_KEYS: &[&str] = &["interval"];
@@ -1111,6 +1119,7 @@ struct RawSettings {
     full_verify_interval: Option<Duration>,
     compression: Option<Codec>,
     heartbeat_interval: Option<Duration>,
+    verify_interval: Option<Duration>,
 }
 
 impl RawSettings {
@@ -1143,6 +1152,9 @@ impl RawSettings {
             "checkpoint-interval" => {
                 self.checkpoint_interval =
                     Some(map.next_value_seed(seed(ctx, key, place, &duration))?)
+            }
+            "verify-interval" => {
+                self.verify_interval = Some(map.next_value_seed(seed(ctx, key, place, &duration))?)
             }
             "min-checkpoint-page-count" => {
                 self.min_checkpoint_page_count =
@@ -1181,6 +1193,10 @@ impl RawSettings {
                 .checkpoint_interval
                 .or(global.checkpoint_interval)
                 .unwrap_or(d.checkpoint_interval),
+            verify_interval: self
+                .verify_interval
+                .or(global.verify_interval)
+                .unwrap_or(d.verify_interval),
             min_checkpoint_page_count: self
                 .min_checkpoint_page_count
                 .or(global.min_checkpoint_page_count)

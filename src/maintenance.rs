@@ -18,6 +18,7 @@ use crate::compaction::{self, RemoteIndex, RetentionPolicy};
 use crate::compactor::{self, CompactOptions};
 use crate::fsutil;
 use crate::ltx::{self, Codec, Decoder, TxId};
+use crate::metrics::ReplicaCounters;
 use crate::replica_client::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::staging::Staging;
 
@@ -38,6 +39,8 @@ pub struct Maintenance {
     pub codec: Codec,
     /// Where outputs are built before upload.
     pub tmp_dir: PathBuf,
+    /// How often the replica is restored and checked (zero: never).
+    pub verify_interval: Duration,
 }
 
 /// A maintenance job.
@@ -49,6 +52,8 @@ pub enum Job {
     Snapshot,
     /// Delete what retention allows.
     Retention,
+    /// Restore the latest state into a temporary file and check it.
+    Verify,
 }
 
 /// When each job is next due.
@@ -72,6 +77,9 @@ impl Schedule {
             now + m.snapshot_interval,
         ));
         jobs.push((Job::Retention, m.retention_check, now + m.retention_check));
+        if !m.verify_interval.is_zero() {
+            jobs.push((Job::Verify, m.verify_interval, now + m.verify_interval));
+        }
         Schedule { jobs }
     }
 
@@ -108,8 +116,20 @@ pub async fn run_job(
     client: &AnyClient,
     staging: &Staging,
     index: &mut RemoteIndex,
+    counters: &ReplicaCounters,
 ) -> Result<usize, StorageError> {
     match job {
+        Job::Verify => {
+            let tip = index.tip();
+            let done = counters.verify_ok.get() == 1 && counters.verify_txid.get() == tip.0 as i64;
+            if tip.0 == 0 || done {
+                return Ok(0);
+            }
+            let result = verify(m, client, index).await;
+            counters.verify_ok.set(i64::from(result.is_ok()));
+            counters.verify_txid.set(tip.0 as i64);
+            result.map(|()| 1)
+        }
         Job::Compact(level) => {
             let inputs = compaction::compaction_inputs(index, level);
             if inputs.is_empty() {
@@ -145,6 +165,41 @@ pub async fn run_job(
             client.delete(&doomed).await?;
             index.remove(&doomed);
             Ok(doomed.len())
+        }
+    }
+}
+
+/// Restores the replica's latest state into the temporary directory and checks it
+/// (file checksums, database checksum where present, `PRAGMA integrity_check`).
+async fn verify(
+    m: &Maintenance,
+    client: &AnyClient,
+    index: &RemoteIndex,
+) -> Result<(), StorageError> {
+    let failed = |reason: String| StorageError::Permanent {
+        op: "verify",
+        key: client.location(),
+        reason,
+    };
+    let plan = crate::restore::calc_plan(&index.all(), None).map_err(|e| failed(e.to_string()))?;
+    fsutil::create_dir_all_durable(&m.tmp_dir).map_err(|e| failed(e.to_string()))?;
+    let to = m.tmp_dir.join("verify.db");
+    let opts = crate::restore::RestoreOptions {
+        to: to.clone(),
+        target: crate::restore::Target::Latest,
+        force: true,
+        integrity_check: true,
+    };
+    let result = crate::restore::apply(client, plan, &opts).await;
+    let _ = std::fs::remove_file(&to);
+    match result {
+        Ok(report) => {
+            tracing::info!(txid = %report.txid, pages = report.pages, "verify ok: the replica restores and passes integrity_check");
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "verify FAILED: the replica does not restore cleanly");
+            Err(failed(e.to_string()))
         }
     }
 }

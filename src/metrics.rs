@@ -16,6 +16,8 @@ pub struct Metrics {
     replica_errors: IntCounterVec,
     replica_bytes: IntCounterVec,
     replica_txid: IntGaugeVec,
+    replica_verify_ok: IntGaugeVec,
+    replica_verify_txid: IntGaugeVec,
 }
 
 impl Metrics {
@@ -57,7 +59,25 @@ impl Metrics {
         registry
             .register(Box::new(replica_txid.clone()))
             .expect("each metric is registered once");
+        let gauge = |name: &str, help: &str| {
+            let g = IntGaugeVec::new(Opts::new(name, help), &["db", "replica"])
+                .expect("metric definitions are static and valid");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("each metric is registered once");
+            g
+        };
+        let replica_verify_ok = gauge(
+            "replicad_replica_verify_ok",
+            "Result of the last periodic verify: 1 restored and checked, 0 failed, -1 never run.",
+        );
+        let replica_verify_txid = gauge(
+            "replicad_replica_verify_txid",
+            "TXID the last periodic verify restored.",
+        );
         Metrics {
+            replica_verify_ok,
+            replica_verify_txid,
             registry,
             replica_ops,
             replica_errors,
@@ -80,6 +100,12 @@ impl Metrics {
             errors: per_op(&self.replica_errors),
             bytes: per_op(&self.replica_bytes),
             txid: self.replica_txid.with_label_values(&[db, replica]),
+            verify_ok: {
+                let g = self.replica_verify_ok.with_label_values(&[db, replica]);
+                g.set(-1);
+                g
+            },
+            verify_txid: self.replica_verify_txid.with_label_values(&[db, replica]),
         }
     }
 
@@ -111,6 +137,10 @@ pub struct ReplicaCounters {
     pub bytes: [IntCounter; 4],
     /// Highest TXID stored.
     pub txid: prometheus::IntGauge,
+    /// Last periodic verify: 1 ok, 0 failed, -1 never run.
+    pub verify_ok: prometheus::IntGauge,
+    /// TXID the last periodic verify restored.
+    pub verify_txid: prometheus::IntGauge,
 }
 
 impl ReplicaCounters {

@@ -190,6 +190,7 @@ impl Replica {
                 &self.client,
                 &self.staging,
                 &mut self.index,
+                &self.stats.counters,
             )
             .await
             {

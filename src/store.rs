@@ -255,6 +255,7 @@ fn maintenance_of(s: &crate::config::DbSettings, tmp_dir: std::path::PathBuf) ->
         retention_enabled: s.retention_enabled,
         codec: s.compression,
         tmp_dir,
+        verify_interval: s.verify_interval,
     }
 }
 

@@ -298,3 +298,53 @@ fn kill9_during_compaction_and_snapshots_leaves_no_partial_object() {
     common::restore_ok(replica.to_str().unwrap(), &out, None);
     assert_same_content(&db, &out, "after kill -9 during maintenance");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_verify_reports_a_corrupted_replica() {
+    let dir = TestDir::new("maint-verify");
+    let db = dir.join("app.db");
+    let replica = dir.join("replica");
+    let yaml = format!(
+        "monitor-interval: 40ms\nheartbeat-interval: 100ms\nverify-interval: 300ms\nlevels:\n  - interval: 1h\nsnapshot:\n  interval: 1h\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
+        db.display(),
+        replica.display()
+    );
+    let config = Config::parse(&yaml, "test", false).unwrap();
+    assert_eq!(
+        config.dbs[0].settings.verify_interval,
+        Duration::from_millis(300)
+    );
+    let mut writer = Writer::open(&db, common::seed("maint-verify"));
+    writer.commit_txn();
+    let store = Store::open(&config).await.unwrap();
+    let h = store.dbs()[0].clone();
+    let counters = h.replicas[0].1.counters.clone();
+    wait_until("first verify ok", || counters.verify_ok.get() == 1).await;
+
+    // Damage a middle segment, then commit so the tip moves and the next verify runs.
+    let ranges = level_ranges(&replica, 0);
+    let (min, max) = ranges[ranges.len() / 2];
+    let path = replica.join(format!("ltx/0/{min:016x}-{max:016x}.ltx"));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    let before = counters.verify_txid.get();
+    writer.commit_txn();
+    wait_until("verify of the new tip", || {
+        counters.verify_txid.get() > before
+    })
+    .await;
+    assert_eq!(
+        counters.verify_ok.get(),
+        0,
+        "a corrupted replica must fail verification"
+    );
+    let text = store.metrics().render();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("replicad_replica_verify_ok{") && l.ends_with(" 0")),
+        "{text}"
+    );
+    store.shutdown(std::future::pending()).await;
+}
