@@ -28,6 +28,7 @@ pub mod config;
 pub mod db;
 pub mod faulty_client;
 pub mod file_client;
+pub mod follow;
 pub mod fsutil;
 pub mod ltx;
 pub mod maintenance;

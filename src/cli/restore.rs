@@ -1,6 +1,7 @@
 //! `replicad restore`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::anyhow;
 use chrono::{DateTime, Utc};
@@ -55,6 +56,28 @@ pub struct RestoreArgs {
     /// Skip `PRAGMA integrity_check` on the restored database.
     #[arg(long)]
     pub no_integrity_check: bool,
+    /// Keep the output up to date (a read replica): restore, record the TXID in
+    /// `<PATH>-txid`, then apply each new LTX file in place every --follow-interval until
+    /// SIGINT or SIGTERM. An output with its `<PATH>-txid` is resumed, without --force.
+    #[arg(long, short = 'f', conflicts_with_all = ["dry_run", "txid", "timestamp", "if_db_not_exists"])]
+    pub follow: bool,
+    /// How often --follow polls the replica (e.g. 1s, 100ms).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "1s",
+        value_parser = parse_follow_interval,
+        requires = "follow"
+    )]
+    pub follow_interval: Duration,
+}
+
+fn parse_follow_interval(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("the interval must be greater than zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(format!("{s:?}: {e} (use a unit, e.g. 1s or 500ms)")),
+    }
 }
 
 fn target(args: &RestoreArgs) -> Result<Target, CliError> {
@@ -86,6 +109,17 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
             ));
         }
     };
+    if args.follow {
+        let opts = crate::follow::FollowOptions {
+            to,
+            interval: args.follow_interval,
+            force: args.force,
+            integrity_check: !args.no_integrity_check,
+        };
+        return crate::follow::run_until_signal(&client, &opts)
+            .await
+            .map_err(CliError::Runtime);
+    }
     if args.if_db_not_exists && !args.dry_run && to.exists() {
         println!("database {} already exists, skipping restore", to.display());
         return Ok(());

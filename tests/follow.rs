@@ -1,0 +1,421 @@
+//! End-to-end tests of `replicad restore --follow`: a read replica kept up to date in place
+//! from a replica that the real `replicad replicate` daemon writes while a seeded random
+//! writer changes the source. The follower must reach the replica's newest TXID with exactly
+//! the source's content, resume after a restart (or a SIGKILL) without a full restore, and
+//! refuse, without touching the database, files of another page size or a hole in the chain.
+//!
+//! Set `REPLICAD_TEST_SEED` to replay a failure (every test prints its seed), and
+//! `REPLICAD_TEST_KEEP=1` to keep the temp directories (they are kept anyway on failure).
+
+mod common;
+
+use std::fs::{self, File};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::*;
+use replicad::compactor::{CompactOptions, compact};
+use replicad::ltx::Decoder;
+use rusqlite::Connection;
+use sha2::{Digest, Sha256};
+
+/// A test's layout: the source database, its replica, and the follower's database.
+struct Setup {
+    dir: TestDir,
+    src: PathBuf,
+    replica: PathBuf,
+    follower: PathBuf,
+}
+
+impl Setup {
+    fn new(name: &str) -> Setup {
+        let dir = TestDir::new(name);
+        for d in ["src", "follower"] {
+            fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let src = dir.join("src/app.db");
+        let replica = dir.join("replica");
+        let follower = dir.join("follower/app.db");
+        Setup {
+            dir,
+            src,
+            replica,
+            follower,
+        }
+    }
+
+    fn replicate(&self) -> Daemon {
+        self.replicate_db(&self.src, &self.replica)
+    }
+
+    fn replicate_db(&self, db: &Path, replica: &Path) -> Daemon {
+        spawn_replicate(
+            self.dir.path(),
+            &[s(db), s(replica), "--monitor-interval", "50ms"],
+        )
+    }
+
+    /// Starts `replicad restore --follow --follow-interval 100ms --to FOLLOWER REPLICA`.
+    fn follow(&self, replica: &Path) -> Daemon {
+        let logs = self.dir.join("logs");
+        fs::create_dir_all(&logs).unwrap();
+        let n = fs::read_dir(&logs).unwrap().count();
+        let log = logs.join(format!("follow-{n:02}.log"));
+        let out = File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let child = Command::new(bin())
+            .args(["restore", "--follow", "--follow-interval", "100ms", "--to"])
+            .arg(&self.follower)
+            .arg(replica)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn replicad restore --follow");
+        Daemon { child, log }
+    }
+
+    /// The TXID in `<FOLLOWER>-txid`; 0 while there is none.
+    fn follower_txid(&self) -> u64 {
+        let mut p = self.follower.as_os_str().to_owned();
+        p.push("-txid");
+        match fs::read_to_string(PathBuf::from(p)) {
+            Ok(t) => {
+                assert!(t.ends_with('\n') && t.len() == 17, "bad -txid file {t:?}");
+                u64::from_str_radix(t.trim(), 16).unwrap()
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// Waits until the follower's TXID reaches `txid` (it must never pass the replica's).
+    fn wait_follower(&self, f: &mut Daemon, txid: u64) {
+        let ok = wait_until(WAIT, || {
+            assert!(
+                f.running(),
+                "follower exited early; logs:\n{}",
+                self.dir.logs()
+            );
+            self.follower_txid() >= txid
+        });
+        assert!(
+            ok,
+            "follower at TXID {:x}, replica at {txid:x} after {WAIT:?}; logs:\n{}\n{}",
+            self.follower_txid(),
+            self.dir.logs(),
+            listing(&self.replica)
+        );
+        assert_eq!(self.follower_txid(), txid, "follower passed the replica");
+    }
+
+    fn context(&self) -> String {
+        format!("{}\n{}", listing(&self.replica), self.dir.logs())
+    }
+}
+
+fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        sleep(Duration::from_millis(20));
+    }
+}
+
+fn inode(p: &Path) -> u64 {
+    fs::metadata(p).unwrap().ino()
+}
+
+fn file_sha(p: &Path) -> String {
+    hex::encode(Sha256::digest(fs::read(p).unwrap()))
+}
+
+fn count(conn: &Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+/// Stops `replicad replicate` (a clean shutdown with a final sync), once it is up: a SIGTERM
+/// before its handlers are installed would kill it.
+fn stop_replicate(d: Daemon) {
+    let up = wait_until(WAIT, || d.log_text().contains("replicating"));
+    assert!(
+        up,
+        "replicad replicate did not start; log:\n{}",
+        d.log_text()
+    );
+    d.stop_ok();
+}
+
+/// The follower exits 0 on SIGTERM.
+fn stop_follower(f: Daemon, t: &Setup) {
+    let log = f.log.clone();
+    let st = f.stop();
+    assert_eq!(
+        st.code(),
+        Some(0),
+        "follower exited with {st} after SIGTERM; log:\n{}",
+        fs::read_to_string(log).unwrap_or_default()
+    );
+    let incoming = t.follower.with_extension("db.incoming");
+    assert!(!incoming.exists(), "{} left behind", incoming.display());
+}
+
+#[test]
+fn follower_tracks_a_live_replica() {
+    let seed = seed("follower_tracks_a_live_replica");
+    let t = Setup::new("follow-live");
+    let mut w = Writer::open(&t.src, seed);
+    let rep = t.replicate();
+    w.run(20);
+    assert!(
+        wait_for_txid(&t.replica, 2, WAIT),
+        "nothing replicated; {}",
+        t.context()
+    );
+    let mut f = t.follow(&t.replica);
+    assert!(
+        wait_until(WAIT, || t.follower_txid() > 0),
+        "no initial restore; {}",
+        t.context()
+    );
+    // A reader that stays open across the follower's updates.
+    let reader = open_ro(&t.follower);
+    let before = count(&reader, "SELECT count(*) FROM t0");
+    for i in 0..100 {
+        w.step();
+        w.pause();
+        if i == 50 {
+            w.vacuum();
+        }
+        // Readers never see a half-applied file.
+        if i % 25 == 10 {
+            assert!(
+                integrity_ok(&t.follower),
+                "integrity_check failed mid-follow"
+            );
+            count(&reader, "SELECT count(*) FROM t0");
+        }
+    }
+    stop_replicate(rep);
+    let target = max_replica_txid(&t.replica);
+    t.wait_follower(&mut f, target);
+    assert_same_content(&t.src, &t.follower, "live follow");
+    let src_rows = count(&open_ro(&t.src), "SELECT count(*) FROM t0");
+    let seen = count(&reader, "SELECT count(*) FROM t0");
+    assert_eq!(
+        seen, src_rows,
+        "a reader open since {before} rows does not see the applied changes"
+    );
+    drop(reader);
+    let log = f.log_text();
+    assert!(log.contains("applied LTX file"), "no apply logged:\n{log}");
+    assert!(!log.contains("ERROR"), "errors while following:\n{log}");
+    stop_follower(f, &t);
+    // Readers find a rollback-journal database: no WAL is ever looked for.
+    let hdr = fs::read(&t.follower).unwrap();
+    assert_eq!((hdr[18], hdr[19]), (1, 1));
+    for suffix in ["-wal", "-shm", "-journal"] {
+        let mut p = t.follower.as_os_str().to_owned();
+        p.push(suffix);
+        assert!(!PathBuf::from(p).exists(), "follower left a {suffix} file");
+    }
+}
+
+#[test]
+fn follower_resumes_from_its_txid_file() {
+    let seed = seed("follower_resumes_from_its_txid_file");
+    let t = Setup::new("follow-resume");
+    let mut w = Writer::open(&t.src, seed);
+    let rep = t.replicate();
+    w.run(30);
+    stop_replicate(rep);
+    let mut f = t.follow(&t.replica);
+    t.wait_follower(&mut f, max_replica_txid(&t.replica));
+    assert!(f.log_text().contains("restored; following"));
+    stop_follower(f, &t);
+    let ino = inode(&t.follower);
+    let first = t.follower_txid();
+
+    // More writes while no follower runs; the first restart is killed mid-catch-up.
+    let rep = t.replicate();
+    w.run(40);
+    w.vacuum();
+    w.run(20);
+    stop_replicate(rep);
+    let target = max_replica_txid(&t.replica);
+    assert!(target > first + 1, "only {first:x} -> {target:x}");
+    let f = t.follow(&t.replica);
+    assert!(
+        wait_until(WAIT, || t.follower_txid() > first),
+        "no progress after restart; {}",
+        t.context()
+    );
+    f.kill9();
+    println!(
+        "killed the follower at TXID {:x} (target {target:x})",
+        t.follower_txid()
+    );
+
+    let mut f = t.follow(&t.replica);
+    t.wait_follower(&mut f, target);
+    let log = f.log_text();
+    assert!(log.contains("resuming follow"), "no resume logged:\n{log}");
+    assert!(
+        !log.contains("restored; following"),
+        "restarted with a full restore:\n{log}"
+    );
+    assert_eq!(inode(&t.follower), ino, "the database file was recreated");
+    assert_same_content(&t.src, &t.follower, "resumed follow");
+    stop_follower(f, &t);
+}
+
+#[test]
+fn other_page_size_is_refused_and_the_database_kept() {
+    let seed = seed("other_page_size_is_refused_and_the_database_kept");
+    let t = Setup::new("follow-pagesize");
+    let mut w = Writer::open(&t.src, seed);
+    let rep = t.replicate();
+    w.run(10);
+    stop_replicate(rep);
+    let mut f = t.follow(&t.replica);
+    t.wait_follower(&mut f, max_replica_txid(&t.replica));
+    stop_follower(f, &t);
+    let txid = t.follower_txid();
+    let sha = file_sha(&t.follower);
+
+    // Another database, with 1024-byte pages, replicated further than the follower is.
+    let other = t.dir.join("src/other.db");
+    let other_replica = t.dir.join("other-replica");
+    Connection::open(&other)
+        .unwrap()
+        .execute_batch("PRAGMA page_size=1024; PRAGMA journal_mode=WAL; CREATE TABLE t0 (id INTEGER PRIMARY KEY, a INTEGER, b TEXT, c BLOB)")
+        .unwrap();
+    let mut w2 = Writer::open(&other, seed ^ 1);
+    let rep2 = t.replicate_db(&other, &other_replica);
+    while max_replica_txid(&other_replica) < txid + 3 {
+        w2.run(5);
+    }
+    stop_replicate(rep2);
+
+    let mut f = t.follow(&other_replica);
+    let ok = wait_until(WAIT, || f.log_text().contains("1024-byte pages"));
+    assert!(ok, "no page size error; log:\n{}", f.log_text());
+    sleep(Duration::from_millis(600));
+    assert!(f.running(), "the follower gave up; log:\n{}", f.log_text());
+    let log = f.log_text();
+    assert_eq!(
+        log.matches("1024-byte pages").count(),
+        1,
+        "the error is not logged once per streak:\n{log}"
+    );
+    assert!(log.contains("ERROR"), "not logged as an error:\n{log}");
+    assert_eq!(t.follower_txid(), txid);
+    assert_eq!(file_sha(&t.follower), sha, "the database was changed");
+    stop_follower(f, &t);
+    assert_eq!(file_sha(&t.follower), sha, "the database was changed");
+    assert!(integrity_ok(&t.follower));
+}
+
+#[test]
+fn gap_is_refused_until_bridged_from_level_1() {
+    let seed = seed("gap_is_refused_until_bridged_from_level_1");
+    let t = Setup::new("follow-gap");
+    let mut w = Writer::open(&t.src, seed);
+    let rep = t.replicate();
+    w.run(15);
+    stop_replicate(rep);
+    let mut f = t.follow(&t.replica);
+    t.wait_follower(&mut f, max_replica_txid(&t.replica));
+    stop_follower(f, &t);
+    let txid = t.follower_txid();
+    let sha = file_sha(&t.follower);
+
+    let rep = t.replicate();
+    while max_replica_txid(&t.replica) < txid + 4 {
+        w.run(5);
+    }
+    stop_replicate(rep);
+    let target = max_replica_txid(&t.replica);
+
+    // A copy of the replica without the level-0 file that follows the follower's TXID, and
+    // without any other level that could bridge the hole.
+    let holed = t.dir.join("holed");
+    copy_dir(&t.replica, &holed);
+    for e in fs::read_dir(holed.join("ltx")).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != "0" {
+            fs::remove_dir_all(e.path()).unwrap();
+        }
+    }
+    let l0 = l0_ranges(&holed);
+    let k = l0
+        .iter()
+        .position(|&(min, _)| min == txid + 1)
+        .unwrap_or_else(|| panic!("no L0 file starts at {:x}: {l0:x?}", txid + 1));
+    assert!(k >= 1 && k + 1 < l0.len(), "{l0:x?}");
+    let name = |(min, max): (u64, u64)| format!("{min:016x}-{max:016x}.ltx");
+    let l0_path = |r: (u64, u64)| holed.join("ltx/0").join(name(r));
+    let removed = fs::read(l0_path(l0[k])).unwrap();
+    fs::remove_file(l0_path(l0[k])).unwrap();
+
+    let mut f = t.follow(&holed);
+    let ok = wait_until(WAIT, || f.log_text().contains("chain has a gap"));
+    assert!(ok, "no gap error; log:\n{}", f.log_text());
+    sleep(Duration::from_millis(500));
+    assert!(f.running(), "the follower gave up; log:\n{}", f.log_text());
+    assert_eq!(
+        f.log_text().matches("chain has a gap").count(),
+        1,
+        "the error is not logged once per streak:\n{}",
+        f.log_text()
+    );
+    assert_eq!(t.follower_txid(), txid);
+    assert_eq!(file_sha(&t.follower), sha, "the database was changed");
+
+    // A level-1 file that overlaps what the follower has and spans the hole: compacted from
+    // the L0 files before, in and after it; the L0 file after it is retired too.
+    let inputs: Vec<Decoder<File>> = [l0[k - 1], l0[k], l0[k + 1]]
+        .iter()
+        .map(|&r| {
+            let f = if r == l0[k] {
+                let p = t.dir.join("removed.ltx");
+                fs::write(&p, &removed).unwrap();
+                File::open(p).unwrap()
+            } else {
+                File::open(l0_path(r)).unwrap()
+            };
+            Decoder::new(f).unwrap()
+        })
+        .collect();
+    let l1 = holed.join("ltx/1");
+    fs::create_dir_all(&l1).unwrap();
+    let span = (l0[k - 1].0, l0[k + 1].1);
+    let tmp = l1.join("compacting.tmp");
+    compact(
+        inputs,
+        File::create(&tmp).unwrap(),
+        CompactOptions::default(),
+    )
+    .unwrap();
+    fs::rename(&tmp, l1.join(name(span))).unwrap();
+    fs::remove_file(l0_path(l0[k + 1])).unwrap();
+
+    t.wait_follower(&mut f, target);
+    let recovered = wait_until(WAIT, || f.log_text().contains("follow recovered"));
+    let log = f.log_text();
+    assert!(
+        log.contains("level=1"),
+        "the hole was not bridged from level 1:\n{log}"
+    );
+    assert!(recovered, "no recovery logged:\n{log}");
+    assert_same_content(&t.src, &t.follower, "follow across a bridged hole");
+    stop_follower(f, &t);
+}
