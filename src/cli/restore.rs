@@ -56,6 +56,9 @@ pub struct RestoreArgs {
     /// Skip `PRAGMA integrity_check` on the restored database.
     #[arg(long)]
     pub no_integrity_check: bool,
+    /// Ranged GETs in flight while downloading from a remote replica.
+    #[arg(long, value_name = "N", default_value_t = restore::DEFAULT_PARALLELISM, value_parser = parse_parallelism)]
+    pub parallelism: usize,
     /// Keep the output up to date (a read replica): restore, record the TXID in
     /// `<PATH>-txid`, then apply each new LTX file in place every --follow-interval until
     /// SIGINT or SIGTERM. An output with its `<PATH>-txid` is resumed, without --force.
@@ -70,6 +73,13 @@ pub struct RestoreArgs {
         requires = "follow"
     )]
     pub follow_interval: Duration,
+}
+
+fn parse_parallelism(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=256).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?}: expected a number from 1 to 256")),
+    }
 }
 
 fn parse_follow_interval(s: &str) -> Result<Duration, String> {
@@ -145,7 +155,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         force: args.force,
         integrity_check: !args.no_integrity_check,
     };
-    let report = restore::apply(&client, plan, &opts)
+    let report = restore::apply_parallel(&client, plan, &opts, args.parallelism)
         .await
         .map_err(|e| anyhow!(e))?;
     if args.json {
