@@ -6,6 +6,7 @@ mod ltx;
 pub mod replicate;
 mod restore;
 mod snapshot;
+mod source;
 mod verify;
 
 use clap::{Parser, Subcommand};

@@ -4,13 +4,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::CliError;
-use crate::ltx::TxId;
-use crate::replica_client::{AnyClient, ReplicaClient};
-use crate::restore::{self, RestoreError, RestoreOptions, Target};
+use super::source::{source, target};
+use crate::replica_client::ReplicaClient;
+use crate::restore::{self, RestoreError, RestoreOptions};
 
 /// Arguments of `replicad restore`.
 #[derive(Debug, Args)]
@@ -90,25 +89,16 @@ fn parse_follow_interval(s: &str) -> Result<Duration, String> {
     }
 }
 
-fn target(args: &RestoreArgs) -> Result<Target, CliError> {
-    if let Some(t) = &args.txid {
-        let txid: TxId = t
-            .parse()
-            .map_err(|e| CliError::Usage(format!("--txid: {e}")))?;
-        return Ok(Target::TxId(txid));
-    }
-    if let Some(ts) = &args.timestamp {
-        let t = DateTime::parse_from_rfc3339(ts)
-            .map_err(|e| CliError::Usage(format!("--timestamp {ts:?} is not RFC 3339: {e}")))?;
-        return Ok(Target::Before(t.with_timezone(&Utc)));
-    }
-    Ok(Target::Latest)
-}
-
 /// Runs `replicad restore`.
 pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
-    let (client, default_to) = source(&args)?;
-    let target = target(&args)?;
+    let (client, db) = source(
+        &args.replica,
+        args.config.as_deref(),
+        args.replica_name.as_deref(),
+        !args.no_expand_env,
+    )?;
+    let default_to = db.map(|d| d.path);
+    let target = target(args.txid.as_deref(), args.timestamp.as_deref())?;
     let to = match (&args.to, default_to, args.dry_run) {
         (Some(to), _, _) => to.clone(),
         (None, Some(db), _) => db,
@@ -183,47 +173,6 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         );
     }
     Ok(())
-}
-
-/// The client of the replica to read (from the URL, or from the configured replica with its
-/// S3 settings and credentials), and the default output (the database path in config mode).
-fn source(args: &RestoreArgs) -> Result<(AnyClient, Option<PathBuf>), CliError> {
-    let Some(config_path) = &args.config else {
-        let client = AnyClient::from_url(&args.replica).map_err(CliError::Usage)?;
-        return Ok((client, None));
-    };
-    let config = crate::config::Config::load(config_path, !args.no_expand_env)
-        .map_err(|e| CliError::Usage(e.to_string()))?;
-    let db = config
-        .find_db(std::path::Path::new(&args.replica))
-        .ok_or_else(|| {
-            CliError::Usage(format!(
-                "database {} is not in {}",
-                args.replica,
-                config_path.display()
-            ))
-        })?;
-    let replica = match &args.replica_name {
-        Some(name) => db
-            .replicas
-            .iter()
-            .find(|r| &r.name == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = db.replicas.iter().map(|r| r.name.as_str()).collect();
-                CliError::Usage(format!(
-                    "database {} has no replica {name:?} (it has {names:?})",
-                    args.replica
-                ))
-            })?,
-        None => db
-            .replicas
-            .first()
-            .ok_or_else(|| CliError::Usage(format!("database {} has no replica", args.replica)))?,
-    };
-    let client = replica
-        .client()
-        .map_err(|e| CliError::Usage(format!("replica {}: {e}", replica.name)))?;
-    Ok((client, Some(db.path.clone())))
 }
 
 fn print_plan(plan: &[crate::replica_client::LtxFileInfo], json: bool) {

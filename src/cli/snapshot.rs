@@ -17,17 +17,14 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, anyhow};
-use chrono::{DateTime, Utc};
 use clap::Args;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
 use super::CliError;
-use crate::config::{Config, DbConfig};
+use super::source::{source, target};
 use crate::fsutil;
-use crate::ltx::TxId;
-use crate::replica_client::AnyClient;
-use crate::restore::{self, RestoreOptions, Target};
+use crate::restore::{self, RestoreOptions};
 
 /// The gzip level of `.gz` snapshots.
 const GZIP_LEVEL: u32 = 6;
@@ -290,84 +287,4 @@ impl Drop for WorkFile {
         let _ = fs::remove_file(&self.path);
         let _ = fs::remove_file(fsutil::tmp_path(&self.path));
     }
-}
-
-/// The restore target of `--txid` / `--timestamp` (latest when neither is given).
-pub(super) fn target(txid: Option<&str>, timestamp: Option<&str>) -> Result<Target, CliError> {
-    if let Some(t) = txid {
-        let txid: TxId = t
-            .parse()
-            .map_err(|e| CliError::Usage(format!("--txid: {e}")))?;
-        return Ok(Target::TxId(txid));
-    }
-    if let Some(ts) = timestamp {
-        let t = DateTime::parse_from_rfc3339(ts)
-            .map_err(|e| CliError::Usage(format!("--timestamp {ts:?} is not RFC 3339: {e}")))?;
-        return Ok(Target::Before(t.with_timezone(&Utc)));
-    }
-    Ok(Target::Latest)
-}
-
-/// Whether `path` is an existing regular file starting with the SQLite header string.
-fn is_sqlite_file(path: &Path) -> bool {
-    let mut magic = [0u8; 16];
-    File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok()
-        && &magic == b"SQLite format 3\0"
-}
-
-/// The client of the replica to read, and the configured database in `--config` mode.
-///
-/// `arg` is a replica URL, or with `config` the path of a configured database (the replica
-/// `replica_name`, else the first). Without `config`, an existing regular file cannot be a
-/// replica (replicas are directories or URLs): that is a usage error asking for a replica URL
-/// or `--config`.
-pub(super) fn source(
-    arg: &str,
-    config: Option<&Path>,
-    replica_name: Option<&str>,
-    expand_env: bool,
-) -> Result<(AnyClient, Option<DbConfig>), CliError> {
-    let Some(config_path) = config else {
-        let p = Path::new(arg);
-        if p.is_file() {
-            let what = if is_sqlite_file(p) {
-                "a SQLite database"
-            } else {
-                "a file"
-            };
-            return Err(CliError::Usage(format!(
-                "{arg} is {what}, not a replica: give a replica URL (file:///path, a replica \
-                 directory, s3://BUCKET/PATH), or --config FILE to use the database's \
-                 configured replica"
-            )));
-        }
-        let client = AnyClient::from_url(arg).map_err(CliError::Usage)?;
-        return Ok((client, None));
-    };
-    let config =
-        Config::load(config_path, expand_env).map_err(|e| CliError::Usage(e.to_string()))?;
-    let db = config.find_db(Path::new(arg)).ok_or_else(|| {
-        CliError::Usage(format!(
-            "database {arg} is not in {}",
-            config_path.display()
-        ))
-    })?;
-    let replica = match replica_name {
-        Some(name) => db.replicas.iter().find(|r| r.name == name).ok_or_else(|| {
-            let names: Vec<&str> = db.replicas.iter().map(|r| r.name.as_str()).collect();
-            CliError::Usage(format!(
-                "database {arg} has no replica {name:?} (it has {names:?})"
-            ))
-        })?,
-        None => db
-            .replicas
-            .first()
-            .ok_or_else(|| CliError::Usage(format!("database {arg} has no replica")))?,
-    };
-    let client = replica
-        .client()
-        .map_err(|e| CliError::Usage(format!("replica {}: {e}", replica.name)))?;
-    Ok((client, Some(db.clone())))
 }

@@ -133,7 +133,7 @@ impl Comparison {
 /// Runs `replicad verify`.
 pub async fn run(args: VerifyArgs) -> Result<(), CliError> {
     let started = Instant::now();
-    let (client, db) = super::snapshot::source(
+    let (client, db) = super::source::source(
         &args.source,
         args.config.as_deref(),
         args.replica_name.as_deref(),
