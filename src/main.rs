@@ -1,6 +1,8 @@
 //! The `replicad` binary: parse the command line, set up logging and the runtime, run, and
 //! turn the outcome into an exit code (0 ok, 1 runtime failure, 2 usage or config error).
 
+use std::io::IsTerminal;
+
 use clap::Parser;
 use replicad::cli::{self, Cli};
 
@@ -10,6 +12,8 @@ fn main() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log_level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour only on a terminal: logs in files and journals stay plain text.
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_writer(std::io::stderr)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
