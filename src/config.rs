@@ -41,7 +41,7 @@
 //!
 //! - **Unknown keys are errors that name the key and its line — never silently ignored.** A
 //!   misspelt `checkpoint-intreval` must not quietly leave the default in force; the same goes
-//!   for Litestream keys replicad does not implement (`sync-interval`, `addr`, ...).
+//!   for Litestream keys replicad does not implement (`sync-interval`, `exec`, ...).
 //!   Duplicate keys are errors too, and so are unknown keys inside the maps `levels[]`,
 //!   `snapshot` and `retention`.
 //! - Every error names the file, the key and the line when they are known:
@@ -67,6 +67,15 @@
 //!   In a database map these keys (and `shutdown-sync-timeout`) are errors saying they are
 //!   top-level only. `snapshot` or `retention` with no value (all sub-keys commented
 //!   out) means the defaults.
+//! - `addr` (top level only, default off): where the HTTP endpoint listens (`/metrics`,
+//!   `/healthz`, `/readyz`, see [`crate::http`]). `":9090"` or `"9090"` means
+//!   **127.0.0.1:9090**: unlike Litestream, which then listens on every interface, replicad
+//!   binds the loopback address unless a host is given (`"0.0.0.0:9090"` for every interface,
+//!   `"[::]:9090"`, `"10.0.0.5:9090"`, `"localhost:9090"`). An empty value means off. The
+//!   host must be an IP address or `localhost`.
+//! - `max-lag` (top level only, replicad's own, default 60s): `/readyz` reports a replica
+//!   ready while it holds the database's TXID or its newest uploaded segment is less than
+//!   this much older than the database's newest segment.
 //! - Durations use Go syntax, as Litestream: `500ms`, `10s`, `1m`, `24h`, `1h30m`. A bare
 //!   number (`10`) is an error asking for a unit.
 //! - Paths (`path`, `meta-path`, a file replica's `path` or plain-path `url`) are made absolute
@@ -121,6 +130,8 @@ use crate::s3_client::{
     DEFAULT_PART_SIZE, S3Client, S3Config, Secret, parse_size, reject_skip_verify,
 };
 
+/// Default of `max-lag`.
+pub const DEFAULT_MAX_LAG: Duration = Duration::from_secs(60);
 /// Default of `shutdown-sync-timeout`.
 pub const DEFAULT_SHUTDOWN_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default of `truncate-page-n` (Litestream's): the WAL size in pages above which a checkpoint
@@ -155,6 +166,12 @@ pub struct Config {
     /// Key `shutdown-sync-timeout` (top level only, default 30s): how long a shutdown waits
     /// for the last changes to reach the replicas. `0s` means do not wait.
     pub shutdown_sync_timeout: Duration,
+    /// Key `addr` (top level only, default off): where the HTTP endpoint listens. A port
+    /// without a host (`":9090"`, `"9090"`) means 127.0.0.1, not every interface.
+    pub addr: Option<std::net::SocketAddr>,
+    /// Key `max-lag` (top level only, default 60s): how far behind its database a replica may
+    /// be and still be ready (`/readyz`).
+    pub max_lag: Duration,
 }
 
 /// One database and its replicas.
@@ -611,6 +628,8 @@ impl Config {
                 settings,
             }],
             shutdown_sync_timeout: DEFAULT_SHUTDOWN_SYNC_TIMEOUT,
+            addr: None,
+            max_lag: DEFAULT_MAX_LAG,
         })
     }
 
@@ -711,13 +730,15 @@ const SETTING_KEYS: [&str; 8] = [
     "verify-interval",
 ];
 /// Keys of the top level that are errors in a database map ("top-level only").
-const TOP_ONLY_KEYS: [&str; 6] = [
+const TOP_ONLY_KEYS: [&str; 8] = [
     "shutdown-sync-timeout",
     "levels",
     "snapshot",
     "l0-retention",
     "l0-retention-check-interval",
     "retention",
+    "addr",
+    "max-lag",
 ];
 const ROOT_KEYS: &[&str] = &[
     "dbs",
@@ -727,6 +748,8 @@ const ROOT_KEYS: &[&str] = &[
     TOP_ONLY_KEYS[3],
     TOP_ONLY_KEYS[4],
     TOP_ONLY_KEYS[5],
+    TOP_ONLY_KEYS[6],
+    TOP_ONLY_KEYS[7],
     SETTING_KEYS[0],
     SETTING_KEYS[1],
     SETTING_KEYS[2],
@@ -901,6 +924,51 @@ fn duration(s: Scalar<'_>) -> Result<Duration, String> {
         )),
         Scalar::Null => Err(format!("the value is empty: {SYNTAX}")),
         Scalar::Bool(_) => Err(format!("expected a duration, found {s}: {SYNTAX}")),
+    }
+}
+
+/// `addr`: `[HOST]:PORT` or `PORT`; no host means 127.0.0.1 (see the module rules); empty
+/// means off.
+fn listen_addr(s: Scalar<'_>) -> Result<Option<std::net::SocketAddr>, String> {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    const SYNTAX: &str = "use HOST:PORT or PORT, e.g. \":9090\" (127.0.0.1) or \"0.0.0.0:9090\"";
+    let v = match s {
+        Scalar::Null | Scalar::Str("") => return Ok(None),
+        Scalar::Str(v) => v.trim().to_string(),
+        Scalar::Int(i) => i.to_string(),
+        other => return Err(format!("expected an address, found {other}: {SYNTAX}")),
+    };
+    let port = |p: &str| {
+        p.parse::<u16>()
+            .map_err(|_| format!("invalid port in address {v:?}: {SYNTAX}"))
+    };
+    if let Some(p) = v.strip_prefix(':') {
+        return Ok(Some(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port(p)?,
+        )));
+    }
+    if v.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(Some(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port(&v)?,
+        )));
+    }
+    if let Ok(a) = v.parse::<SocketAddr>() {
+        return Ok(Some(a));
+    }
+    match v.rsplit_once(':') {
+        Some(("localhost", p)) => Ok(Some(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port(p)?,
+        ))),
+        Some((host, p)) => {
+            port(p)?;
+            Err(format!(
+                "host {host:?} in address {v:?} is not an IP address or `localhost`: {SYNTAX}"
+            ))
+        }
+        None => Err(format!("invalid address {v:?}: {SYNTAX}")),
     }
 }
 
@@ -1556,6 +1624,8 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
         let mut compaction = RawCompaction::default();
         let mut dbs = None;
         let mut shutdown_sync_timeout = None;
+        let mut addr = None;
+        let mut max_lag = None;
         while let Some(key) = map.next_key_seed(KeySeed {
             ctx,
             allowed: ROOT_KEYS,
@@ -1567,6 +1637,22 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                 "dbs" => dbs = Some(map.next_value_seed(DbsSeed { ctx })?),
                 "shutdown-sync-timeout" => {
                     shutdown_sync_timeout = Some(map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &duration,
+                    })?)
+                }
+                "addr" => {
+                    addr = map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &listen_addr,
+                    })?
+                }
+                "max-lag" => {
+                    max_lag = Some(map.next_value_seed(ValueSeed {
                         ctx,
                         key,
                         place,
@@ -1600,6 +1686,8 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                 })
                 .collect(),
             shutdown_sync_timeout: shutdown_sync_timeout.unwrap_or(DEFAULT_SHUTDOWN_SYNC_TIMEOUT),
+            addr,
+            max_lag: max_lag.unwrap_or(DEFAULT_MAX_LAG),
         })
     }
 }
@@ -2899,10 +2987,10 @@ dbs:
             "{msg}"
         );
         assert_fail(
-            &format!("# comment\naddr: \":9090\"\n{MINIMAL}"),
+            &format!("# comment\nexec: \"true\"\n{MINIMAL}"),
             2,
             &[
-                "unknown key `addr` at the top level",
+                "unknown key `exec` at the top level",
                 "`dbs`",
                 "`shutdown-sync-timeout`",
             ],
@@ -3920,5 +4008,88 @@ dbs:
             e.contains("line 7: the value is empty (key `secret-access-key` in dbs[0].replica)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn addr_and_max_lag() {
+        use std::net::SocketAddr;
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.addr, None);
+        assert_eq!(c.max_lag, DEFAULT_MAX_LAG);
+        let sa = |s: &str| Some(s.parse::<SocketAddr>().unwrap());
+        for (value, want) in [
+            ("\":9090\"", sa("127.0.0.1:9090")),
+            ("\"9090\"", sa("127.0.0.1:9090")),
+            ("9090", sa("127.0.0.1:9090")),
+            ("\"0.0.0.0:9090\"", sa("0.0.0.0:9090")),
+            ("\"10.1.2.3:80\"", sa("10.1.2.3:80")),
+            ("\"[::]:9090\"", sa("[::]:9090")),
+            ("\"[::1]:9090\"", sa("[::1]:9090")),
+            ("\"localhost:9090\"", sa("127.0.0.1:9090")),
+            ("\"\"", None),
+            ("", None),
+        ] {
+            let c = parse(&format!("addr: {value}\n{MINIMAL}")).unwrap();
+            assert_eq!(c.addr, want, "addr: {value}");
+        }
+        let c = parse(&format!("max-lag: 1m30s\n{MINIMAL}")).unwrap();
+        assert_eq!(c.max_lag, Duration::from_secs(90));
+        let c = parse(&format!("max-lag: 0s\n{MINIMAL}")).unwrap();
+        assert_eq!(c.max_lag, Duration::ZERO);
+        let c = Config::single(
+            PathBuf::from("/a.db"),
+            &["/b".to_string()],
+            DbSettings::default(),
+        )
+        .unwrap();
+        assert_eq!((c.addr, c.max_lag), (None, DEFAULT_MAX_LAG));
+
+        for (text, line, parts) in [
+            (
+                format!("{MINIMAL}addr: \":99999\"\n"),
+                5,
+                vec![
+                    "invalid port in address \":99999\"",
+                    "key `addr` at the top level",
+                ],
+            ),
+            (
+                format!("addr: \"example.com:9090\"\n{MINIMAL}"),
+                1,
+                vec!["host \"example.com\"", "not an IP address or `localhost`"],
+            ),
+            (
+                format!("addr: \"nonsense\"\n{MINIMAL}"),
+                1,
+                vec!["invalid address \"nonsense\"", "key `addr`"],
+            ),
+            (
+                format!("addr: true\n{MINIMAL}"),
+                1,
+                vec!["expected an address, found true"],
+            ),
+            (
+                format!("max-lag: 60\n{MINIMAL}"),
+                1,
+                vec!["add a unit", "key `max-lag` at the top level"],
+            ),
+            (
+                format!("addr: \":1\"\naddr: \":2\"\n{MINIMAL}"),
+                2,
+                vec!["duplicate key `addr` at the top level"],
+            ),
+            (
+                format!("{MINIMAL}    addr: \":9090\"\n"),
+                5,
+                vec!["key `addr` in dbs[0] is top-level only"],
+            ),
+            (
+                format!("{MINIMAL}    max-lag: 1s\n"),
+                5,
+                vec!["key `max-lag` in dbs[0] is top-level only"],
+            ),
+        ] {
+            assert_fail(&text, line, &parts);
+        }
     }
 }

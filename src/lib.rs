@@ -30,6 +30,7 @@ pub mod faulty_client;
 pub mod file_client;
 pub mod follow;
 pub mod fsutil;
+pub mod http;
 pub mod ltx;
 pub mod maintenance;
 pub mod metrics;

@@ -3,7 +3,16 @@
 //! Invariant: no label value is ever a secret: labels are database paths, replica names and
 //! operation names only.
 
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, MetricFamily, MetricType};
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use crate::db::DbPos;
+use crate::replica::ReplicaStats;
+use crate::store::DbHandle;
 
 /// Replica operations counted, in the order of [`ReplicaCounters::ops`].
 pub const OPERATIONS: [&str; 4] = ["put", "get", "list", "delete"];
@@ -18,6 +27,7 @@ pub struct Metrics {
     replica_txid: IntGaugeVec,
     replica_verify_ok: IntGaugeVec,
     replica_verify_txid: IntGaugeVec,
+    started_ms: i64,
 }
 
 impl Metrics {
@@ -76,6 +86,7 @@ impl Metrics {
             "TXID the last periodic verify restored.",
         );
         Metrics {
+            started_ms: now_ms(),
             replica_verify_ok,
             replica_verify_txid,
             registry,
@@ -84,6 +95,12 @@ impl Metrics {
             replica_bytes,
             replica_txid,
         }
+    }
+
+    /// When this registry was made (ms since the epoch): the stand-in age of a replica that
+    /// has uploaded nothing since (see [`Lag::seconds`]).
+    pub fn started_ms(&self) -> i64 {
+        self.started_ms
     }
 
     /// The registry, for scraping.
@@ -106,6 +123,15 @@ impl Metrics {
                 g
             },
             verify_txid: self.replica_verify_txid.with_label_values(&[db, replica]),
+        }
+    }
+
+    /// Registers the per-database and per-replica-lag metrics of `dbs`, read from their
+    /// atomics at scrape time (the hot path keeps counting into atomics only). Call once.
+    pub fn register_dbs(&self, dbs: &[DbHandle]) {
+        let collector = DbCollector::new(dbs.to_vec(), self.started_ms);
+        if let Err(e) = self.registry.register(Box::new(collector)) {
+            tracing::warn!(error = %e, "registering database metrics failed");
         }
     }
 
@@ -147,5 +173,225 @@ impl ReplicaCounters {
     /// Total client calls.
     pub fn total_ops(&self) -> u64 {
         self.ops.iter().map(IntCounter::get).sum()
+    }
+}
+
+/// How far one replica is behind its database.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lag {
+    /// Database TXID minus the replica's TXID (0 when the replica is current).
+    pub txids: u64,
+    /// Header timestamp of the database's newest segment minus that of the replica's newest
+    /// uploaded segment, in seconds (0 when the replica is current). When the replica has
+    /// uploaded nothing since the process started (its timestamp is unknown), the age is
+    /// counted from `since_ms` (the process start) instead: a lower bound.
+    pub seconds: f64,
+}
+
+/// The lag of replica `r` behind database position `pos`.
+pub fn replica_lag(pos: DbPos, r: &ReplicaStats, since_ms: i64) -> Lag {
+    let remote = r.remote_txid.load(Ordering::Relaxed);
+    let txids = pos.txid.0.saturating_sub(remote);
+    if txids == 0 {
+        return Lag {
+            txids,
+            seconds: 0.0,
+        };
+    }
+    let remote_ms = match r.remote_timestamp_ms.load(Ordering::Relaxed) {
+        0 => since_ms,
+        ms => i64::try_from(ms).unwrap_or(i64::MAX),
+    };
+    let ms = pos.timestamp_ms.saturating_sub(remote_ms).max(0);
+    Lag {
+        txids,
+        seconds: ms as f64 / 1000.0,
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Per-database metrics: `(name, help, type, value)`; labelled `db`.
+type DbMetric = (&'static str, &'static str, MetricType, fn(&DbHandle) -> f64);
+
+fn load(a: &std::sync::atomic::AtomicU64) -> f64 {
+    a.load(Ordering::Relaxed) as f64
+}
+
+const DB_METRICS: [DbMetric; 8] = [
+    (
+        "replicad_db_txid",
+        "Current TXID of the database (last segment staged locally).",
+        MetricType::GAUGE,
+        |d| load(&d.stats.txid),
+    ),
+    (
+        "replicad_db_syncs_total",
+        "Syncs that ran the full path.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.syncs),
+    ),
+    (
+        "replicad_db_sync_skipped_total",
+        "Ticks answered by the idle fast path.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.sync_skipped),
+    ),
+    (
+        "replicad_db_sync_errors_total",
+        "Failed syncs.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.sync_errors),
+    ),
+    (
+        "replicad_db_segments_total",
+        "Segments written.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.segments),
+    ),
+    (
+        "replicad_db_full_segments_total",
+        "Full-database segments written (a subset of segments).",
+        MetricType::COUNTER,
+        |d| load(&d.stats.full_segments),
+    ),
+    (
+        "replicad_db_checkpoints_total",
+        "Checkpoints run, any mode.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.checkpoints),
+    ),
+    (
+        "replicad_db_idle",
+        "1 while the last tick found nothing new.",
+        MetricType::GAUGE,
+        |d| f64::from(u8::from(d.stats.idle.load(Ordering::Relaxed))),
+    ),
+];
+
+const LAG_TXIDS: (&str, &str) = (
+    "replicad_replica_lag_txids",
+    "Database TXID minus the replica's TXID.",
+);
+const LAG_SECONDS: (&str, &str) = (
+    "replicad_replica_lag_seconds",
+    "Age of the replica's newest segment relative to the database's newest segment.",
+);
+
+/// Reads [`DbStats`](crate::db::DbStats) and [`ReplicaStats`] at scrape time.
+struct DbCollector {
+    dbs: Vec<DbHandle>,
+    descs: Vec<Desc>,
+    since_ms: i64,
+}
+
+impl DbCollector {
+    fn new(dbs: Vec<DbHandle>, since_ms: i64) -> DbCollector {
+        let desc = |name: &str, help: &str, labels: &[&str]| {
+            Desc::new(
+                name.to_string(),
+                help.to_string(),
+                labels.iter().map(|l| l.to_string()).collect(),
+                HashMap::new(),
+            )
+            .expect("metric definitions are static and valid")
+        };
+        let mut descs: Vec<Desc> = DB_METRICS
+            .iter()
+            .map(|(name, help, _, _)| desc(name, help, &["db"]))
+            .collect();
+        for (name, help) in [LAG_TXIDS, LAG_SECONDS] {
+            descs.push(desc(name, help, &["db", "replica"]));
+        }
+        DbCollector {
+            dbs,
+            descs,
+            since_ms,
+        }
+    }
+}
+
+fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<proto::Metric>) -> MetricFamily {
+    let mut mf = MetricFamily::default();
+    mf.set_name(name.to_string());
+    mf.set_help(help.to_string());
+    mf.set_field_type(kind);
+    mf.set_metric(metrics);
+    mf
+}
+
+fn sample(labels: &[(&str, &str)], kind: MetricType, value: f64) -> proto::Metric {
+    let mut m = proto::Metric::default();
+    m.set_label(
+        labels
+            .iter()
+            .map(|(n, v)| {
+                let mut l = proto::LabelPair::default();
+                l.set_name(n.to_string());
+                l.set_value(v.to_string());
+                l
+            })
+            .collect(),
+    );
+    if kind == MetricType::COUNTER {
+        let mut c = proto::Counter::default();
+        c.set_value(value);
+        m.set_counter(c);
+    } else {
+        let mut g = proto::Gauge::default();
+        g.set_value(value);
+        m.set_gauge(g);
+    }
+    m
+}
+
+impl Collector for DbCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let labels: Vec<String> = self
+            .dbs
+            .iter()
+            .map(|d| d.path.display().to_string())
+            .collect();
+        let mut out: Vec<MetricFamily> = DB_METRICS
+            .iter()
+            .map(|&(name, help, kind, value)| {
+                let metrics = self
+                    .dbs
+                    .iter()
+                    .zip(&labels)
+                    .map(|(d, db)| sample(&[("db", db)], kind, value(d)))
+                    .collect();
+                family(name, help, kind, metrics)
+            })
+            .collect();
+        let mut txids = Vec::new();
+        let mut seconds = Vec::new();
+        for (d, db) in self.dbs.iter().zip(&labels) {
+            let pos = *d.pos.borrow();
+            for (name, r) in &d.replicas {
+                let lag = replica_lag(pos, r, self.since_ms);
+                let l = [("db", db.as_str()), ("replica", name.as_str())];
+                txids.push(sample(&l, MetricType::GAUGE, lag.txids as f64));
+                seconds.push(sample(&l, MetricType::GAUGE, lag.seconds));
+            }
+        }
+        out.push(family(LAG_TXIDS.0, LAG_TXIDS.1, MetricType::GAUGE, txids));
+        out.push(family(
+            LAG_SECONDS.0,
+            LAG_SECONDS.1,
+            MetricType::GAUGE,
+            seconds,
+        ));
+        out
     }
 }

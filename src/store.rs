@@ -116,6 +116,7 @@ impl Store {
         for dbc in &config.dbs {
             dbs.push(Self::start_db(dbc, &ctx).await?);
         }
+        metrics.register_dbs(&dbs);
         Ok(Store {
             root,
             ingest,

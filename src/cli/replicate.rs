@@ -8,6 +8,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::CliError;
 use crate::config::{Config, DbSettings};
+use crate::http;
 use crate::ltx::Codec;
 use crate::store::Store;
 
@@ -115,7 +116,20 @@ pub async fn run(args: ReplicateArgs) -> Result<(), CliError> {
         .map_err(|e| anyhow::anyhow!("install SIGTERM handler: {e}"))?;
     let mut int = signal(SignalKind::interrupt())
         .map_err(|e| anyhow::anyhow!("install SIGINT handler: {e}"))?;
+    // Bound before the Store opens: a bad `addr` fails the start, before any replica work.
+    let listener = match config.addr {
+        Some(addr) => Some(http::bind(addr).await.map_err(|e| anyhow::anyhow!(e))?),
+        None => None,
+    };
     let store = Store::open(&config).await.map_err(|e| anyhow::anyhow!(e))?;
+    let http_stop = tokio_util::sync::CancellationToken::new();
+    let server = listener.map(|l| {
+        if let Ok(a) = l.local_addr() {
+            tracing::info!(addr = %a, "http: /metrics /healthz /readyz");
+        }
+        let status = http::Status::new(&store, config.max_lag);
+        tokio::spawn(http::serve(l, status, http_stop.clone()))
+    });
     for db in store.dbs() {
         let replicas: Vec<&str> = db.replicas.iter().map(|(n, _)| n.as_str()).collect();
         tracing::info!(db = %db.path.display(), ?replicas, "replicating");
@@ -130,6 +144,11 @@ pub async fn run(args: ReplicateArgs) -> Result<(), CliError> {
             _ = int.recv() => {}
         }
     };
+    // The endpoint stays up during the drain: /metrics shows its progress.
     store.shutdown(second).await;
+    http_stop.cancel();
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     Ok(())
 }

@@ -1,0 +1,360 @@
+//! The HTTP endpoint: /metrics, /healthz, /readyz over real HTTP, in-process and through the
+//! `replicad replicate` binary.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use replicad::config::{Config, DbSettings};
+use replicad::faulty_client::{Faults, FaultyClient};
+use replicad::http::{self, Status};
+use replicad::replica_client::AnyClient;
+use replicad::store::{ClientWrapper, DbHandle, Store};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+fn settings(monitor: Duration) -> DbSettings {
+    DbSettings {
+        monitor_interval: monitor,
+        heartbeat_interval: Duration::from_millis(50),
+        ..DbSettings::default()
+    }
+}
+
+async fn wait_until(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `GET path` over a fresh connection: (status code, body).
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> (u16, String) {
+    let text = String::from_utf8(raw.to_vec()).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a full response");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    (code, body.to_string())
+}
+
+/// The value of the sample `name{labels}` (labels as rendered, e.g. `db="/x",replica="r"`).
+fn sample(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+fn make_db(path: &std::path::Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
+         INSERT INTO t(v) VALUES ('a');",
+    )
+    .unwrap();
+    conn
+}
+
+struct Served {
+    addr: std::net::SocketAddr,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn serve(store: &Store, max_lag: Duration) -> Served {
+    let listener = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(http::serve(
+        listener,
+        Status::new(store, max_lag),
+        stop.clone(),
+    ));
+    Served { addr, stop, task }
+}
+
+impl Served {
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("the server stops on its token")
+            .unwrap();
+        assert!(
+            tokio::net::TcpStream::connect(self.addr).await.is_err(),
+            "the listener is closed"
+        );
+    }
+}
+
+fn caught_up(h: &DbHandle) -> bool {
+    let txid = h.stats.txid.load(Ordering::Relaxed);
+    txid > 0
+        && h.replicas
+            .iter()
+            .all(|(_, r)| r.remote_txid.load(Ordering::Relaxed) == txid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let _conn = make_db(&db);
+    let replica = dir.path().join("secret-free-replica");
+    // A long first tick: the Store is open but has not synced yet.
+    let config = Config::single(
+        db.clone(),
+        &[replica.display().to_string()],
+        settings(Duration::from_millis(1500)),
+    )
+    .unwrap();
+    let store = Store::open(&config).await.unwrap();
+    let srv = serve(&store, Duration::from_secs(60)).await;
+    let a = srv.addr;
+
+    assert_eq!(get(a, "/healthz").await, (200, "ok\n".into()));
+    let (code, body) = get(a, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("first sync not completed"), "{body}");
+    assert!(body.contains(&db.display().to_string()), "{body}");
+    assert_eq!(get(a, "/nope").await.0, 404);
+    assert_eq!(get(a, "/metrics/x").await.0, 404);
+
+    let h = store.dbs()[0].clone();
+    wait_until("caught up", async || caught_up(&h)).await;
+    wait_until("ready", async || get(a, "/readyz").await.0 == 200).await;
+    assert_eq!(get(a, "/readyz").await.1, "ready\n");
+
+    let (code, m) = get(a, "/metrics").await;
+    assert_eq!(code, 200);
+    let dbl = format!("db=\"{}\"", db.display());
+    let txid = h.stats.txid.load(Ordering::Relaxed) as f64;
+    assert!(txid > 0.0);
+    assert_eq!(sample(&m, "replicad_db_txid", &dbl), Some(txid), "{m}");
+    for name in [
+        "replicad_db_syncs_total",
+        "replicad_db_sync_skipped_total",
+        "replicad_db_sync_errors_total",
+        "replicad_db_segments_total",
+        "replicad_db_full_segments_total",
+        "replicad_db_checkpoints_total",
+        "replicad_db_idle",
+    ] {
+        assert!(sample(&m, name, &dbl).is_some(), "{name} missing:\n{m}");
+    }
+    assert!(m.contains("# TYPE replicad_db_syncs_total counter"), "{m}");
+    assert!(m.contains("# TYPE replicad_db_txid gauge"), "{m}");
+    assert!(sample(&m, "replicad_db_syncs_total", &dbl).unwrap() >= 1.0);
+    assert!(sample(&m, "replicad_db_segments_total", &dbl).unwrap() >= 1.0);
+    let rl = format!("{dbl},replica=\"file\"");
+    assert_eq!(
+        sample(&m, "replicad_replica_lag_txids", &rl),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(sample(&m, "replicad_replica_lag_seconds", &rl), Some(0.0));
+    // Existing metrics stay in the same registry.
+    assert!(m.contains("replicad_replica_operations_total{"), "{m}");
+
+    // No label value is a secret: labels are paths and replica names only.
+    for line in m.lines().filter(|l| !l.starts_with('#')) {
+        if let Some((_, labels)) = line.split_once('{') {
+            let labels = labels.split_once('}').unwrap().0;
+            for pair in labels.split("\",") {
+                let (k, _) = pair.split_once('=').unwrap();
+                assert!(
+                    ["db", "replica", "operation"].contains(&k),
+                    "unexpected label {k} in {line}"
+                );
+            }
+            let without_dir = labels.replace(&dir.path().display().to_string(), "");
+            assert!(
+                !without_dir.contains("secret"),
+                "a label contains a secret: {line}"
+            );
+        }
+    }
+
+    srv.stop().await;
+    store.shutdown(std::future::pending()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_grows_while_a_replica_fails_and_returns_to_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let conn = make_db(&db);
+    let good = dir.path().join("good");
+    let bad = dir.path().join("bad");
+    let mut config = Config::single(
+        db.clone(),
+        &[good.display().to_string(), bad.display().to_string()],
+        settings(Duration::from_millis(20)),
+    )
+    .unwrap();
+    config.dbs[0].replicas[0].name = "good".into();
+    config.dbs[0].replicas[1].name = "bad".into();
+    let faults = Faults::new();
+    let f = faults.clone();
+    let wrap: ClientWrapper = Arc::new(move |_db: &str, name: &str, client: AnyClient| {
+        if name == "bad" {
+            AnyClient::Faulty(Box::new(FaultyClient::new(client, f.clone())))
+        } else {
+            client
+        }
+    });
+    let store = Store::open_with(&config, Some(wrap)).await.unwrap();
+    // max-lag 0: a replica is ready only when it holds the database's TXID.
+    let srv = serve(&store, Duration::ZERO).await;
+    let a = srv.addr;
+    let h = store.dbs()[0].clone();
+    wait_until("caught up", async || caught_up(&h)).await;
+    wait_until("ready", async || get(a, "/readyz").await.0 == 200).await;
+
+    faults.set_fail_rate(1.0);
+    for i in 0..5 {
+        conn.execute("INSERT INTO t(v) VALUES (?1)", [format!("row {i}")])
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let dbl = format!("db=\"{}\"", db.display());
+    let bad_l = format!("{dbl},replica=\"bad\"");
+    let good_l = format!("{dbl},replica=\"good\"");
+    let mut m = String::new();
+    wait_until("bad replica lags by the 5 new txids", async || {
+        m = get(a, "/metrics").await.1;
+        sample(&m, "replicad_replica_lag_txids", &bad_l) == Some(5.0)
+    })
+    .await;
+    let secs = sample(&m, "replicad_replica_lag_seconds", &bad_l).unwrap();
+    assert!(secs > 0.1, "lag seconds {secs}:\n{m}");
+    assert_eq!(sample(&m, "replicad_replica_lag_txids", &good_l), Some(0.0));
+    assert_eq!(
+        sample(&m, "replicad_replica_lag_seconds", &good_l),
+        Some(0.0)
+    );
+    let (code, body) = get(a, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("replica bad: 5 txids"), "{body}");
+    assert!(!body.contains("replica good"), "{body}");
+    assert!(faults.injected() > 0);
+
+    // Within a generous max-lag the same state is ready.
+    let lenient = serve(&store, Duration::from_secs(3600)).await;
+    assert_eq!(get(lenient.addr, "/readyz").await.0, 200);
+    lenient.stop().await;
+
+    faults.set_fail_rate(0.0);
+    wait_until("bad replica recovered", async || {
+        m = get(a, "/metrics").await.1;
+        sample(&m, "replicad_replica_lag_txids", &bad_l) == Some(0.0)
+    })
+    .await;
+    assert_eq!(
+        sample(&m, "replicad_replica_lag_seconds", &bad_l),
+        Some(0.0)
+    );
+    assert_eq!(get(a, "/readyz").await, (200, "ready\n".into()));
+
+    srv.stop().await;
+    store.shutdown(std::future::pending()).await;
+}
+
+/// Blocking `GET path` for the binary test.
+fn get_blocking(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    Ok(parse_response(&raw))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn replicate_binary_serves_healthz_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let _conn = make_db(&db);
+    let port = free_port();
+    let config = dir.path().join("replicad.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\ndbs:\n  - path: {}\n    replica:\n      url: {}\n",
+            db.display(),
+            dir.path().join("replica").display()
+        ),
+    )
+    .unwrap();
+    let d = common::spawn_replicate(dir.path(), &["--config", common::s(&config)]);
+    let deadline = Instant::now() + common::WAIT;
+    let dbl = format!("db=\"{}\"", db.display());
+    loop {
+        if let Ok((200, m)) = get_blocking(port, "/metrics")
+            && sample(&m, "replicad_db_txid", &dbl).is_some_and(|t| t > 0.0)
+            && sample(
+                &m,
+                "replicad_replica_lag_txids",
+                &format!("{dbl},replica=\"file\""),
+            ) == Some(0.0)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no metrics with a synced database; log:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        get_blocking(port, "/healthz").unwrap(),
+        (200, "ok\n".into())
+    );
+    assert_eq!(get_blocking(port, "/readyz").unwrap().0, 200);
+    d.stop_ok();
+    assert!(
+        get_blocking(port, "/healthz").is_err(),
+        "the port is closed after exit"
+    );
+
+    // The port is taken now: the daemon fails to start with a clear error and exit code 1.
+    let taken = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let out = std::process::Command::new(common::bin())
+        .args(["replicate", "--config", common::s(&config)])
+        .output()
+        .unwrap();
+    drop(taken);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("listen on 127.0.0.1:{port} (key `addr`)")),
+        "{err}"
+    );
+}
