@@ -136,6 +136,10 @@ impl Replica {
         }
         if let Some(f) = newest {
             tip.post_apply_checksum = self.read_post_apply(&f).await.unwrap_or(0);
+            // Mtime (file) or upload time (S3): close to the segment's own timestamp, so lag
+            // in seconds is meaningful right after a restart.
+            let ms = f.created_at.timestamp_millis().max(0) as u64;
+            self.stats.remote_timestamp_ms.store(ms, Ordering::Relaxed);
         }
         self.remote = tip.txid;
         self.stats.remote_txid.store(tip.txid.0, Ordering::Relaxed);
