@@ -7,7 +7,8 @@ use clap::Parser;
 use replicad::cli::{self, Cli};
 
 fn main() {
-    let cli = Cli::parse();
+    // Litestream-style (Go flag) command lines: `-config FILE` is `--config FILE`.
+    let cli = Cli::parse_from(cli::golang_flags::normalize(std::env::args_os().collect()));
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log_level));
     tracing_subscriber::fmt()
