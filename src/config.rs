@@ -41,9 +41,9 @@
 //!
 //! - **Unknown keys are errors that name the key and its line — never silently ignored.** A
 //!   misspelt `checkpoint-intreval` must not quietly leave the default in force; the same goes
-//!   for Litestream keys replicad does not implement (`sync-interval`, `exec`, ...).
+//!   for Litestream keys replicad does not implement (`sync-interval`, `mcp-addr`, ...).
 //!   Duplicate keys are errors too, and so are unknown keys inside the maps `levels[]`,
-//!   `snapshot` and `retention`.
+//!   `snapshot`, `retention` and `logging`.
 //! - Every error names the file, the key and the line when they are known:
 //!   `config /etc/replicad.yml: line 7: unknown key `retention-foo` in dbs[0] (...)`.
 //! - Setting keys (`monitor-interval`, `checkpoint-interval`, `min-checkpoint-page-count`,
@@ -73,6 +73,18 @@
 //!   binds the loopback address unless a host is given (`"0.0.0.0:9090"` for every interface,
 //!   `"[::]:9090"`, `"10.0.0.5:9090"`, `"localhost:9090"`). An empty value means off. The
 //!   host must be an IP address or `localhost`.
+//! - `exec` (top level only, default none): a command run as a child once every database is
+//!   open, as Litestream's `exec`. The string is split with shell-words rules (quotes and
+//!   backslashes, no shell: no `$VAR`, pipes or globs; `sh -c "..."` for those). When the
+//!   child exits, replicad does its normal shutdown and exits with the **child's exit code**
+//!   (Litestream exits 1 on any failure); SIGTERM/SIGINT are forwarded to the child. The
+//!   command line's `--exec` replaces it. An empty string or unbalanced quotes are errors.
+//! - `logging` (top level only): a map with `level` (`trace`, `debug`, `info` (default),
+//!   `warn`, `error`; any case), `type` (`text` (default) or `json`, one JSON object per
+//!   line; Litestream's `pretty` is taken as `text`) and `stderr` (true or false). replicad
+//!   **always logs to stderr**, whatever `stderr` says (Litestream logs to stdout unless it
+//!   is true); the key is accepted so Litestream files load. `RUST_LOG` and the command
+//!   line's `--log-level` take precedence over `level`. An empty `logging` means defaults.
 //! - `max-lag` (top level only, replicad's own, default 60s): `/readyz` reports a replica
 //!   ready while it holds the database's TXID or its newest uploaded segment is less than
 //!   this much older than the database's newest segment.
@@ -172,6 +184,43 @@ pub struct Config {
     /// Key `max-lag` (top level only, default 60s): how far behind its database a replica may
     /// be and still be ready (`/readyz`).
     pub max_lag: Duration,
+    /// Key `exec` (top level only, default none): the child command, split into program and
+    /// arguments (never empty when set). See the module rules.
+    pub exec: Option<Vec<String>>,
+    /// Key `logging` (top level only).
+    pub logging: LoggingConfig,
+}
+
+/// The `logging` map.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoggingConfig {
+    /// Key `level`: `trace`, `debug`, `info`, `warn` or `error` (lower case here); `None`
+    /// means the command line's `--log-level` (default `info`). `RUST_LOG` overrides it.
+    pub level: Option<String>,
+    /// Key `type` (default `text`).
+    pub format: LogFormat,
+    /// Key `stderr` (default false). Accepted for Litestream compatibility; replicad always
+    /// logs to stderr.
+    pub stderr: bool,
+}
+
+/// Key `logging.type`: how log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines (`text`, or Litestream's `pretty`).
+    #[default]
+    Text,
+    /// One JSON object per line (`json`).
+    Json,
+}
+
+/// Splits an `exec` command line with shell-words rules (no shell); refuses an empty one.
+pub fn split_exec(cmd: &str) -> Result<Vec<String>, String> {
+    let argv = shell_words::split(cmd).map_err(|e| format!("invalid command {cmd:?}: {e}"))?;
+    if argv.is_empty() {
+        return Err("the command is empty".into());
+    }
+    Ok(argv)
 }
 
 /// One database and its replicas.
@@ -630,6 +679,8 @@ impl Config {
             shutdown_sync_timeout: DEFAULT_SHUTDOWN_SYNC_TIMEOUT,
             addr: None,
             max_lag: DEFAULT_MAX_LAG,
+            exec: None,
+            logging: LoggingConfig::default(),
         })
     }
 
@@ -730,7 +781,7 @@ const SETTING_KEYS: [&str; 8] = [
     "verify-interval",
 ];
 /// Keys of the top level that are errors in a database map ("top-level only").
-const TOP_ONLY_KEYS: [&str; 8] = [
+const TOP_ONLY_KEYS: [&str; 10] = [
     "shutdown-sync-timeout",
     "levels",
     "snapshot",
@@ -739,6 +790,8 @@ const TOP_ONLY_KEYS: [&str; 8] = [
     "retention",
     "addr",
     "max-lag",
+    "exec",
+    "logging",
 ];
 const ROOT_KEYS: &[&str] = &[
     "dbs",
@@ -750,6 +803,8 @@ const ROOT_KEYS: &[&str] = &[
     TOP_ONLY_KEYS[5],
     TOP_ONLY_KEYS[6],
     TOP_ONLY_KEYS[7],
+    TOP_ONLY_KEYS[8],
+    TOP_ONLY_KEYS[9],
     SETTING_KEYS[0],
     SETTING_KEYS[1],
     SETTING_KEYS[2],
@@ -779,6 +834,8 @@ const LEVEL_KEYS: &[&str] = &["interval"];
 const SNAPSHOT_KEYS: &[&str] = &["interval", "retention"];
 /// Keys of the `retention` map.
 const RETENTION_KEYS: &[&str] = &["enabled"];
+/// Keys of the `logging` map.
+const LOGGING_KEYS: &[&str] = &["level", "type", "stderr"];
 const REPLICA_KEYS: &[&str] = &[
     "name",
     "type",
@@ -1626,6 +1683,8 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
         let mut shutdown_sync_timeout = None;
         let mut addr = None;
         let mut max_lag = None;
+        let mut exec = None;
+        let mut logging = LoggingConfig::default();
         while let Some(key) = map.next_key_seed(KeySeed {
             ctx,
             allowed: ROOT_KEYS,
@@ -1659,6 +1718,15 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                         convert: &duration,
                     })?)
                 }
+                "exec" => {
+                    exec = Some(map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &|s| split_exec(&text(s)?),
+                    })?)
+                }
+                "logging" => logging = map.next_value_seed(LoggingSeed { ctx })?,
                 _ => {
                     if !settings.read(key, &mut map, ctx, place)?
                         && !compaction.read(key, &mut map, ctx, place)?
@@ -1688,7 +1756,110 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
             shutdown_sync_timeout: shutdown_sync_timeout.unwrap_or(DEFAULT_SHUTDOWN_SYNC_TIMEOUT),
             addr,
             max_lag: max_lag.unwrap_or(DEFAULT_MAX_LAG),
+            exec,
+            logging,
         })
+    }
+}
+
+/// `logging.level`.
+fn log_level(s: Scalar<'_>) -> Result<String, String> {
+    const LEVELS: [&str; 5] = ["trace", "debug", "info", "warn", "error"];
+    let v = text(s)?.to_ascii_lowercase();
+    match LEVELS.iter().find(|l| **l == v) {
+        Some(l) => Ok(l.to_string()),
+        None => Err(format!(
+            "invalid log level {s}: use one of {}",
+            LEVELS.join(", ")
+        )),
+    }
+}
+
+/// `logging.type`.
+fn log_format(s: Scalar<'_>) -> Result<LogFormat, String> {
+    match text(s)?.to_ascii_lowercase().as_str() {
+        "text" | "pretty" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        _ => Err(format!("invalid log type {s}: use text or json")),
+    }
+}
+
+/// The `logging` map.
+struct LoggingSeed<'a> {
+    ctx: &'a Ctx,
+}
+
+impl LoggingSeed<'_> {
+    fn not_a_map<E: de::Error>(&self, found: impl fmt::Display) -> Result<LoggingConfig, E> {
+        Err(self.ctx.fail(format!(
+            "`logging` takes a map with the keys `level`, `type`, `stderr`, found {found}"
+        )))
+    }
+
+    fn scalar<E: de::Error>(self, s: Scalar<'_>) -> Result<LoggingConfig, E> {
+        self.not_a_map(s)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for LoggingSeed<'_> {
+    type Value = LoggingConfig;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<LoggingConfig, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LoggingSeed<'_> {
+    type Value = LoggingConfig;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map for `logging`")
+    }
+    visit_scalars!(scalar);
+    fn visit_unit<E: de::Error>(self) -> Result<LoggingConfig, E> {
+        Ok(LoggingConfig::default())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<LoggingConfig, A::Error> {
+        self.not_a_map("a list")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LoggingConfig, A::Error> {
+        let ctx = self.ctx;
+        let place = "in logging";
+        let mut seen = Vec::new();
+        let mut logging = LoggingConfig::default();
+        while let Some(key) = map.next_key_seed(KeySeed {
+            ctx,
+            allowed: LOGGING_KEYS,
+            top_only: &[],
+            seen: &mut seen,
+            place,
+        })? {
+            match key {
+                "level" => {
+                    logging.level = Some(map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &log_level,
+                    })?)
+                }
+                "type" => {
+                    logging.format = map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &log_format,
+                    })?
+                }
+                _ => {
+                    logging.stderr = map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &boolean,
+                    })?
+                }
+            }
+        }
+        Ok(logging)
     }
 }
 
@@ -2987,10 +3158,10 @@ dbs:
             "{msg}"
         );
         assert_fail(
-            &format!("# comment\nexec: \"true\"\n{MINIMAL}"),
+            &format!("# comment\nmcp-addr: \":3001\"\n{MINIMAL}"),
             2,
             &[
-                "unknown key `exec` at the top level",
+                "unknown key `mcp-addr` at the top level",
                 "`dbs`",
                 "`shutdown-sync-timeout`",
             ],
@@ -4091,5 +4262,110 @@ dbs:
         ] {
             assert_fail(&text, line, &parts);
         }
+    }
+
+    #[test]
+    fn exec_key() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.exec, None);
+        let c = parse(&format!(
+            "exec: \"app serve --port '8 0' a\\\\ b\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.exec,
+            Some(vec![
+                "app".to_string(),
+                "serve".into(),
+                "--port".into(),
+                "8 0".into(),
+                "a b".into()
+            ])
+        );
+        assert_fail(
+            &format!("{MINIMAL}exec: \"\"\n"),
+            5,
+            &["the value is empty", "key `exec` at the top level"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}exec: \"  \"\n"),
+            5,
+            &["the command is empty", "key `exec`"],
+        );
+        assert_fail(
+            &format!("exec: \"sh -c 'x\"\n{MINIMAL}"),
+            1,
+            &["invalid command", "key `exec` at the top level"],
+        );
+        assert_fail(
+            &format!("exec: [a, b]\n{MINIMAL}"),
+            1,
+            &["found a list", "key `exec`"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}    exec: app\n"),
+            5,
+            &["key `exec` in dbs[0] is top-level only"],
+        );
+    }
+
+    #[test]
+    fn logging_key() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.logging, LoggingConfig::default());
+        assert_eq!(c.logging.format, LogFormat::Text);
+        let c = parse(&format!(
+            "logging:\n  level: DEBUG\n  type: json\n  stderr: true\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.logging,
+            LoggingConfig {
+                level: Some("debug".into()),
+                format: LogFormat::Json,
+                stderr: true,
+            }
+        );
+        let c = parse(&format!("logging: {{type: pretty}}\n{MINIMAL}")).unwrap();
+        assert_eq!(c.logging.format, LogFormat::Text);
+        assert_eq!(c.logging.level, None);
+        // Every sub-key commented out: the defaults.
+        let c = parse(&format!("logging:\n  # level: info\n{MINIMAL}")).unwrap();
+        assert_eq!(c.logging, LoggingConfig::default());
+        assert_fail(
+            &format!("{MINIMAL}logging:\n  level: info\n  type: xml\n"),
+            7,
+            &["invalid log type \"xml\"", "key `type` in logging"],
+        );
+        assert_fail(
+            &format!("logging:\n  level: loud\n{MINIMAL}"),
+            2,
+            &["invalid log level \"loud\"", "key `level` in logging"],
+        );
+        assert_fail(
+            &format!("logging:\n  stderr: yes please\n{MINIMAL}"),
+            2,
+            &["expected true or false", "key `stderr` in logging"],
+        );
+        assert_fail(
+            &format!("logging:\n  source: true\n{MINIMAL}"),
+            2,
+            &["unknown key `source` in logging", "`level`"],
+        );
+        assert_fail(
+            &format!("logging:\n  type: json\n  type: text\n{MINIMAL}"),
+            3,
+            &["duplicate key `type` in logging"],
+        );
+        assert_fail(
+            &format!("logging: json\n{MINIMAL}"),
+            1,
+            &["`logging` takes a map"],
+        );
+        assert_fail(
+            &format!("{MINIMAL}    logging:\n      type: json\n"),
+            5,
+            &["key `logging` in dbs[0] is top-level only"],
+        );
     }
 }

@@ -34,6 +34,7 @@ pub mod http;
 pub mod ltx;
 pub mod maintenance;
 pub mod metrics;
+pub mod notify;
 pub mod replica;
 pub mod replica_client;
 pub mod restore;

@@ -1,23 +1,60 @@
 //! The `replicad` binary: parse the command line, set up logging and the runtime, run, and
 //! turn the outcome into an exit code (0 ok, 1 runtime failure, 2 usage or config error).
+//!
+//! `replicate` reads its configuration before logging starts, so that the file's `logging`
+//! map can shape it; a configuration error is printed to stderr and exits 2. With `exec`, the
+//! exit code is the child's (see [`replicad::cli::replicate::run_config`]).
+//!
+//! Log level precedence: `RUST_LOG`, then `--log-level` when given on the command line, then
+//! the file's `logging.level`, then `info`. Logs always go to stderr.
 
 use std::io::IsTerminal;
 
-use clap::Parser;
-use replicad::cli::{self, Cli};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
+use replicad::cli::{self, Cli, Command};
+use replicad::config::LogFormat;
 
 fn main() {
     // Litestream-style (Go flag) command lines: `-config FILE` is `--config FILE`.
-    let cli = Cli::parse_from(cli::golang_flags::normalize(std::env::args_os().collect()));
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log_level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        // Colour only on a terminal: logs in files and journals stay plain text.
-        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let matches = Cli::command()
+        .get_matches_from(cli::golang_flags::normalize(std::env::args_os().collect()));
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let level_given = matches.value_source("log_level") == Some(ValueSource::CommandLine);
+    match cli.command {
+        Command::Replicate(args) => {
+            let config = args.load_config().unwrap_or_else(|e| fail(&e));
+            let level = match (&config.logging.level, level_given) {
+                (Some(level), false) => level.as_str(),
+                _ => cli.log_level.as_str(),
+            };
+            init_tracing(level, config.logging.format);
+            let code = runtime()
+                .block_on(cli::replicate::run_config(config))
+                .unwrap_or_else(|e| fail(&e));
+            std::process::exit(code);
+        }
+        command => {
+            init_tracing(&cli.log_level, LogFormat::Text);
+            let cli = Cli {
+                log_level: cli.log_level,
+                command,
+            };
+            if let Err(e) = runtime().block_on(cli::run(cli)) {
+                fail(&e);
+            }
+        }
+    }
+}
+
+/// Prints `e` and exits with its code.
+fn fail(e: &cli::CliError) -> ! {
+    eprintln!("error: {e}");
+    std::process::exit(e.exit_code());
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
@@ -26,9 +63,21 @@ fn main() {
             eprintln!("error: cannot start the async runtime: {e}");
             std::process::exit(1);
         }
-    };
-    if let Err(e) = runtime.block_on(cli::run(cli)) {
-        eprintln!("error: {e}");
-        std::process::exit(e.exit_code());
+    }
+}
+
+/// Logs to stderr at `level` (`RUST_LOG` overrides it) in `format`.
+fn init_tracing(level: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            // Colour only on a terminal: logs in files and journals stay plain text.
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
     }
 }

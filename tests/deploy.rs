@@ -259,7 +259,7 @@ fn systemd_unit_waits_for_the_shutdown_sync() {
         assert_eq!(found.len(), 1, "{key}= set {} times", found.len());
         found[0].trim()
     };
-    assert_eq!(value("Type"), "simple");
+    assert_eq!(value("Type"), "notify");
     assert_eq!(
         value("ExecStart"),
         "/usr/local/bin/replicad replicate --config /etc/replicad.yml"

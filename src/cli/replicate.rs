@@ -4,12 +4,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use tokio::signal::unix::{SignalKind, signal};
+use rustix::process::Pid;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::CliError;
 use crate::config::{Config, DbSettings};
 use crate::http;
 use crate::ltx::Codec;
+use crate::notify::{self, Notify};
 use crate::store::Store;
 
 /// Arguments of `replicad replicate`.
@@ -48,6 +51,11 @@ pub struct ReplicateArgs {
     /// How long a shutdown waits for uploads to finish.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub shutdown_sync_timeout: Option<Duration>,
+    /// Run CMD as a child once every database is open (split with shell rules, no shell);
+    /// SIGTERM/SIGINT are forwarded to it, and when it exits replicad does its final sync and
+    /// exits with the child's exit code. Replaces the config file's `exec`.
+    #[arg(long, value_name = "CMD")]
+    pub exec: Option<String>,
 }
 
 /// Parses durations in Litestream's (Go) syntax: `1s`, `500ms`, `1m30s`.
@@ -105,13 +113,38 @@ impl ReplicateArgs {
         if let Some(t) = self.shutdown_sync_timeout {
             config.shutdown_sync_timeout = t;
         }
+        if let Some(cmd) = &self.exec {
+            config.exec = Some(
+                crate::config::split_exec(cmd)
+                    .map_err(|e| CliError::Usage(format!("--exec: {e}")))?,
+            );
+        }
         Ok(config)
     }
 }
 
-/// Runs the daemon until SIGTERM or SIGINT; a second signal aborts the shutdown drain.
+/// Runs the daemon until SIGTERM or SIGINT (or, with `exec`, until the child exits); a
+/// second signal aborts the shutdown drain. A child that exits non-zero is an error here;
+/// the binary uses [`run_config`] to exit with the child's own code.
 pub async fn run(args: ReplicateArgs) -> Result<(), CliError> {
     let config = args.load_config()?;
+    match run_config(config).await? {
+        0 => Ok(()),
+        code => Err(CliError::Runtime(anyhow::anyhow!(
+            "the exec command exited with code {code}"
+        ))),
+    }
+}
+
+/// Runs the daemon of `config` and returns the process exit code: 0 after a signal, or the
+/// `exec` child's exit code (128+N when a signal N killed it; Litestream exits 1 for any
+/// failure instead) once the child has exited and the shutdown drain is over.
+///
+/// With `exec`, the child starts once every database is open; SIGTERM and SIGINT are
+/// forwarded to it, and the daemon shuts down when it exits. Without a child, the first signal
+/// starts the shutdown. Either way a further signal during the drain aborts it. systemd is
+/// notified along the way when `NOTIFY_SOCKET` is set ([`crate::notify`]).
+pub async fn run_config(config: Config) -> Result<i32, CliError> {
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| anyhow::anyhow!("install SIGTERM handler: {e}"))?;
     let mut int = signal(SignalKind::interrupt())
@@ -134,9 +167,26 @@ pub async fn run(args: ReplicateArgs) -> Result<(), CliError> {
         let replicas: Vec<&str> = db.replicas.iter().map(|(n, _)| n.as_str()).collect();
         tracing::info!(db = %db.path.display(), ?replicas, "replicating");
     }
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: final sync and upload"),
-        _ = int.recv() => tracing::info!("SIGINT: final sync and upload"),
+    let notify = Notify::start(store.dbs().to_vec());
+    let mut failure = None;
+    let code = match &config.exec {
+        None => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: final sync and upload"),
+                _ = int.recv() => tracing::info!("SIGINT: final sync and upload"),
+            }
+            0
+        }
+        Some(argv) => match spawn_child(argv) {
+            Ok(child) => supervise(child, &mut term, &mut int).await,
+            Err(e) => {
+                failure = Some(e);
+                1
+            }
+        },
+    };
+    if let Some(n) = &notify {
+        n.stopping();
     }
     let second = async move {
         tokio::select! {
@@ -150,5 +200,70 @@ pub async fn run(args: ReplicateArgs) -> Result<(), CliError> {
     if let Some(server) = server {
         let _ = server.await;
     }
-    Ok(())
+    if let Some(n) = notify {
+        n.finish();
+    }
+    match failure {
+        Some(e) => Err(CliError::Runtime(e)),
+        None => Ok(code),
+    }
+}
+
+/// Starts the `exec` child: our environment (minus the systemd notification variables),
+/// stdin, stdout and stderr.
+fn spawn_child(argv: &[String]) -> Result<Child, anyhow::Error> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| anyhow::anyhow!("the exec command is empty"))?;
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    for var in notify::CHILD_ENV_REMOVE {
+        cmd.env_remove(var);
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot start the exec command {program:?}: {e}"))?;
+    tracing::info!(pid = child.id(), command = ?argv, "exec: child started");
+    Ok(child)
+}
+
+/// Waits for the child, forwarding SIGTERM and SIGINT to it; returns its exit code.
+async fn supervise(mut child: Child, term: &mut Signal, int: &mut Signal) -> i32 {
+    let pid = child
+        .id()
+        .and_then(|p| i32::try_from(p).ok())
+        .and_then(Pid::from_raw);
+    loop {
+        let (name, sig) = tokio::select! {
+            status = child.wait() => return match status {
+                Ok(status) => {
+                    let code = exit_code(status);
+                    tracing::info!(%status, code, "exec: child exited; final sync and upload");
+                    code
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "exec: waiting for the child failed");
+                    1
+                }
+            },
+            _ = term.recv() => ("SIGTERM", rustix::process::Signal::TERM),
+            _ = int.recv() => ("SIGINT", rustix::process::Signal::INT),
+        };
+        tracing::info!("{name}: forwarding it to the exec child and waiting for it to exit");
+        if let Some(pid) = pid
+            && let Err(e) = rustix::process::kill_process(pid, sig)
+        {
+            tracing::warn!(error = %e, "exec: cannot signal the child");
+        }
+    }
+}
+
+/// A child's exit code, or 128+N when signal N killed it (as shells report it).
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 1,
+    }
 }
