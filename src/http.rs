@@ -5,6 +5,9 @@
 //! - `GET /readyz`: `200 ready` when every database has completed its first sync and every
 //!   replica is within `max-lag` (see [`readiness`]); otherwise `503` with one line per thing
 //!   that is not ready.
+//! - `GET /status`: JSON summary for `replicad status` (see [`Status::summary`]): per database
+//!   its path, TXID, idle flag, sync and sync-error counts, and per replica its remote TXID
+//!   and lag.
 //! - Anything else: `404`; a method other than GET or HEAD: `405`.
 //!
 //! The listener is bound by the Store's owner (the replicate command) before the Store opens,
@@ -56,6 +59,49 @@ impl Status {
     /// [`readiness`] of these databases.
     pub fn readiness(&self) -> Result<(), Vec<String>> {
         readiness(&self.dbs, self.max_lag, self.metrics.started_ms())
+    }
+
+    /// The body of `GET /status`:
+    ///
+    /// ```json
+    /// {"databases": [{"path": "/data/app.db", "txid": 42, "idle": true, "syncs": 7,
+    ///   "sync_errors": 0, "replicas": [{"name": "s3", "remote_txid": 42, "lag_txids": 0,
+    ///   "lag_seconds": 0.0}]}]}
+    /// ```
+    ///
+    /// TXIDs are plain numbers (not the 16-digit hex of file names); lags are those of
+    /// `replicad_replica_lag_*` ([`replica_lag`]).
+    pub fn summary(&self) -> serde_json::Value {
+        let since_ms = self.metrics.started_ms();
+        let dbs: Vec<serde_json::Value> = self
+            .dbs
+            .iter()
+            .map(|d| {
+                let pos = *d.pos.borrow();
+                let replicas: Vec<serde_json::Value> = d
+                    .replicas
+                    .iter()
+                    .map(|(name, r)| {
+                        let lag = replica_lag(pos, r, since_ms);
+                        serde_json::json!({
+                            "name": name,
+                            "remote_txid": r.remote_txid.load(Ordering::Relaxed),
+                            "lag_txids": lag.txids,
+                            "lag_seconds": lag.seconds,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "path": d.path.display().to_string(),
+                    "txid": d.stats.txid.load(Ordering::Relaxed),
+                    "idle": d.stats.idle.load(Ordering::Relaxed),
+                    "syncs": d.stats.syncs.load(Ordering::Relaxed),
+                    "sync_errors": d.stats.sync_errors.load(Ordering::Relaxed),
+                    "replicas": replicas,
+                })
+            })
+            .collect();
+        serde_json::json!({ "databases": dbs })
     }
 }
 
@@ -161,6 +207,14 @@ fn handle(status: &Status, req: &Request<Incoming>) -> Response<Full<Bytes>> {
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
             );
+            r
+        }
+        "/status" => {
+            let mut body = status.summary().to_string();
+            body.push('\n');
+            let mut r = text(StatusCode::OK, body);
+            r.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             r
         }
         "/healthz" => text(StatusCode::OK, "ok\n".into()),

@@ -1,10 +1,18 @@
 //! Prometheus metrics: one registry per Store, counters handed to the tasks that count.
 //!
-//! Invariant: no label value is ever a secret: labels are database paths, replica names and
-//! operation names only.
+//! Per-phase throughput (`replicad_phase_bytes_total{phase}`, `replicad_phase_seconds_total{phase}`)
+//! is process-wide, unlike everything else here: the phases are counted into the static
+//! [`PHASES`] (plain atomics, no registry lookup on the hot path) by whatever code runs them —
+//! syncs of every database, uploads of every replica, restores and the CLI — and every
+//! Store's registry exports the same totals through a collector reading [`PHASES`] at scrape
+//! time. Two Stores in one process (tests) therefore report the same, shared, phase totals.
+//!
+//! Invariant: no label value is ever a secret: labels are database paths, replica names,
+//! operation names and phase names only.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{self, MetricFamily, MetricType};
@@ -34,6 +42,9 @@ impl Metrics {
     /// A fresh registry with every metric registered.
     pub fn new() -> Metrics {
         let registry = Registry::new();
+        registry
+            .register(Box::new(PhaseCollector::new()))
+            .expect("each metric is registered once");
         let labels = ["db", "replica", "operation"];
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels)
@@ -393,5 +404,177 @@ impl Collector for DbCollector {
             seconds,
         ));
         out
+    }
+}
+
+/// A stage of the data path, for per-phase throughput (Vitess-style phase stats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Sync: reading pages from the WAL or the database file (bytes: page bytes read).
+    WalRead,
+    /// Sync: building a segment other than page compression (header, page framing, index,
+    /// trailer, checksums; bytes: segment file bytes produced).
+    Encode,
+    /// Sync: compressing and appending pages to the segment (`Encoder::encode_page`, whose
+    /// cost is the codec's; bytes: uncompressed page bytes in).
+    Compress,
+    /// Sync: fsync and publish (rename, directory fsync) of a staged segment (bytes: segment
+    /// bytes made durable).
+    StageWrite,
+    /// Replica: storing a staged segment on the replica (`put`; bytes: object bytes stored).
+    Upload,
+    /// Restore: fetching files of a remote replica into the local sidecar directory (bytes:
+    /// bytes received). Directory (`file`) replicas are read in place during `Apply`, so a
+    /// restore from one leaves this phase at 0.
+    Download,
+    /// Restore: decoding the chain and writing the database into `<to>.tmp`, including its
+    /// fsync (bytes: page bytes written to the output).
+    Apply,
+}
+
+impl Phase {
+    /// Every phase, in export order.
+    pub const ALL: [Phase; 7] = [
+        Phase::WalRead,
+        Phase::Encode,
+        Phase::Compress,
+        Phase::StageWrite,
+        Phase::Upload,
+        Phase::Download,
+        Phase::Apply,
+    ];
+
+    /// The `phase` label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::WalRead => "wal_read",
+            Phase::Encode => "encode",
+            Phase::Compress => "compress",
+            Phase::StageWrite => "stage_write",
+            Phase::Upload => "upload",
+            Phase::Download => "download",
+            Phase::Apply => "apply",
+        }
+    }
+}
+
+/// Process-wide totals per [`Phase`]: bytes and nanoseconds, each an atomic. Callers sum
+/// locally and add once per unit of work (a segment, an upload, a chunk), so the shared
+/// cache lines are touched rarely. Times of concurrent work (parallel uploads or syncs of
+/// several databases) add up, so seconds may exceed wall time.
+#[derive(Debug)]
+pub struct PhaseStats {
+    bytes: [AtomicU64; 7],
+    nanos: [AtomicU64; 7],
+}
+
+/// The process-wide phase totals (see the module documentation).
+pub static PHASES: PhaseStats = PhaseStats::new();
+
+impl PhaseStats {
+    /// All zero.
+    pub const fn new() -> PhaseStats {
+        PhaseStats {
+            bytes: [const { AtomicU64::new(0) }; 7],
+            nanos: [const { AtomicU64::new(0) }; 7],
+        }
+    }
+
+    /// Adds `bytes` and `elapsed` to `phase`.
+    pub fn record(&self, phase: Phase, bytes: u64, elapsed: Duration) {
+        self.record_nanos(phase, bytes, duration_nanos(elapsed));
+    }
+
+    /// Adds `bytes` and `nanos` to `phase`.
+    pub fn record_nanos(&self, phase: Phase, bytes: u64, nanos: u64) {
+        let i = phase as usize;
+        if bytes > 0 {
+            self.bytes[i].fetch_add(bytes, Ordering::Relaxed);
+        }
+        if nanos > 0 {
+            self.nanos[i].fetch_add(nanos, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes counted for `phase`.
+    pub fn bytes(&self, phase: Phase) -> u64 {
+        self.bytes[phase as usize].load(Ordering::Relaxed)
+    }
+
+    /// Seconds counted for `phase`.
+    pub fn seconds(&self, phase: Phase) -> f64 {
+        self.nanos[phase as usize].load(Ordering::Relaxed) as f64 / 1e9
+    }
+}
+
+impl Default for PhaseStats {
+    fn default() -> Self {
+        PhaseStats::new()
+    }
+}
+
+/// `d` in nanoseconds, saturating.
+pub fn duration_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+const PHASE_BYTES: (&str, &str) = (
+    "replicad_phase_bytes_total",
+    "Bytes processed per data-path phase, process-wide (see the phase list in the docs).",
+);
+const PHASE_SECONDS: (&str, &str) = (
+    "replicad_phase_seconds_total",
+    "Time spent per data-path phase, process-wide; concurrent work adds up.",
+);
+
+/// Exports [`PHASES`] at scrape time.
+struct PhaseCollector {
+    descs: Vec<Desc>,
+}
+
+impl PhaseCollector {
+    fn new() -> PhaseCollector {
+        let descs = [PHASE_BYTES, PHASE_SECONDS]
+            .iter()
+            .map(|(name, help)| {
+                Desc::new(
+                    name.to_string(),
+                    help.to_string(),
+                    vec!["phase".to_string()],
+                    HashMap::new(),
+                )
+                .expect("metric definitions are static and valid")
+            })
+            .collect();
+        PhaseCollector { descs }
+    }
+}
+
+impl Collector for PhaseCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let per_phase = |value: &dyn Fn(Phase) -> f64| {
+            Phase::ALL
+                .iter()
+                .map(|&p| sample(&[("phase", p.name())], MetricType::COUNTER, value(p)))
+                .collect()
+        };
+        vec![
+            family(
+                PHASE_BYTES.0,
+                PHASE_BYTES.1,
+                MetricType::COUNTER,
+                per_phase(&|p| PHASES.bytes(p) as f64),
+            ),
+            family(
+                PHASE_SECONDS.0,
+                PHASE_SECONDS.1,
+                MetricType::COUNTER,
+                per_phase(&|p| PHASES.seconds(p)),
+            ),
+        ]
     }
 }

@@ -22,7 +22,7 @@ use crate::compaction::RemoteIndex;
 use crate::db::{DbPos, RemoteTip};
 use crate::ltx::{self, TxId};
 use crate::maintenance::{self, Maintenance, Schedule};
-use crate::metrics::ReplicaCounters;
+use crate::metrics::{PHASES, Phase, ReplicaCounters};
 use crate::replica_client::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::retry::Backoff;
 use crate::staging::Staging;
@@ -258,11 +258,14 @@ impl Replica {
                     ),
                 })?;
             self.stats.count(0);
-            let info = self
+            let started = Instant::now();
+            let put = self
                 .client
                 .put(0, txid, txid, &path, header.timestamp)
-                .await
-                .inspect_err(|_| self.note_error(0))?;
+                .await;
+            let bytes = put.as_ref().map_or(0, |info| info.size);
+            PHASES.record(Phase::Upload, bytes, started.elapsed());
+            let info = put.inspect_err(|_| self.note_error(0))?;
             self.remote = txid;
             self.stats.counters.bytes[0].inc_by(info.size);
             self.index.insert(info);

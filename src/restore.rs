@@ -29,6 +29,7 @@ use tokio_util::io::SyncIoBridge;
 use crate::fsutil;
 use crate::ltx::checksum::{DbChecksum, page_checksum};
 use crate::ltx::{self, Decoder, Header, LtxError, TxId, lock_pgno};
+use crate::metrics::{PHASES, Phase};
 use crate::replica_client::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 
 /// What state to restore.
@@ -331,7 +332,11 @@ pub async fn apply_parallel(
     let progress = Progress::start(if remote { 2 * total } else { total });
     let fetch_dir = sidecar(&opts.to, ".restore");
     let local = if remote {
-        match fetch_all(client, &plan, &fetch_dir, parallelism.max(1), &progress).await {
+        let fetching = Instant::now();
+        let fetched = fetch_all(client, &plan, &fetch_dir, parallelism.max(1), &progress).await;
+        // Wall time of the whole fetch; bytes are counted per chunk in `fetch_chunk`.
+        PHASES.record(Phase::Download, 0, fetching.elapsed());
+        match fetched {
             Ok(paths) => Some(paths),
             Err(e) => {
                 let _ = fs::remove_dir_all(&fetch_dir);
@@ -476,6 +481,7 @@ async fn fetch_chunk(
         })?;
         pos += want as u64;
         progress.add(want as u64);
+        PHASES.record_nanos(Phase::Download, want as u64, 0);
     }
     Ok(())
 }
@@ -515,7 +521,14 @@ fn apply_blocking(
     if let Some(dir) = opts.to.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir).map_err(RestoreError::io("create directory", dir))?;
     }
-    let result = write_tmp(client, plan, &tmp, handle, local, progress).and_then(|applied| {
+    let applying = Instant::now();
+    let written = write_tmp(client, plan, &tmp, handle, local, progress);
+    PHASES.record(
+        Phase::Apply,
+        written.as_ref().map_or(0, |a| a.bytes),
+        applying.elapsed(),
+    );
+    let result = written.and_then(|applied| {
         if opts.integrity_check {
             integrity_check(&tmp)?;
         }
@@ -567,6 +580,8 @@ struct Applied {
     page_size: u32,
     commit: u32,
     db_checksum: Option<u64>,
+    /// Page bytes written to the output (phase stats).
+    bytes: u64,
 }
 
 fn file_label(f: &LtxFileInfo) -> String {
@@ -599,6 +614,7 @@ fn write_tmp(
     let mut page_size = 0u32;
     let mut sum = DbChecksum::default();
     let mut buf = Vec::new();
+    let mut bytes = 0u64;
     // (header, post-apply checksum) per plan position, to check the checksum chain afterwards.
     let mut seen: Vec<Option<(Header, u64)>> = vec![None; plan.len()];
     for (i, info) in plan.iter().enumerate().rev() {
@@ -650,6 +666,7 @@ fn write_tmp(
             written[word] |= bit;
             out.write_all_at(&buf, u64::from(pgno - 1) * u64::from(page_size))
                 .map_err(RestoreError::io("write", tmp))?;
+            bytes += buf.len() as u64;
             sum.toggle(page_checksum(pgno, &buf));
         }
         let trailer = dec.finish().map_err(ltx_err)?;
@@ -687,6 +704,7 @@ fn write_tmp(
         page_size,
         commit: final_commit,
         db_checksum,
+        bytes,
     })
 }
 

@@ -181,7 +181,7 @@ async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
             for pair in labels.split("\",") {
                 let (k, _) = pair.split_once('=').unwrap();
                 assert!(
-                    ["db", "replica", "operation"].contains(&k),
+                    ["db", "replica", "operation", "phase"].contains(&k),
                     "unexpected label {k} in {line}"
                 );
             }

@@ -8,6 +8,7 @@ pub mod replicate;
 mod restore;
 mod snapshot;
 mod source;
+mod status;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,8 @@ pub enum Command {
     Snapshot(snapshot::SnapshotArgs),
     /// Check that a replica restores (and, with --config, whether it equals the live database).
     Verify(verify::VerifyArgs),
+    /// Show the databases and replica lag of a running daemon (its HTTP endpoint, key `addr`).
+    Status(status::StatusArgs),
 }
 
 /// A failure, classified by exit code.
@@ -71,5 +74,6 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Databases(args) => databases::run(args).await,
         Command::Snapshot(args) => snapshot::run(args).await,
         Command::Verify(args) => verify::run(args).await,
+        Command::Status(args) => status::run(args).await,
     }
 }

@@ -158,7 +158,7 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     let http_stop = tokio_util::sync::CancellationToken::new();
     let server = listener.map(|l| {
         if let Ok(a) = l.local_addr() {
-            tracing::info!(addr = %a, "http: /metrics /healthz /readyz");
+            tracing::info!(addr = %a, "http: /metrics /healthz /readyz /status");
         }
         let status = http::Status::new(&store, config.max_lag);
         tokio::spawn(http::serve(l, status, http_stop.clone()))
