@@ -536,6 +536,16 @@ impl S3Client {
 }
 
 async fn build_client(cfg: &S3Config) -> Result<Client, StorageError> {
+    let region = cfg
+        .region
+        .clone()
+        .or_else(|| std::env::var("AWS_REGION").ok().filter(|r| !r.is_empty()))
+        .or_else(|| {
+            std::env::var("AWS_DEFAULT_REGION")
+                .ok()
+                .filter(|r| !r.is_empty())
+        })
+        .or_else(|| cfg.endpoint.as_ref().map(|_| "us-east-1".to_string()));
     let mut b = match (&cfg.access_key_id, &cfg.secret_access_key) {
         (Some(id), Some(secret)) => aws_sdk_s3::config::Builder::new()
             .behavior_version(BehaviorVersion::latest())
@@ -548,6 +558,10 @@ async fn build_client(cfg: &S3Config) -> Result<Client, StorageError> {
             )),
         _ => {
             let mut loader = aws_config::defaults(BehaviorVersion::latest());
+            // A known region must not be looked up (IMDS would add its timeout off EC2).
+            if let Some(r) = &region {
+                loader = loader.region(Region::new(r.clone()));
+            }
             if let (Ok(id), Ok(secret), Err(_)) = (
                 std::env::var("LITESTREAM_ACCESS_KEY_ID"),
                 std::env::var("LITESTREAM_SECRET_ACCESS_KEY"),
@@ -565,16 +579,6 @@ async fn build_client(cfg: &S3Config) -> Result<Client, StorageError> {
         }
     };
     // Explicit keys skip the environment loader, so read the region variables here too.
-    let region = cfg
-        .region
-        .clone()
-        .or_else(|| std::env::var("AWS_REGION").ok().filter(|r| !r.is_empty()))
-        .or_else(|| {
-            std::env::var("AWS_DEFAULT_REGION")
-                .ok()
-                .filter(|r| !r.is_empty())
-        })
-        .or_else(|| cfg.endpoint.as_ref().map(|_| "us-east-1".to_string()));
     if let Some(r) = region {
         b = b.region(Region::new(r));
     }
