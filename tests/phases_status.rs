@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::http::{get, make_db, sample};
+
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -16,7 +18,6 @@ use replicad::metrics::{PHASES, Phase};
 use replicad::replica_client::AnyClient;
 use replicad::restore::{self, RestoreOptions, Target};
 use replicad::store::{DbHandle, Store};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 async fn wait_until(what: &str, mut f: impl AsyncFnMut() -> bool) {
@@ -25,39 +26,6 @@ async fn wait_until(what: &str, mut f: impl AsyncFnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// `GET path` over a fresh connection: (status code, body).
-async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("a full response");
-    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (code, body.to_string())
-}
-
-/// The value of the sample `name{labels}`.
-fn sample(metrics: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{{{labels}}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .map(|v| v.trim().parse().unwrap())
-}
-
-fn make_db(path: &std::path::Path) -> rusqlite::Connection {
-    let conn = rusqlite::Connection::open(path).unwrap();
-    conn.execute_batch(
-        "PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
-         INSERT INTO t(v) VALUES ('a');",
-    )
-    .unwrap();
-    conn
 }
 
 fn caught_up(h: &DbHandle) -> bool {

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod http;
 pub mod s3;
 
 use std::fs::{self, File, OpenOptions};

@@ -1,0 +1,46 @@
+//! HTTP helpers for tests that scrape a running listener.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `GET path` over a fresh connection: (status code, body).
+pub async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    parse_response(&raw)
+}
+
+/// Splits a raw HTTP/1.1 response into (status code, body).
+pub fn parse_response(raw: &[u8]) -> (u16, String) {
+    let text = String::from_utf8(raw.to_vec()).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a full response");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    (code, body.to_string())
+}
+
+/// The value of the sample `name{labels}` (labels as rendered, e.g. `db="/x",replica="r"`).
+pub fn sample(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+/// A WAL-mode database with one table and one row.
+pub fn make_db(path: &std::path::Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
+         INSERT INTO t(v) VALUES ('a');",
+    )
+    .unwrap();
+    conn
+}
