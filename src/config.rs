@@ -85,6 +85,9 @@
 //!   **always logs to stderr**, whatever `stderr` says (Litestream logs to stdout unless it
 //!   is true); the key is accepted so Litestream files load. `RUST_LOG` and the command
 //!   line's `--log-level` take precedence over `level`. An empty `logging` means defaults.
+//! - `socket` (top level only, as Litestream): a map with `enabled` (default false), `path`
+//!   (default `/var/run/replicad.sock`) and `permissions` (an octal string, default
+//!   `"0600"`): the control socket of `replicad sync` ([`crate::control`]).
 //! - `max-lag` (top level only, replicad's own, default 60s): `/readyz` reports a replica
 //!   ready while it holds the database's TXID or its newest uploaded segment is less than
 //!   this much older than the database's newest segment.
@@ -117,6 +120,15 @@
 //!   `secret-access-key`, `sse-customer-key`) and `skip-verify` may be added as keys; `url`
 //!   with `bucket` or `path` is an error, as in Litestream, and so is every other S3 key (it
 //!   goes in the URL's query). S3 keys on a file replica are errors.
+//! - Global replica settings, as Litestream: the S3 keys above (`bucket`, `region`,
+//!   `endpoint`, `force-path-style`, `access-key-id`, `secret-access-key`, `part-size`,
+//!   `concurrency`, `storage-class`, `sse-kms-key-id`, `sse-customer-key`, `skip-verify`) may
+//!   appear at the top level (before or after `dbs`), with the same checks, as the defaults of
+//!   every s3 replica that does not set them; the replica's own value wins. The credentials
+//!   (`access-key-id` + `secret-access-key`) and the encryption (`sse-kms-key-id` or
+//!   `sse-customer-key`) go as pairs: a replica setting either key of a pair takes neither
+//!   from the top level. A `url` replica takes only those pairs (its URL holds the rest).
+//!   File replicas ignore them. The top-level `path` is not a global key (unknown key error).
 //! - Secrets (`secret-access-key`, `sse-customer-key`) never appear in an error message or in
 //!   `Debug` output ([`Secret`]); credentials inside a URL (`s3://key:secret@bucket`) are
 //!   rejected without echoing the URL. [`ReplicaConfig::url`] never holds credentials.
@@ -189,6 +201,32 @@ pub struct Config {
     pub exec: Option<Vec<String>>,
     /// Key `logging` (top level only).
     pub logging: LoggingConfig,
+    /// Key `socket` (top level only, default off): the control socket (`replicad sync`).
+    pub socket: SocketConfig,
+}
+
+/// Default of `socket.path`.
+pub const DEFAULT_SOCKET_PATH: &str = "/var/run/replicad.sock";
+
+/// The `socket` map: the Unix-socket control endpoint ([`crate::control`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SocketConfig {
+    /// Key `enabled` (default false).
+    pub enabled: bool,
+    /// Key `path` (default `/var/run/replicad.sock`).
+    pub path: PathBuf,
+    /// Key `permissions` (an octal string, default `"0600"`): the socket file's mode.
+    pub permissions: u32,
+}
+
+impl Default for SocketConfig {
+    fn default() -> Self {
+        SocketConfig {
+            enabled: false,
+            path: PathBuf::from(DEFAULT_SOCKET_PATH),
+            permissions: 0o600,
+        }
+    }
 }
 
 /// The `logging` map.
@@ -681,6 +719,7 @@ impl Config {
             max_lag: DEFAULT_MAX_LAG,
             exec: None,
             logging: LoggingConfig::default(),
+            socket: SocketConfig::default(),
         })
     }
 
@@ -781,7 +820,7 @@ const SETTING_KEYS: [&str; 8] = [
     "verify-interval",
 ];
 /// Keys of the top level that are errors in a database map ("top-level only").
-const TOP_ONLY_KEYS: [&str; 10] = [
+const TOP_ONLY_KEYS: [&str; 11] = [
     "shutdown-sync-timeout",
     "levels",
     "snapshot",
@@ -792,6 +831,7 @@ const TOP_ONLY_KEYS: [&str; 10] = [
     "max-lag",
     "exec",
     "logging",
+    "socket",
 ];
 const ROOT_KEYS: &[&str] = &[
     "dbs",
@@ -805,6 +845,7 @@ const ROOT_KEYS: &[&str] = &[
     TOP_ONLY_KEYS[7],
     TOP_ONLY_KEYS[8],
     TOP_ONLY_KEYS[9],
+    TOP_ONLY_KEYS[10],
     SETTING_KEYS[0],
     SETTING_KEYS[1],
     SETTING_KEYS[2],
@@ -813,6 +854,19 @@ const ROOT_KEYS: &[&str] = &[
     SETTING_KEYS[5],
     SETTING_KEYS[6],
     SETTING_KEYS[7],
+    // Global replica defaults (see `S3_GLOBAL_KEYS`).
+    S3_KEYS[0],
+    S3_KEYS[1],
+    S3_KEYS[2],
+    S3_KEYS[3],
+    S3_KEYS[4],
+    S3_KEYS[5],
+    S3_KEYS[6],
+    S3_KEYS[7],
+    S3_KEYS[8],
+    S3_KEYS[9],
+    S3_KEYS[10],
+    S3_KEYS[11],
 ];
 const DB_KEYS: &[&str] = &[
     "path",
@@ -892,6 +946,9 @@ struct Ctx {
     meta_paths: RefCell<Vec<(PathBuf, usize)>>,
     /// Replica destinations seen so far, with their database index.
     replica_dests: RefCell<Vec<(Destination, usize)>>,
+    /// The top-level S3 keys (global replica defaults), read by a first pass over the file
+    /// so that they are known whatever their position relative to `dbs`.
+    s3_defaults: RawS3,
 }
 
 impl Ctx {
@@ -934,7 +991,22 @@ impl Ctx {
 }
 
 fn parse_yaml(text: &str, origin: &str) -> Result<Config, ConfigError> {
-    let ctx = Ctx::default();
+    // First pass: the global replica defaults only. An error raised on one of those keys is
+    // reported as it is; any other problem is left to the second pass, which reports it with
+    // its key and line.
+    let first = Ctx::default();
+    let globals = GlobalsSeed { ctx: &first };
+    let s3_defaults = match globals.deserialize(serde_norway::Deserializer::from_str(text)) {
+        Ok(globals) => globals,
+        Err(e) if first.last_error.borrow().is_some() => {
+            return Err(first.into_error(origin, &e));
+        }
+        Err(_) => RawS3::default(),
+    };
+    let ctx = Ctx {
+        s3_defaults,
+        ..Ctx::default()
+    };
     let result = RootSeed { ctx: &ctx }.deserialize(serde_norway::Deserializer::from_str(text));
     result.map_err(|e| ctx.into_error(origin, &e))
 }
@@ -1651,6 +1723,61 @@ impl<'de, T> Visitor<'de> for SectionSeed<'_, T> {
     }
 }
 
+/// First pass over the top-level map: the global replica defaults (the S3 keys at the top
+/// level, as Litestream's global replica settings). Every other key is skipped.
+struct GlobalsSeed<'a> {
+    ctx: &'a Ctx,
+}
+
+impl<'de> DeserializeSeed<'de> for GlobalsSeed<'_> {
+    type Value = RawS3;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<RawS3, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for GlobalsSeed<'_> {
+    type Value = RawS3;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawS3, A::Error> {
+        let (ctx, place) = (self.ctx, "at the top level");
+        let mut globals = RawS3::default();
+        let mut seen: Vec<&'static str> = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            match S3_KEYS.iter().copied().find(|k| *k == key) {
+                // A duplicate is reported by the second pass.
+                Some(key) if !seen.contains(&key) => {
+                    seen.push(key);
+                    globals.read(key, &mut map, ctx, place)?;
+                }
+                _ => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+            }
+        }
+        // The rules that involve several keys, as on a replica.
+        if globals.access_key_id.is_some() != globals.secret_access_key.is_some() {
+            return Err(ctx.fail(format!(
+                "keys `access-key-id` and `secret-access-key` go together {place}"
+            )));
+        }
+        if globals.sse_kms_key_id.is_some() && globals.sse_customer_key.is_some() {
+            return Err(ctx.fail(format!(
+                "keys `sse-kms-key-id` and `sse-customer-key` are mutually exclusive {place} \
+                 (S3 accepts one server-side encryption per object)"
+            )));
+        }
+        let mut probe = globals.clone().into_config(None);
+        probe.bucket = "probe".into();
+        probe
+            .validate()
+            .map_err(|e| ctx.fail(format!("{e} {place}")))?;
+        Ok(globals)
+    }
+}
+
 /// The top-level map.
 struct RootSeed<'a> {
     ctx: &'a Ctx,
@@ -1685,6 +1812,7 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
         let mut max_lag = None;
         let mut exec = None;
         let mut logging = LoggingConfig::default();
+        let mut socket = SocketConfig::default();
         while let Some(key) = map.next_key_seed(KeySeed {
             ctx,
             allowed: ROOT_KEYS,
@@ -1727,9 +1855,13 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                     })?)
                 }
                 "logging" => logging = map.next_value_seed(LoggingSeed { ctx })?,
+                "socket" => socket = map.next_value_seed(SocketSeed { ctx })?,
                 _ => {
+                    // Global S3 keys were taken by the first pass (`GlobalsSeed`); read
+                    // again here only to consume (and check) the value.
                     if !settings.read(key, &mut map, ctx, place)?
                         && !compaction.read(key, &mut map, ctx, place)?
+                        && !RawS3::default().read(key, &mut map, ctx, place)?
                     {
                         return Err(ctx.fail(format!("internal error: key `{key}` {place}")));
                     }
@@ -1758,6 +1890,7 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
             max_lag: max_lag.unwrap_or(DEFAULT_MAX_LAG),
             exec,
             logging,
+            socket,
         })
     }
 }
@@ -1860,6 +1993,99 @@ impl<'de> Visitor<'de> for LoggingSeed<'_> {
             }
         }
         Ok(logging)
+    }
+}
+
+const SOCKET_KEYS: &[&str] = &["enabled", "path", "permissions"];
+
+/// `socket.permissions`: an octal mode such as `"0600"` (at most 0777).
+fn permissions(s: Scalar<'_>) -> Result<u32, String> {
+    let v = text(s)?;
+    let digits = v.trim().trim_start_matches("0o");
+    match u32::from_str_radix(digits, 8) {
+        Ok(m) if m <= 0o777 && !digits.is_empty() => Ok(m),
+        _ => Err(format!(
+            "invalid permissions {s}: use an octal mode such as \"0600\""
+        )),
+    }
+}
+
+/// The `socket` map.
+struct SocketSeed<'a> {
+    ctx: &'a Ctx,
+}
+
+impl SocketSeed<'_> {
+    fn not_a_map<E: de::Error>(&self, found: impl fmt::Display) -> Result<SocketConfig, E> {
+        Err(self.ctx.fail(format!(
+            "`socket` takes a map with the keys `enabled`, `path`, `permissions`, found {found}"
+        )))
+    }
+
+    fn scalar<E: de::Error>(self, s: Scalar<'_>) -> Result<SocketConfig, E> {
+        self.not_a_map(s)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for SocketSeed<'_> {
+    type Value = SocketConfig;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<SocketConfig, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SocketSeed<'_> {
+    type Value = SocketConfig;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map for `socket`")
+    }
+    visit_scalars!(scalar);
+    fn visit_unit<E: de::Error>(self) -> Result<SocketConfig, E> {
+        Ok(SocketConfig::default())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<SocketConfig, A::Error> {
+        self.not_a_map("a list")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SocketConfig, A::Error> {
+        let ctx = self.ctx;
+        let place = "in socket";
+        let mut seen = Vec::new();
+        let mut socket = SocketConfig::default();
+        while let Some(key) = map.next_key_seed(KeySeed {
+            ctx,
+            allowed: SOCKET_KEYS,
+            top_only: &[],
+            seen: &mut seen,
+            place,
+        })? {
+            match key {
+                "enabled" => {
+                    socket.enabled = map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &boolean,
+                    })?
+                }
+                "path" => {
+                    socket.path = PathBuf::from(map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &text,
+                    })?)
+                }
+                _ => {
+                    socket.permissions = map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &permissions,
+                    })?
+                }
+            }
+        }
+        Ok(socket)
     }
 }
 
@@ -2099,8 +2325,8 @@ struct RawReplica {
     s3: Option<S3Config>,
 }
 
-/// The S3 keys of one replica map, as read.
-#[derive(Default)]
+/// The S3 keys of one replica map (or of the top level: the global defaults), as read.
+#[derive(Clone, Default)]
 struct RawS3 {
     bucket: Option<String>,
     region: Option<String>,
@@ -2174,6 +2400,39 @@ impl RawS3 {
             storage_class: self.storage_class,
             sse_kms_key_id: self.sse_kms_key_id,
             sse_customer_key: self.sse_customer_key,
+        }
+    }
+
+    /// Fills the keys this replica does not set from the top-level ones (`globals`): the
+    /// replica's own value wins. The credentials (`access-key-id` with `secret-access-key`)
+    /// and the server-side encryption (`sse-kms-key-id` or `sse-customer-key`) go as pairs:
+    /// a replica that sets either key of a pair takes neither from the top level.
+    fn with_defaults(mut self, g: &RawS3) -> RawS3 {
+        fn or<T: Clone>(own: &mut Option<T>, global: &Option<T>) {
+            if own.is_none() {
+                own.clone_from(global);
+            }
+        }
+        or(&mut self.bucket, &g.bucket);
+        or(&mut self.region, &g.region);
+        or(&mut self.endpoint, &g.endpoint);
+        or(&mut self.force_path_style, &g.force_path_style);
+        or(&mut self.part_size, &g.part_size);
+        or(&mut self.concurrency, &g.concurrency);
+        or(&mut self.storage_class, &g.storage_class);
+        self.inherit_pairs(g);
+        self
+    }
+
+    /// The pairs of [`RawS3::with_defaults`] (also for `url` replicas).
+    fn inherit_pairs(&mut self, g: &RawS3) {
+        if self.access_key_id.is_none() && self.secret_access_key.is_none() {
+            self.access_key_id.clone_from(&g.access_key_id);
+            self.secret_access_key.clone_from(&g.secret_access_key);
+        }
+        if self.sse_kms_key_id.is_none() && self.sse_customer_key.is_none() {
+            self.sse_kms_key_id.clone_from(&g.sse_kms_key_id);
+            self.sse_customer_key.clone_from(&g.sse_customer_key);
         }
     }
 
@@ -2335,15 +2594,22 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                             )));
                         }
                         let mut cfg = url_cfg.unwrap_or_default();
-                        raw_s3.add_secrets(&mut cfg);
+                        // The URL holds the replica's own settings; of the global defaults
+                        // only the credentials and the encryption (pairs) apply.
+                        let mut own = raw_s3;
+                        own.sse_kms_key_id.clone_from(&cfg.sse_kms_key_id);
+                        own.inherit_pairs(&ctx.s3_defaults);
+                        cfg.sse_kms_key_id.clone_from(&own.sse_kms_key_id);
+                        own.add_secrets(&mut cfg);
                         cfg
                     }
                     None => {
+                        let raw_s3 = raw_s3.with_defaults(&ctx.s3_defaults);
                         if raw_s3.bucket.is_none() {
                             return Err(ctx.fail(format!(
                                 "missing key `bucket` {place} (an s3 replica takes `bucket` \
                                  and an optional key prefix `path`, or `url: \
-                                 s3://BUCKET/PATH`)"
+                                 s3://BUCKET/PATH`; a top-level `bucket` is the default)"
                             )));
                         }
                         raw_s3.into_config(path.as_deref())
@@ -4265,6 +4531,50 @@ dbs:
     }
 
     #[test]
+    fn socket_key() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.socket, SocketConfig::default());
+        assert_eq!(c.socket.path, Path::new("/var/run/replicad.sock"));
+        let c = parse(&format!(
+            "socket:\n  enabled: true\n  path: /tmp/r.sock\n  permissions: \"0660\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.socket,
+            SocketConfig {
+                enabled: true,
+                path: PathBuf::from("/tmp/r.sock"),
+                permissions: 0o660,
+            }
+        );
+        for (text, line, parts) in [
+            (
+                format!("socket:\n  enabled: yes please\n{MINIMAL}"),
+                2,
+                vec!["expected true or false", "key `enabled` in socket"],
+            ),
+            (
+                format!("socket:\n  permissions: \"0999\"\n{MINIMAL}"),
+                2,
+                vec!["invalid permissions", "key `permissions` in socket"],
+            ),
+            (format!("socket:\n  bogus: 1\n{MINIMAL}"), 2, vec!["bogus"]),
+            (
+                format!("socket: true\n{MINIMAL}"),
+                1,
+                vec!["`socket` takes a map"],
+            ),
+            (
+                format!("{MINIMAL}    socket: {{enabled: true}}\n"),
+                5,
+                vec!["key `socket` in dbs[0] is top-level only"],
+            ),
+        ] {
+            assert_fail(&text, line, &parts);
+        }
+    }
+
+    #[test]
     fn exec_key() {
         let c = parse(MINIMAL).unwrap();
         assert_eq!(c.exec, None);
@@ -4367,5 +4677,164 @@ dbs:
             5,
             &["key `logging` in dbs[0] is top-level only"],
         );
+    }
+
+    #[test]
+    fn global_replica_defaults() {
+        const SECRET: &str = "wJalrXUtnFEMIK7MDENGbPxRfiCYzEXAMPLEKEY";
+        const SSE_C: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+        // Top-level keys after `dbs` count as much as before it.
+        let text = format!(
+            "access-key-id: AKID
+secret-access-key: {SECRET}
+region: eu-west-1
+endpoint: http://127.0.0.1:9000
+dbs:
+  - path: /a.db
+    replicas:
+      - type: s3
+        path: a
+      - type: s3
+        bucket: own
+        path: b
+        region: us-east-1
+        force-path-style: false
+        access-key-id: OWN
+        secret-access-key: ownsecret
+        part-size: 10MiB
+        concurrency: 2
+        storage-class: GLACIER
+        sse-customer-key: {SSE_C}
+      - path: /backup/a
+      - url: s3://u/c?region=ap-south-1
+bucket: global
+part-size: 6MiB
+concurrency: 3
+storage-class: STANDARD_IA
+sse-kms-key-id: kms
+skip-verify: false
+"
+        );
+        let c = parse(&text).unwrap();
+        let r = &c.dbs[0].replicas;
+        let g = r[0].s3.as_ref().unwrap();
+        assert_eq!((g.bucket.as_str(), g.path.as_str()), ("global", "a"));
+        assert_eq!(g.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(g.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert!(g.force_path_style, "endpoint set: path style by default");
+        assert_eq!(g.access_key_id.as_deref(), Some("AKID"));
+        assert_eq!(g.secret_access_key, Some(Secret(SECRET.into())));
+        assert_eq!((g.part_size, g.concurrency), (6 * 1024 * 1024, 3));
+        assert_eq!(g.storage_class.as_deref(), Some("STANDARD_IA"));
+        assert_eq!(g.sse_kms_key_id.as_deref(), Some("kms"));
+        assert_eq!(g.sse_customer_key, None);
+        assert_eq!(r[0].url, "s3://global/a");
+        // The replica's own values win; the encryption pair is not mixed.
+        let o = r[1].s3.as_ref().unwrap();
+        assert_eq!(o.bucket, "own");
+        assert_eq!(o.region.as_deref(), Some("us-east-1"));
+        assert_eq!(o.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert!(!o.force_path_style);
+        assert_eq!(o.access_key_id.as_deref(), Some("OWN"));
+        assert_eq!(o.secret_access_key, Some(Secret("ownsecret".into())));
+        assert_eq!((o.part_size, o.concurrency), (10 * 1024 * 1024, 2));
+        assert_eq!(o.storage_class.as_deref(), Some("GLACIER"));
+        assert_eq!(o.sse_kms_key_id, None);
+        assert_eq!(o.sse_customer_key, Some(Secret(SSE_C.into())));
+        // File replicas ignore them.
+        assert_eq!(
+            (r[2].url.as_str(), r[2].s3.as_ref()),
+            ("file:///backup/a", None)
+        );
+        // A URL replica keeps its URL and takes the credentials (and encryption) only.
+        let u = r[3].s3.as_ref().unwrap();
+        assert_eq!(u.bucket, "u");
+        assert_eq!(u.region.as_deref(), Some("ap-south-1"));
+        assert_eq!(u.endpoint, None);
+        assert_eq!(u.access_key_id.as_deref(), Some("AKID"));
+        assert_eq!(u.sse_kms_key_id.as_deref(), Some("kms"));
+        assert_eq!(u.part_size, DEFAULT_PART_SIZE);
+        // Debug never shows the secrets.
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains(SECRET) && !dbg.contains(SSE_C), "{dbg}");
+
+        // A global bucket makes `bucket` optional on the replica; without one it is missing.
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      path: x\n",
+            4,
+            &[
+                "missing key `bucket` in dbs[0].replica",
+                "top-level `bucket`",
+            ],
+        );
+
+        // Same validation as on a replica, at the key's line, naming the key.
+        for (text, line, parts) in [
+            (
+                format!("part-size: 1KiB\n{MINIMAL}"),
+                1,
+                vec!["below S3's minimum", "key `part-size` at the top level"],
+            ),
+            (
+                format!("{MINIMAL}concurrency: 0\n"),
+                5,
+                vec!["key `concurrency` at the top level"],
+            ),
+            (
+                format!("skip-verify: true\n{MINIMAL}"),
+                1,
+                vec!["key `skip-verify` at the top level"],
+            ),
+            (
+                format!("bucket: a/b\n{MINIMAL}"),
+                1,
+                vec!["contains `/`", "key `bucket` at the top level"],
+            ),
+            (
+                format!("force-path-style: maybe\n{MINIMAL}"),
+                1,
+                vec![
+                    "expected true or false",
+                    "key `force-path-style` at the top level",
+                ],
+            ),
+            (
+                format!("region: a\nregion: b\n{MINIMAL}"),
+                2,
+                vec!["duplicate key `region` at the top level"],
+            ),
+            (
+                format!("{MINIMAL}secret-access-key: 12345\n"),
+                5,
+                vec!["not a string", "key `secret-access-key` at the top level"],
+            ),
+            (
+                format!("{MINIMAL}    bucket: b\n"),
+                5,
+                vec!["unknown key `bucket` in dbs[0]"],
+            ),
+        ] {
+            assert_fail(&text, line, &parts);
+        }
+        // Rules on several keys, named; the secrets are never shown.
+        for (extra, want) in [
+            (
+                format!("secret-access-key: {SECRET}\n"),
+                "keys `access-key-id` and `secret-access-key` go together at the top level",
+            ),
+            (
+                format!("sse-kms-key-id: k\nsse-customer-key: {SSE_C}\n"),
+                "keys `sse-kms-key-id` and `sse-customer-key` are mutually exclusive at the top level",
+            ),
+            (
+                "sse-customer-key: c2hvcnQ=\n".to_string(),
+                "sse-customer-key must be 32 bytes (base64) at the top level",
+            ),
+        ] {
+            let (line, msg) = fail(&format!("{extra}{MINIMAL}"));
+            assert!(line.is_some(), "{msg}");
+            assert!(msg.contains(want), "{msg}");
+            assert!(!msg.contains(SECRET) && !msg.contains(SSE_C), "{msg}");
+        }
     }
 }

@@ -25,6 +25,7 @@ pub mod cli;
 pub mod compaction;
 pub mod compactor;
 pub mod config;
+pub mod control;
 pub mod db;
 pub mod faulty_client;
 pub mod file_client;

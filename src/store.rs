@@ -15,6 +15,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
@@ -59,6 +60,50 @@ pub struct DbHandle {
     pub replicas: Vec<(String, ReplicaStats)>,
     /// Position updates.
     pub pos: watch::Receiver<DbPos>,
+    /// "Sync now" requests to the monitor ([`crate::control`]).
+    pub sync: Arc<SyncTrigger>,
+}
+
+/// Wakes a database's monitor for an immediate tick, and tells when a tick has completed.
+///
+/// Ticks are numbered from 1 in the order they start. A caller that reads [`started`]
+/// (`n`), then calls [`request`], knows that tick `n + 1` started after its read; once
+/// [`synced`] reaches `n + 1`, everything committed before the read is in a local segment.
+///
+/// [`started`]: SyncTrigger::started
+/// [`request`]: SyncTrigger::request
+/// [`synced`]: SyncTrigger::synced
+#[derive(Debug, Default)]
+pub struct SyncTrigger {
+    wake: tokio::sync::Notify,
+    started: AtomicU64,
+    synced: AtomicU64,
+}
+
+impl SyncTrigger {
+    /// Number of ticks started so far.
+    pub fn started(&self) -> u64 {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Number of the latest tick that completed without error (idle skip or sync).
+    pub fn synced(&self) -> u64 {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    /// Wakes the monitor: its next tick starts now (a pending wake-up is kept if it is busy),
+    /// and that tick bypasses the idle fast path.
+    pub fn request(&self) {
+        self.wake.notify_one();
+    }
+
+    fn begin(&self) -> u64 {
+        self.started.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn done(&self, tick: u64) {
+        self.synced.fetch_max(tick, Ordering::SeqCst);
+    }
 }
 
 /// The running replication of every configured database.
@@ -179,6 +224,7 @@ impl Store {
             replicas.push(r);
         }
         let db = Db::new(dbc.path.clone(), Some(meta), dbc.settings.clone(), tip);
+        let trigger = Arc::new(SyncTrigger::default());
         let handle = DbHandle {
             path: dbc.path.clone(),
             stats: db.stats(),
@@ -187,6 +233,7 @@ impl Store {
                 .map(|r| (r.name().to_string(), r.stats()))
                 .collect(),
             pos: db.subscribe(),
+            sync: trigger.clone(),
         };
         let acks: Vec<watch::Receiver<TxId>> = replicas.iter().map(Replica::acks).collect();
         for r in replicas {
@@ -203,6 +250,7 @@ impl Store {
             ingest.clone(),
             permits.clone(),
             dbc.settings.monitor_interval,
+            trigger,
         );
         tracker.spawn(tracing::Instrument::instrument(monitor, span));
         Ok(handle)
@@ -263,12 +311,14 @@ fn maintenance_of(s: &crate::config::DbSettings, tmp_dir: std::path::PathBuf) ->
 /// The monitor task of one database: ticks, runs the idle fast path, and syncs when the WAL
 /// changed. The first tick fires after exactly one interval, the second after a random
 /// delay in [0, interval) to spread thousands of databases apart, then every interval.
+/// A [`SyncTrigger::request`] starts a tick at once, without the idle fast path.
 async fn monitor(
     mut db: Db,
     acks: Vec<watch::Receiver<TxId>>,
     ingest: CancellationToken,
     permits: Arc<Semaphore>,
     interval: Duration,
+    trigger: Arc<SyncTrigger>,
 ) {
     let mut delay = interval;
     let mut ticks = 0u64;
@@ -280,18 +330,21 @@ async fn monitor(
     let mut pruned = TxId(0);
     let mut opened = false;
     loop {
-        tokio::select! {
+        let forced = tokio::select! {
             _ = ingest.cancelled() => break,
-            _ = tokio::time::sleep(delay) => {}
-        }
+            _ = tokio::time::sleep(delay) => false,
+            _ = trigger.wake.notified() => true,
+        };
+        let tick = trigger.begin();
         ticks += 1;
         delay = if ticks == 1 {
             jitter(interval)
         } else {
             interval
         };
-        if db.fast_path_skip(Instant::now()) {
+        if !forced && db.fast_path_skip(Instant::now()) {
             prune(&db, &acks, &mut pruned);
+            trigger.done(tick);
             continue;
         }
         let permit = if opened {
@@ -308,6 +361,7 @@ async fn monitor(
         match result {
             Ok(_) => {
                 opened = true;
+                trigger.done(tick);
                 if let Some((since, n)) = failing.take() {
                     tracing::info!(failures = n, after = ?since.elapsed(), "sync recovered");
                 }
@@ -329,9 +383,13 @@ async fn monitor(
         }
         prune(&db, &acks, &mut pruned);
     }
+    let tick = trigger.begin();
     if let Some((back, result)) = run_blocking(db, |d| d.final_sync()).await {
-        if let Err(e) = result {
-            tracing::error!(error = %e, "final sync failed; the next start resumes from the WAL");
+        match result {
+            Ok(_) => trigger.done(tick),
+            Err(e) => {
+                tracing::error!(error = %e, "final sync failed; the next start resumes from the WAL")
+            }
         }
         // Dropping the Db closes the position channel: upload tasks drain and return.
         drop(back);

@@ -232,6 +232,32 @@ fn pod_runs_as_non_root_and_outlives_the_shutdown_sync() {
 }
 
 #[test]
+fn prestop_syncs_through_the_control_socket() {
+    let docs = manifests();
+    let pod = &only(&docs, "Deployment")["spec"]["template"]["spec"];
+    let sidecar = container(&pod["containers"], "replicad");
+    let cmd = strings(&sidecar["lifecycle"]["preStop"]["exec"]["command"]);
+    assert_eq!(
+        cmd,
+        [
+            "replicad",
+            "sync",
+            "--config",
+            "/etc/replicad/replicad.yml",
+            "--wait",
+            "/data/app.db"
+        ]
+    );
+    // The daemon serves the socket the hook asks, in a writable directory of the sidecar.
+    let cfg = Config::parse(&configmap_config(&docs), "configmap", false).unwrap();
+    assert!(cfg.socket.enabled, "socket.enabled in replicad.yml");
+    assert_eq!(cfg.socket.path, Path::new("/tmp/replicad.sock"));
+    assert_eq!(cfg.socket.permissions, 0o600);
+    assert!(mounts(sidecar).iter().any(|(_, p)| *p == "/tmp"));
+    assert!(cfg.dbs.iter().any(|d| d.path == Path::new("/data/app.db")));
+}
+
+#[test]
 fn configmap_config_parses() {
     let docs = manifests();
     let text = configmap_config(&docs);

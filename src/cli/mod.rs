@@ -9,6 +9,7 @@ mod restore;
 mod snapshot;
 mod source;
 mod status;
+mod sync;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +43,9 @@ pub enum Command {
     Verify(verify::VerifyArgs),
     /// Show the databases and replica lag of a running daemon (its HTTP endpoint, key `addr`).
     Status(status::StatusArgs),
+    /// Make a running daemon sync a database now, optionally waiting for its replicas
+    /// (its control socket, key `socket`).
+    Sync(sync::SyncArgs),
 }
 
 /// A failure, classified by exit code.
@@ -75,5 +79,6 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Snapshot(args) => snapshot::run(args).await,
         Command::Verify(args) => verify::run(args).await,
         Command::Status(args) => status::run(args).await,
+        Command::Sync(args) => sync::run(args).await,
     }
 }

@@ -10,10 +10,10 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::CliError;
 use crate::config::{Config, DbSettings};
-use crate::http;
 use crate::ltx::Codec;
 use crate::notify::{self, Notify};
 use crate::store::Store;
+use crate::{control, http};
 
 /// Arguments of `replicad replicate`.
 #[derive(Debug, Args)]
@@ -154,7 +154,21 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
         Some(addr) => Some(http::bind(addr).await.map_err(|e| anyhow::anyhow!(e))?),
         None => None,
     };
+    let control_listener = if config.socket.enabled {
+        Some(control::bind(&config.socket).map_err(|e| anyhow::anyhow!(e))?)
+    } else {
+        None
+    };
     let store = Store::open(&config).await.map_err(|e| anyhow::anyhow!(e))?;
+    let control_stop = tokio_util::sync::CancellationToken::new();
+    let control_server = control_listener.map(|l| {
+        tracing::info!(path = %config.socket.path.display(), "control socket: POST /sync");
+        tokio::spawn(control::serve(
+            l,
+            store.dbs().to_vec(),
+            control_stop.clone(),
+        ))
+    });
     let http_stop = tokio_util::sync::CancellationToken::new();
     let server = listener.map(|l| {
         if let Ok(a) = l.local_addr() {
@@ -195,7 +209,12 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
         }
     };
     // The endpoint stays up during the drain: /metrics shows its progress.
+    // Kept during the drain as well: a preStop `replicad sync --wait` may still be waiting.
     store.shutdown(second).await;
+    control_stop.cancel();
+    if let Some(server) = control_server {
+        let _ = server.await;
+    }
     http_stop.cancel();
     if let Some(server) = server {
         let _ = server.await;

@@ -101,7 +101,7 @@ async fn get(addr: &str, path: &str) -> anyhow::Result<String> {
 }
 
 /// Splits an HTTP/1.1 response into (status code, body), de-chunking if needed.
-fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, String)> {
+pub(super) fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, String)> {
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
