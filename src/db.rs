@@ -65,6 +65,14 @@ pub struct DbStats {
     pub full_segments: AtomicU64,
     /// Checkpoints run, any mode.
     pub checkpoints: AtomicU64,
+    /// Of which TRUNCATE checkpoints (the rest are PASSIVE).
+    pub truncate_checkpoints: AtomicU64,
+    /// Logical WAL size: end of the last frame copied into a segment.
+    pub wal_size: AtomicU64,
+    /// Time spent in syncs (full path), nanoseconds.
+    pub sync_nanos: AtomicU64,
+    /// Bytes of segments in local staging.
+    pub staging_bytes: AtomicU64,
     /// 1 while the last tick found nothing new.
     pub idle: AtomicBool,
     /// Current TXID.
@@ -293,7 +301,14 @@ impl Db {
             return Err(DbError::Poisoned(why.clone()));
         }
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
         let result = self.sync_inner(allow_checkpoint);
+        self.stats
+            .sync_nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if let Some(m) = self.mark {
+            self.stats.wal_size.store(m.offset, Ordering::Relaxed);
+        }
         if result.is_err() {
             self.stats.sync_errors.fetch_add(1, Ordering::Relaxed);
             self.fast = None;
@@ -836,6 +851,11 @@ impl Db {
         self.post = post;
         self.dirty_since_checkpoint = true;
         self.stats.segments.fetch_add(1, Ordering::Relaxed);
+        if let Ok(meta) = std::fs::metadata(&dest) {
+            self.stats
+                .staging_bytes
+                .fetch_add(meta.len(), Ordering::Relaxed);
+        }
         self.publish(header.timestamp);
         Ok(())
     }
@@ -925,6 +945,11 @@ impl Db {
         }
         let (truncated, complete) = sealed?;
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        if truncated {
+            self.stats
+                .truncate_checkpoints
+                .fetch_add(1, Ordering::Relaxed);
+        }
         self.last_checkpoint = Instant::now();
         self.dirty_since_checkpoint = false;
         if truncated {
@@ -964,12 +989,15 @@ impl Db {
 
     /// Deletes staged segments every replica has (keeping the newest).
     pub fn prune_staging(&self, acknowledged: TxId) -> Result<usize, DbError> {
-        match &self.staging {
-            Some(s) => s
-                .prune_below(TxId(acknowledged.0 + 1))
-                .map_err(io_err("prune", &self.staging_dir)),
-            None => Ok(0),
+        let Some(s) = &self.staging else { return Ok(0) };
+        let removed = s
+            .prune_below(TxId(acknowledged.0 + 1))
+            .map_err(io_err("prune", &self.staging_dir))?;
+        if removed > 0 {
+            let bytes = s.total_bytes().map_err(io_err("stat", &self.staging_dir))?;
+            self.stats.staging_bytes.store(bytes, Ordering::Relaxed);
         }
+        Ok(removed)
     }
 }
 

@@ -135,7 +135,7 @@ pub async fn run_job(
             if inputs.is_empty() {
                 return Ok(0);
             }
-            let out = build(m, client, staging, &inputs, None, level).await?;
+            let out = build(m, client, staging, &inputs, None, level, counters).await?;
             index.insert(out);
             Ok(1)
         }
@@ -150,7 +150,16 @@ pub async fn run_job(
                     reason: e.to_string(),
                 }
             })?;
-            let out = build(m, client, staging, &plan, Some(TxId(1)), SNAPSHOT_LEVEL).await?;
+            let out = build(
+                m,
+                client,
+                staging,
+                &plan,
+                Some(TxId(1)),
+                SNAPSHOT_LEVEL,
+                counters,
+            )
+            .await?;
             index.insert(out);
             Ok(1)
         }
@@ -162,7 +171,10 @@ pub async fn run_job(
             if doomed.is_empty() {
                 return Ok(0);
             }
-            client.delete(&doomed).await?;
+            let started = Instant::now();
+            let deleted = client.delete(&doomed).await;
+            counters.observe(3, started, &deleted);
+            deleted?;
             index.remove(&doomed);
             Ok(doomed.len())
         }
@@ -212,6 +224,7 @@ async fn build(
     inputs: &[LtxFileInfo],
     min_override: Option<TxId>,
     level: u8,
+    counters: &ReplicaCounters,
 ) -> Result<LtxFileInfo, StorageError> {
     let handle = tokio::runtime::Handle::current();
     let mut readers: Vec<Input> = Vec::with_capacity(inputs.len());
@@ -223,7 +236,10 @@ async fn build(
         match local {
             Some(file) => readers.push(Box::new(file)),
             None => {
-                let body = client.open(f.level, f.min_txid, f.max_txid, 0).await?;
+                let opened = Instant::now();
+                let body = client.open(f.level, f.min_txid, f.max_txid, 0).await;
+                counters.observe(1, opened, &body);
+                let body = body?;
                 readers.push(Box::new(SyncIoBridge::new_with_handle(
                     body,
                     handle.clone(),
@@ -273,9 +289,14 @@ async fn build(
         key: format!("level {level}"),
         reason,
     })?;
+    let put_started = Instant::now();
     let put = client
         .put(level, min, max, &tmp, summary.header.timestamp)
         .await;
+    counters.observe(0, put_started, &put);
+    if let Ok(info) = &put {
+        counters.bytes[0].inc_by(info.size);
+    }
     let _ = std::fs::remove_file(&tmp);
     let info = put?;
     tracing::info!(level, min = %min, max = %max, inputs = inputs.len(), bytes = info.size, elapsed = ?started.elapsed(), "compacted");

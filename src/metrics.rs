@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{self, MetricFamily, MetricType};
-use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Counter, CounterVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::db::DbPos;
 use crate::replica::ReplicaStats;
@@ -32,6 +32,7 @@ pub struct Metrics {
     replica_ops: IntCounterVec,
     replica_errors: IntCounterVec,
     replica_bytes: IntCounterVec,
+    replica_seconds: CounterVec,
     replica_txid: IntGaugeVec,
     replica_verify_ok: IntGaugeVec,
     replica_verify_txid: IntGaugeVec,
@@ -69,6 +70,17 @@ impl Metrics {
             "Bytes sent or received by operation.",
             &labels,
         );
+        let replica_seconds = CounterVec::new(
+            Opts::new(
+                "replicad_replica_operation_seconds_total",
+                "Time spent in replica client calls by operation.",
+            ),
+            &labels,
+        )
+        .expect("metric definitions are static and valid");
+        registry
+            .register(Box::new(replica_seconds.clone()))
+            .expect("each metric is registered once");
         let replica_txid = IntGaugeVec::new(
             Opts::new(
                 "replicad_replica_txid",
@@ -104,6 +116,7 @@ impl Metrics {
             replica_ops,
             replica_errors,
             replica_bytes,
+            replica_seconds,
             replica_txid,
         }
     }
@@ -127,6 +140,8 @@ impl Metrics {
             ops: per_op(&self.replica_ops),
             errors: per_op(&self.replica_errors),
             bytes: per_op(&self.replica_bytes),
+            seconds: OPERATIONS
+                .map(|op| self.replica_seconds.with_label_values(&[db, replica, op])),
             txid: self.replica_txid.with_label_values(&[db, replica]),
             verify_ok: {
                 let g = self.replica_verify_ok.with_label_values(&[db, replica]);
@@ -172,6 +187,8 @@ pub struct ReplicaCounters {
     pub errors: [IntCounter; 4],
     /// Bytes by operation.
     pub bytes: [IntCounter; 4],
+    /// Seconds spent by operation.
+    pub seconds: [Counter; 4],
     /// Highest TXID stored.
     pub txid: prometheus::IntGauge,
     /// Last periodic verify: 1 ok, 0 failed, -1 never run.
@@ -181,6 +198,16 @@ pub struct ReplicaCounters {
 }
 
 impl ReplicaCounters {
+    /// Records one client call of operation `op` (index into [`OPERATIONS`]) that started at
+    /// `started`.
+    pub fn observe<T, E>(&self, op: usize, started: std::time::Instant, result: &Result<T, E>) {
+        self.ops[op].inc();
+        self.seconds[op].inc_by(started.elapsed().as_secs_f64());
+        if result.is_err() {
+            self.errors[op].inc();
+        }
+    }
+
     /// Total client calls.
     pub fn total_ops(&self) -> u64 {
         self.ops.iter().map(IntCounter::get).sum()
@@ -235,7 +262,7 @@ fn load(a: &std::sync::atomic::AtomicU64) -> f64 {
     a.load(Ordering::Relaxed) as f64
 }
 
-const DB_METRICS: [DbMetric; 8] = [
+const DB_METRICS: [DbMetric; 12] = [
     (
         "replicad_db_txid",
         "Current TXID of the database (last segment staged locally).",
@@ -277,6 +304,30 @@ const DB_METRICS: [DbMetric; 8] = [
         "Checkpoints run, any mode.",
         MetricType::COUNTER,
         |d| load(&d.stats.checkpoints),
+    ),
+    (
+        "replicad_db_truncate_checkpoints_total",
+        "TRUNCATE checkpoints (the others are PASSIVE; RESTART is never used).",
+        MetricType::COUNTER,
+        |d| load(&d.stats.truncate_checkpoints),
+    ),
+    (
+        "replicad_db_wal_size_bytes",
+        "Logical WAL size: end of the last frame copied into a segment.",
+        MetricType::GAUGE,
+        |d| load(&d.stats.wal_size),
+    ),
+    (
+        "replicad_db_sync_seconds_total",
+        "Time spent in syncs (the full path).",
+        MetricType::COUNTER,
+        |d| load(&d.stats.sync_nanos) / 1e9,
+    ),
+    (
+        "replicad_db_staging_bytes",
+        "Bytes of segments in local staging (kept until every replica has them).",
+        MetricType::GAUGE,
+        |d| load(&d.stats.staging_bytes),
     ),
     (
         "replicad_db_idle",

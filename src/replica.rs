@@ -48,10 +48,6 @@ impl ReplicaStats {
         }
     }
 
-    fn count(&self, op: usize) {
-        self.counters.ops[op].inc();
-    }
-
     /// Total client calls.
     pub fn total_ops(&self) -> u64 {
         self.counters.total_ops()
@@ -154,11 +150,13 @@ impl Replica {
     ) -> Result<u64, StorageError> {
         use tokio::io::AsyncReadExt;
         let offset = f.size.saturating_sub(ltx::TRAILER_SIZE as u64);
-        self.stats.count(1);
-        let mut r = self
+        let started = Instant::now();
+        let r = self
             .client
             .open(f.level, f.min_txid, f.max_txid, offset)
-            .await?;
+            .await;
+        self.stats.counters.observe(1, started, &r);
+        let mut r = r?;
         let mut b = [0u8; 8];
         r.read_exact(&mut b)
             .await
@@ -204,11 +202,6 @@ impl Replica {
                     self.send_ack();
                 }
                 Err(e) => {
-                    self.note_error(if matches!(job, maintenance::Job::Retention) {
-                        3
-                    } else {
-                        0
-                    });
                     tracing::warn!(db = %self.db, replica = %self.name, ?job, error = %e, "maintenance failed; retrying at its next interval");
                 }
             }
@@ -221,11 +214,12 @@ impl Replica {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut attempt = 1;
         loop {
-            self.stats.count(2);
-            match self.client.list(level).await {
+            let started = Instant::now();
+            let listed = self.client.list(level).await;
+            self.stats.counters.observe(2, started, &listed);
+            match listed {
                 Ok(files) => return Ok(files),
                 Err(e) => {
-                    self.note_error(2);
                     if !e.is_retryable() || attempt == STARTUP_LIST_ATTEMPTS {
                         return Err(e);
                     }
@@ -235,10 +229,6 @@ impl Replica {
                 }
             }
         }
-    }
-
-    fn note_error(&self, op: usize) {
-        self.stats.counters.errors[op].inc();
     }
 
     /// Uploads staged segments after the remote position up to `target`, in order.
@@ -257,7 +247,6 @@ impl Replica {
                         self.remote
                     ),
                 })?;
-            self.stats.count(0);
             let started = Instant::now();
             let put = self
                 .client
@@ -265,7 +254,8 @@ impl Replica {
                 .await;
             let bytes = put.as_ref().map_or(0, |info| info.size);
             PHASES.record(Phase::Upload, bytes, started.elapsed());
-            let info = put.inspect_err(|_| self.note_error(0))?;
+            self.stats.counters.observe(0, started, &put);
+            let info = put?;
             self.remote = txid;
             self.stats.counters.bytes[0].inc_by(info.size);
             self.index.insert(info);

@@ -103,6 +103,19 @@ impl Staging {
         Ok(u64::from_be_bytes(b))
     }
 
+    /// Total bytes of the staged segments.
+    pub fn total_bytes(&self) -> std::io::Result<u64> {
+        let mut total = 0;
+        for t in self.txids()? {
+            match fs::metadata(self.path(t)) {
+                Ok(m) => total += m.len(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
     /// Deletes every staged segment older than `keep_from`, but never the newest.
     pub fn prune_below(&self, keep_from: TxId) -> std::io::Result<usize> {
         let txids = self.txids()?;

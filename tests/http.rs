@@ -116,6 +116,10 @@ async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
         "replicad_db_segments_total",
         "replicad_db_full_segments_total",
         "replicad_db_checkpoints_total",
+        "replicad_db_truncate_checkpoints_total",
+        "replicad_db_wal_size_bytes",
+        "replicad_db_sync_seconds_total",
+        "replicad_db_staging_bytes",
         "replicad_db_idle",
     ] {
         assert!(sample(&m, name, &dbl).is_some(), "{name} missing:\n{m}");
@@ -133,6 +137,14 @@ async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
     assert_eq!(sample(&m, "replicad_replica_lag_seconds", &rl), Some(0.0));
     // Existing metrics stay in the same registry.
     assert!(m.contains("replicad_replica_operations_total{"), "{m}");
+    assert!(sample(&m, "replicad_db_sync_seconds_total", &dbl).unwrap() > 0.0);
+    assert!(sample(&m, "replicad_db_wal_size_bytes", &dbl).unwrap() > 0.0);
+    assert!(sample(&m, "replicad_db_staging_bytes", &dbl).unwrap() > 0.0);
+    let put = format!("{dbl},operation=\"put\",replica=\"file\"");
+    assert!(
+        sample(&m, "replicad_replica_operation_seconds_total", &put).unwrap() > 0.0,
+        "{m}"
+    );
 
     // No label value is a secret: labels are paths and replica names only.
     for line in m.lines().filter(|l| !l.starts_with('#')) {
