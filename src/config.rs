@@ -1455,7 +1455,7 @@ impl RawCompaction {
                     name: key.to_string(),
                     keys: SNAPSHOT_KEYS,
                     required: false,
-                    convert: &positive_duration,
+                    convert: &|_, s| positive_duration(s),
                     hint: "",
                     refuse: None,
                 })?;
@@ -1477,7 +1477,7 @@ impl RawCompaction {
                     name: key.to_string(),
                     keys: RETENTION_KEYS,
                     required: false,
-                    convert: &boolean,
+                    convert: &|_, s| boolean(s),
                     hint: " (how long snapshots are kept is `retention` inside `snapshot`)",
                     refuse: None,
                 })?;
@@ -1594,7 +1594,7 @@ impl<'de> Visitor<'de> for LevelsSeed<'_> {
                 name: format!("levels[{index}]"),
                 keys: LEVEL_KEYS,
                 required: true,
-                convert: &positive_duration,
+                convert: &|_, s| positive_duration(s),
                 hint: " (write `- interval: 30s`)",
                 refuse: (index >= MAX_LEVELS)
                     .then(|| too_many_levels(&format!("too many levels (levels[{index}])"))),
@@ -1626,7 +1626,8 @@ struct SectionSeed<'a, T> {
     /// Whether every key is required; else absent keys keep their defaults and an empty value
     /// (every key commented out) means all defaults.
     required: bool,
-    convert: &'a dyn Fn(Scalar<'_>) -> Result<T, String>,
+    /// Converts the value of a key (the key decides the kind when a map mixes kinds).
+    convert: &'a dyn Fn(&str, Scalar<'_>) -> Result<T, String>,
     /// Added to the error when the value is not a map.
     hint: &'static str,
     /// Refuse the value, whatever it is, with this message (a level beyond the last).
@@ -1710,11 +1711,12 @@ impl<'de, T> Visitor<'de> for SectionSeed<'_, T> {
             seen: &mut seen,
             place,
         })? {
+            let convert = |s: Scalar<'_>| (self.convert)(key, s);
             let value = map.next_value_seed(ValueSeed {
                 ctx,
                 key,
                 place,
-                convert: self.convert,
+                convert: &convert,
             })?;
             values.push((key, value));
         }
@@ -1854,8 +1856,24 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                         convert: &|s| split_exec(&text(s)?),
                     })?)
                 }
-                "logging" => logging = map.next_value_seed(LoggingSeed { ctx })?,
-                "socket" => socket = map.next_value_seed(SocketSeed { ctx })?,
+                "logging" => {
+                    logging = logging_from(read_section(
+                        &mut map,
+                        ctx,
+                        key,
+                        LOGGING_KEYS,
+                        &logging_field,
+                    )?)
+                }
+                "socket" => {
+                    socket = socket_from(read_section(
+                        &mut map,
+                        ctx,
+                        key,
+                        SOCKET_KEYS,
+                        &socket_field,
+                    )?)
+                }
                 _ => {
                     // Global S3 keys were taken by the first pass (`GlobalsSeed`); read
                     // again here only to consume (and check) the value.
@@ -1917,85 +1935,6 @@ fn log_format(s: Scalar<'_>) -> Result<LogFormat, String> {
     }
 }
 
-/// The `logging` map.
-struct LoggingSeed<'a> {
-    ctx: &'a Ctx,
-}
-
-impl LoggingSeed<'_> {
-    fn not_a_map<E: de::Error>(&self, found: impl fmt::Display) -> Result<LoggingConfig, E> {
-        Err(self.ctx.fail(format!(
-            "`logging` takes a map with the keys `level`, `type`, `stderr`, found {found}"
-        )))
-    }
-
-    fn scalar<E: de::Error>(self, s: Scalar<'_>) -> Result<LoggingConfig, E> {
-        self.not_a_map(s)
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for LoggingSeed<'_> {
-    type Value = LoggingConfig;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<LoggingConfig, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for LoggingSeed<'_> {
-    type Value = LoggingConfig;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a map for `logging`")
-    }
-    visit_scalars!(scalar);
-    fn visit_unit<E: de::Error>(self) -> Result<LoggingConfig, E> {
-        Ok(LoggingConfig::default())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<LoggingConfig, A::Error> {
-        self.not_a_map("a list")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LoggingConfig, A::Error> {
-        let ctx = self.ctx;
-        let place = "in logging";
-        let mut seen = Vec::new();
-        let mut logging = LoggingConfig::default();
-        while let Some(key) = map.next_key_seed(KeySeed {
-            ctx,
-            allowed: LOGGING_KEYS,
-            top_only: &[],
-            seen: &mut seen,
-            place,
-        })? {
-            match key {
-                "level" => {
-                    logging.level = Some(map.next_value_seed(ValueSeed {
-                        ctx,
-                        key,
-                        place,
-                        convert: &log_level,
-                    })?)
-                }
-                "type" => {
-                    logging.format = map.next_value_seed(ValueSeed {
-                        ctx,
-                        key,
-                        place,
-                        convert: &log_format,
-                    })?
-                }
-                _ => {
-                    logging.stderr = map.next_value_seed(ValueSeed {
-                        ctx,
-                        key,
-                        place,
-                        convert: &boolean,
-                    })?
-                }
-            }
-        }
-        Ok(logging)
-    }
-}
-
 const SOCKET_KEYS: &[&str] = &["enabled", "path", "permissions"];
 
 /// `socket.permissions`: an octal mode such as `"0600"` (at most 0777).
@@ -2010,83 +1949,75 @@ fn permissions(s: Scalar<'_>) -> Result<u32, String> {
     }
 }
 
-/// The `socket` map.
-struct SocketSeed<'a> {
-    ctx: &'a Ctx,
+/// A value of the `logging` or `socket` map: each key has its own kind.
+enum Field {
+    Text(String),
+    Flag(bool),
+    Format(LogFormat),
+    Mode(u32),
 }
 
-impl SocketSeed<'_> {
-    fn not_a_map<E: de::Error>(&self, found: impl fmt::Display) -> Result<SocketConfig, E> {
-        Err(self.ctx.fail(format!(
-            "`socket` takes a map with the keys `enabled`, `path`, `permissions`, found {found}"
-        )))
-    }
+/// Reads the `logging` or `socket` map through [`SectionSeed`] with per-key converters.
+fn read_section<'de, A: MapAccess<'de>>(
+    map: &mut A,
+    ctx: &Ctx,
+    name: &str,
+    keys: &'static [&'static str],
+    convert: &dyn Fn(&str, Scalar<'_>) -> Result<Field, String>,
+) -> Result<Vec<(&'static str, Field)>, A::Error> {
+    map.next_value_seed(SectionSeed {
+        ctx,
+        name: name.to_string(),
+        keys,
+        required: false,
+        convert,
+        hint: "",
+        refuse: None,
+    })
+}
 
-    fn scalar<E: de::Error>(self, s: Scalar<'_>) -> Result<SocketConfig, E> {
-        self.not_a_map(s)
+/// The `logging` map.
+fn logging_field(key: &str, s: Scalar<'_>) -> Result<Field, String> {
+    match key {
+        "level" => log_level(s).map(Field::Text),
+        "type" => log_format(s).map(Field::Format),
+        _ => boolean(s).map(Field::Flag),
     }
 }
 
-impl<'de> DeserializeSeed<'de> for SocketSeed<'_> {
-    type Value = SocketConfig;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<SocketConfig, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for SocketSeed<'_> {
-    type Value = SocketConfig;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a map for `socket`")
-    }
-    visit_scalars!(scalar);
-    fn visit_unit<E: de::Error>(self) -> Result<SocketConfig, E> {
-        Ok(SocketConfig::default())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<SocketConfig, A::Error> {
-        self.not_a_map("a list")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SocketConfig, A::Error> {
-        let ctx = self.ctx;
-        let place = "in socket";
-        let mut seen = Vec::new();
-        let mut socket = SocketConfig::default();
-        while let Some(key) = map.next_key_seed(KeySeed {
-            ctx,
-            allowed: SOCKET_KEYS,
-            top_only: &[],
-            seen: &mut seen,
-            place,
-        })? {
-            match key {
-                "enabled" => {
-                    socket.enabled = map.next_value_seed(ValueSeed {
-                        ctx,
-                        key,
-                        place,
-                        convert: &boolean,
-                    })?
-                }
-                "path" => {
-                    socket.path = PathBuf::from(map.next_value_seed(ValueSeed {
-                        ctx,
-                        key,
-                        place,
-                        convert: &text,
-                    })?)
-                }
-                _ => {
-                    socket.permissions = map.next_value_seed(ValueSeed {
-                        ctx,
-                        key,
-                        place,
-                        convert: &permissions,
-                    })?
-                }
-            }
+fn logging_from(fields: Vec<(&'static str, Field)>) -> LoggingConfig {
+    let mut logging = LoggingConfig::default();
+    for (_, field) in fields {
+        match field {
+            Field::Text(level) => logging.level = Some(level),
+            Field::Format(format) => logging.format = format,
+            Field::Flag(stderr) => logging.stderr = stderr,
+            Field::Mode(_) => {}
         }
-        Ok(socket)
     }
+    logging
+}
+
+/// The `socket` map.
+fn socket_field(key: &str, s: Scalar<'_>) -> Result<Field, String> {
+    match key {
+        "enabled" => boolean(s).map(Field::Flag),
+        "path" => text(s).map(Field::Text),
+        _ => permissions(s).map(Field::Mode),
+    }
+}
+
+fn socket_from(fields: Vec<(&'static str, Field)>) -> SocketConfig {
+    let mut socket = SocketConfig::default();
+    for (_, field) in fields {
+        match field {
+            Field::Flag(enabled) => socket.enabled = enabled,
+            Field::Text(path) => socket.path = PathBuf::from(path),
+            Field::Mode(mode) => socket.permissions = mode,
+            Field::Format(_) => {}
+        }
+    }
+    socket
 }
 
 /// A database as read, before the top-level settings are known.
