@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::http::{get, make_db, parse_response, sample};
+use common::http::{daemon_config, get, make_db, parse_response, sample};
 
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -260,30 +260,12 @@ fn get_blocking(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     Ok(parse_response(&raw))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn replicate_binary_serves_healthz_and_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("app.db");
     let _conn = make_db(&db);
-    let port = free_port();
-    let config = dir.path().join("replicad.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\ndbs:\n  - path: {}\n    replica:\n      url: {}\n",
-            db.display(),
-            dir.path().join("replica").display()
-        ),
-    )
-    .unwrap();
+    let (config, port) = daemon_config(dir.path(), &db);
     let d = common::spawn_replicate(dir.path(), &["--config", common::s(&config)]);
     let deadline = Instant::now() + common::WAIT;
     let dbl = format!("db=\"{}\"", db.display());

@@ -6,8 +6,10 @@
 
 mod common;
 
+use common::http::free_port;
+
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -15,14 +17,6 @@ use std::time::{Duration, Instant};
 use common::s3::S3Server;
 use common::{TestDir, WAIT, assert_same_content, s, write_file};
 use rusqlite::{Connection, params};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `replicad ARGS...` with the credentials given only as `TEST_KEY`/`TEST_SECRET` (expanded
 /// in the file), never through the AWS or Litestream variables.

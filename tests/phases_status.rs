@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::http::{get, make_db, sample};
+use common::http::{daemon_config, get, make_db, sample};
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -169,14 +169,6 @@ async fn phase_metrics_and_status_endpoint() {
     store.shutdown(std::future::pending()).await;
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn status(args: &[&str]) -> std::process::Output {
     std::process::Command::new(common::bin())
         .arg("status")
@@ -191,17 +183,7 @@ fn status_command_against_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("app.db");
     let _conn = make_db(&db);
-    let port = free_port();
-    let config = dir.path().join("replicad.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\ndbs:\n  - path: {}\n    replica:\n      url: {}\n",
-            db.display(),
-            dir.path().join("replica").display()
-        ),
-    )
-    .unwrap();
+    let (config, port) = daemon_config(dir.path(), &db);
     let cfg = common::s(&config);
     let d = common::spawn_replicate(dir.path(), &["--config", cfg]);
 

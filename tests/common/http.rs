@@ -44,3 +44,29 @@ pub fn make_db(path: &std::path::Path) -> rusqlite::Connection {
     .unwrap();
     conn
 }
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Writes `<dir>/replicad.yml` replicating `db` to `<dir>/replica` with its HTTP listener on a
+/// free port; returns the config path and the port.
+pub fn daemon_config(dir: &std::path::Path, db: &std::path::Path) -> (std::path::PathBuf, u16) {
+    let port = free_port();
+    let config = dir.join("replicad.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\ndbs:\n  - path: {}\n    replica:\n      url: {}\n",
+            db.display(),
+            dir.join("replica").display()
+        ),
+    )
+    .unwrap();
+    (config, port)
+}
