@@ -1012,6 +1012,34 @@ pub fn default_meta_path(db: &Path) -> PathBuf {
         .join(format!(".{name}-replicad"))
 }
 
+/// Process-wide SQLite memory settings for a daemon that holds one connection per database.
+/// Call once, first thing in `main`, before any connection exists.
+///
+/// Each connection otherwise pre-allocates (and touches) a 20-page bulk page cache and a
+/// lookaside buffer: about 150 KiB a connection, 60 MiB at 400 databases, for a connection
+/// that reads a handful of pages (pages come from the files directly). Without them SQLite
+/// allocates pages and small objects on demand.
+#[allow(unsafe_code)]
+pub fn configure_sqlite_memory() {
+    use std::ffi::{c_int, c_void};
+    // SAFETY: sqlite3_config may only be called before SQLite initializes and while no other
+    // thread calls SQLite; `main` calls this before any thread or connection exists. Called
+    // later, SQLite answers SQLITE_MISUSE and changes nothing: only memory use differs.
+    unsafe {
+        rusqlite::ffi::sqlite3_config(
+            rusqlite::ffi::SQLITE_CONFIG_PAGECACHE,
+            std::ptr::null_mut::<c_void>(),
+            0 as c_int,
+            0 as c_int,
+        );
+        rusqlite::ffi::sqlite3_config(
+            rusqlite::ffi::SQLITE_CONFIG_LOOKASIDE,
+            0 as c_int,
+            0 as c_int,
+        );
+    }
+}
+
 fn open_connection(path: &Path) -> Result<Connection, DbError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX

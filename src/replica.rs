@@ -23,7 +23,7 @@ use crate::db::{DbPos, RemoteTip};
 use crate::ltx::{self, TxId};
 use crate::maintenance::{self, Maintenance, Schedule};
 use crate::metrics::{PHASES, Phase, ReplicaCounters};
-use crate::replica_client::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
+use crate::replica_client::{AnyClient, LtxFileInfo, ReplicaClient, StorageError};
 use crate::retry::Backoff;
 use crate::staging::Staging;
 
@@ -116,19 +116,19 @@ impl Replica {
     pub async fn init(&mut self) -> Result<RemoteTip, StorageError> {
         let mut tip = RemoteTip::default();
         let mut newest = None;
-        for level in 0..=SNAPSHOT_LEVEL {
-            let files = self.list_with_retries(level).await?;
-            for f in &files {
-                self.index.insert(f.clone());
-            }
-            if let Some(f) = files
-                .iter()
-                .max_by_key(|f| f.max_txid)
-                .filter(|f| f.max_txid > tip.txid)
-            {
-                tip.txid = f.max_txid;
-                newest = Some(f.clone());
-            }
+        let files = self.list_with_retries().await?;
+        for f in &files {
+            self.index.insert(f.clone());
+        }
+        // The newest file of the lowest level that holds the tip: the same file a per-level
+        // scan from level 0 upwards would pick.
+        if let Some(f) = files
+            .iter()
+            .filter(|f| f.max_txid > TxId(0))
+            .max_by_key(|f| (f.max_txid, std::cmp::Reverse(f.level)))
+        {
+            tip.txid = f.max_txid;
+            newest = Some(f.clone());
         }
         if let Some(f) = newest {
             tip.post_apply_checksum = self.read_post_apply(&f).await.unwrap_or(0);
@@ -210,12 +210,12 @@ impl Replica {
 
     /// Lists a level, retrying transient failures: a replica that blinks at startup must not
     /// stop the daemon, while a permanent error (credentials, missing bucket) fails at once.
-    async fn list_with_retries(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
+    async fn list_with_retries(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut attempt = 1;
         loop {
             let started = Instant::now();
-            let listed = self.client.list(level).await;
+            let listed = self.client.list_all().await;
             self.stats.counters.observe(2, started, &listed);
             match listed {
                 Ok(files) => return Ok(files),
@@ -223,7 +223,7 @@ impl Replica {
                     if !e.is_retryable() || attempt == STARTUP_LIST_ATTEMPTS {
                         return Err(e);
                     }
-                    tracing::debug!(db = %self.db, replica = %self.name, level, attempt, error = %e, "listing the replica failed; retrying");
+                    tracing::debug!(db = %self.db, replica = %self.name, attempt, error = %e, "listing the replica failed; retrying");
                     attempt += 1;
                     tokio::time::sleep(backoff.next_delay()).await;
                 }

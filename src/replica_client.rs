@@ -114,6 +114,22 @@ pub trait ReplicaClient {
         level: u8,
     ) -> impl Future<Output = Result<Vec<LtxFileInfo>, StorageError>> + Send;
 
+    /// Files of every level, 0 through 9, sorted by (level, min, max). Backends that can list
+    /// the whole replica in one request (S3: one ListObjectsV2 page per 1000 keys) override
+    /// it: a start or a restore of thousands of databases pays one request each, not ten.
+    fn list_all(&self) -> impl Future<Output = Result<Vec<LtxFileInfo>, StorageError>> + Send
+    where
+        Self: Sync,
+    {
+        async move {
+            let mut all = Vec::new();
+            for level in 0..=SNAPSHOT_LEVEL {
+                all.extend(self.list(level).await?);
+            }
+            Ok(all)
+        }
+    }
+
     /// Opens a file's body from byte `offset` to its end.
     fn open(
         &self,
@@ -214,15 +230,6 @@ impl AnyClient {
             reason: e.to_string(),
         })
     }
-
-    /// Lists every level, 0 through 9.
-    pub async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
-        let mut all = Vec::new();
-        for level in 0..=SNAPSHOT_LEVEL {
-            all.extend(self.list(level).await?);
-        }
-        Ok(all)
-    }
 }
 
 impl ReplicaClient for AnyClient {
@@ -247,6 +254,14 @@ impl ReplicaClient for AnyClient {
             AnyClient::File(c) => c.list(level).await,
             AnyClient::S3(c) => c.list(level).await,
             AnyClient::Faulty(c) => c.list(level).await,
+        }
+    }
+
+    async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
+        match self {
+            AnyClient::File(c) => c.list_all().await,
+            AnyClient::S3(c) => c.list_all().await,
+            AnyClient::Faulty(c) => c.list_all().await,
         }
     }
 

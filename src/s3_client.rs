@@ -34,7 +34,9 @@ use futures_util::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
 use crate::ltx::{self, TxId};
-use crate::replica_client::{LtxFileInfo, ObjectReader, ReplicaClient, StorageError};
+use crate::replica_client::{
+    LtxFileInfo, ObjectReader, ReplicaClient, SNAPSHOT_LEVEL, StorageError,
+};
 
 /// Default multipart part size: S3's minimum, 5 MiB.
 pub const DEFAULT_PART_SIZE: u64 = 5 * 1024 * 1024;
@@ -252,12 +254,42 @@ impl fmt::Debug for S3Client {
     }
 }
 
+/// What makes two replicas' SDK clients interchangeable: everything `build_client` reads.
+/// Bucket and path are per request, so every database of a bucket shares one client and its
+/// connection pool (400 databases: one pool, not 400).
+#[derive(PartialEq, Eq, Hash)]
+struct ClientKey {
+    region: Option<String>,
+    endpoint: Option<String>,
+    force_path_style: bool,
+    access_key_id: Option<String>,
+    secret_access_key: Option<String>,
+}
+
+/// SDK clients shared across replicas; held only while looking up, never across `.await`.
+static SHARED_CLIENTS: std::sync::LazyLock<
+    std::sync::Mutex<HashMap<ClientKey, Arc<OnceCell<Client>>>>,
+> = std::sync::LazyLock::new(Default::default);
+
 impl S3Client {
-    /// A client for `cfg`; nothing is contacted until the first call.
+    /// A client for `cfg`; nothing is contacted until the first call. Replicas with the same
+    /// endpoint, region and credentials share one SDK client.
     pub fn new(cfg: S3Config) -> S3Client {
+        let key = ClientKey {
+            region: cfg.region.clone(),
+            endpoint: cfg.endpoint.clone(),
+            force_path_style: cfg.force_path_style,
+            access_key_id: cfg.access_key_id.clone(),
+            secret_access_key: cfg.secret_access_key.as_ref().map(|s| s.0.clone()),
+        };
+        let client = match SHARED_CLIENTS.lock() {
+            Ok(mut shared) => shared.entry(key).or_default().clone(),
+            // A panic elsewhere while looking up: an unshared client still works.
+            Err(_) => Arc::new(OnceCell::new()),
+        };
         S3Client {
             cfg: Arc::new(cfg),
-            client: Arc::new(OnceCell::new()),
+            client,
         }
     }
 
@@ -731,6 +763,47 @@ impl ReplicaClient for S3Client {
             }
         }
         out.sort_by_key(|f| (f.min_txid, f.max_txid));
+        Ok(out)
+    }
+
+    async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
+        let c = self.client().await?;
+        let prefix = self.prefix();
+        let mut pages = c
+            .list_objects_v2()
+            .bucket(&self.cfg.bucket)
+            .prefix(&prefix)
+            .into_paginator()
+            .send();
+        let mut out = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| classify("list", &prefix, e))?;
+            for obj in page.contents() {
+                let Some(rest) = obj.key().and_then(|k| k.strip_prefix(&prefix)) else {
+                    continue;
+                };
+                // `<level %04x>/<min>-<max>.ltx`; anything else (deeper keys, foreign files,
+                // other levels' spellings) is not ours.
+                let Some((dir, name)) = rest.split_once('/') else {
+                    continue;
+                };
+                let level = match u8::from_str_radix(dir, 16) {
+                    Ok(l) if dir.len() == 4 && l <= SNAPSHOT_LEVEL => l,
+                    _ => continue,
+                };
+                let Some((min, max)) = ltx::parse_filename(name) else {
+                    continue;
+                };
+                out.push(LtxFileInfo {
+                    level,
+                    min_txid: min,
+                    max_txid: max,
+                    size: obj.size().unwrap_or(0).max(0) as u64,
+                    created_at: from_smithy_time(obj.last_modified()),
+                });
+            }
+        }
+        out.sort_by_key(|f| (f.level, f.min_txid, f.max_txid));
         Ok(out)
     }
 

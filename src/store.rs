@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use futures_util::{StreamExt, TryStreamExt};
 use rand::RngExt;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
@@ -157,10 +158,13 @@ impl Store {
             metrics: &metrics,
             wrap: wrap.as_ref(),
         };
-        let mut dbs = Vec::with_capacity(config.dbs.len());
-        for dbc in &config.dbs {
-            dbs.push(Self::start_db(dbc, &ctx).await?);
-        }
+        // Databases start concurrently (listing a replica is a network round trip: thousands
+        // started one by one would take minutes); `buffered` keeps the configured order.
+        let dbs: Vec<DbHandle> = futures_util::stream::iter(&config.dbs)
+            .map(|dbc| Self::start_db(dbc, &ctx))
+            .buffered(OPEN_CONCURRENCY)
+            .try_collect()
+            .await?;
         metrics.register_dbs(&dbs);
         Ok(Store {
             root,
@@ -309,8 +313,8 @@ fn maintenance_of(s: &crate::config::DbSettings, tmp_dir: std::path::PathBuf) ->
 }
 
 /// The monitor task of one database: ticks, runs the idle fast path, and syncs when the WAL
-/// changed. The first tick fires after exactly one interval, the second after a random
-/// delay in [0, interval) to spread thousands of databases apart, then every interval.
+/// changed. The first tick fires after exactly one interval, then on the database's
+/// [`TickGrid`] (a random slot, every interval).
 /// A [`SyncTrigger::request`] starts a tick at once, without the idle fast path.
 async fn monitor(
     mut db: Db,
@@ -320,8 +324,8 @@ async fn monitor(
     interval: Duration,
     trigger: Arc<SyncTrigger>,
 ) {
-    let mut delay = interval;
-    let mut ticks = 0u64;
+    let grid = TickGrid::new(interval);
+    let mut next = tokio::time::Instant::now() + interval;
     let mut backoff = Backoff::new(
         interval.max(Duration::from_millis(100)),
         Duration::from_secs(300),
@@ -332,16 +336,13 @@ async fn monitor(
     loop {
         let forced = tokio::select! {
             _ = ingest.cancelled() => break,
-            _ = tokio::time::sleep(delay) => false,
+            _ = tokio::time::sleep_until(next) => false,
             _ = trigger.wake.notified() => true,
         };
         let tick = trigger.begin();
-        ticks += 1;
-        delay = if ticks == 1 {
-            jitter(interval)
-        } else {
-            interval
-        };
+        if !forced {
+            next = grid.after(tokio::time::Instant::now());
+        }
         if !forced && db.fast_path_skip(Instant::now()) {
             prune(&db, &acks, &mut pruned);
             trigger.done(tick);
@@ -378,7 +379,7 @@ async fn monitor(
                 if matches!(e, DbError::Poisoned(_)) {
                     return;
                 }
-                delay = backoff.next_delay();
+                next = grid.after(tokio::time::Instant::now() + backoff.next_delay());
             }
         }
         prune(&db, &acks, &mut pruned);
@@ -427,7 +428,71 @@ fn prune(db: &Db, acks: &[watch::Receiver<TxId>], pruned: &mut TxId) {
     }
 }
 
-fn jitter(interval: Duration) -> Duration {
-    let nanos = interval.as_nanos().max(1) as u64;
-    Duration::from_nanos(rand::rng().random_range(0..nanos))
+/// Slots per interval on the tick grid.
+const TICK_SLOTS: u32 = 50;
+
+/// A database's tick times after the first: `epoch + phase + k * interval`, where `epoch` is
+/// shared by every database of the process and `phase` is a random whole slot
+/// (`interval / 50`). Thousands of databases spread over 50 slots, and the databases of one
+/// slot tick on the same timer wake-up: at 400 databases, one `epoll_wait` and one worker
+/// wake-up serve 8 ticks. Ticks never drift off the grid, whatever a sync costs.
+struct TickGrid {
+    epoch: tokio::time::Instant,
+    phase: Duration,
+    interval: Duration,
+}
+
+static TICK_EPOCH: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+
+impl TickGrid {
+    fn new(interval: Duration) -> TickGrid {
+        let interval = interval.max(Duration::from_millis(1));
+        let slot = interval / TICK_SLOTS;
+        TickGrid {
+            epoch: *TICK_EPOCH.get_or_init(tokio::time::Instant::now),
+            phase: slot * rand::rng().random_range(0..TICK_SLOTS),
+            interval,
+        }
+    }
+
+    /// The first grid time strictly after `t`.
+    fn after(&self, t: tokio::time::Instant) -> tokio::time::Instant {
+        let base = self.epoch + self.phase;
+        if t < base {
+            return base;
+        }
+        let period = self.interval.as_nanos();
+        let ahead = ((t - base).as_nanos() / period + 1) * period;
+        base + Duration::from_nanos(u64::try_from(ahead).unwrap_or(u64::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn tick_grid_times_are_strictly_later_on_the_shared_grid() {
+        let interval = Duration::from_millis(1000);
+        let slot = interval / TICK_SLOTS;
+        let grids: Vec<TickGrid> = (0..200).map(|_| TickGrid::new(interval)).collect();
+        let epoch = grids[0].epoch;
+        let now = tokio::time::Instant::now();
+        let mut phases = std::collections::BTreeSet::new();
+        for g in &grids {
+            assert_eq!(g.epoch, epoch, "one epoch per process");
+            let off = (g.phase.as_nanos() % slot.as_nanos(), g.phase < interval);
+            assert_eq!(off, (0, true), "phase {:?} is a whole slot", g.phase);
+            phases.insert(g.phase);
+            for t in [now, now + Duration::from_millis(1), now + interval * 3] {
+                let next = g.after(t);
+                assert!(next > t && next <= t + interval, "{next:?} after {t:?}");
+                let since = (next - epoch - g.phase).as_nanos();
+                assert_eq!(since % interval.as_nanos(), 0, "on the grid");
+                assert_eq!(g.after(next - Duration::from_nanos(1)), next);
+            }
+        }
+        // 200 databases over 50 slots: every slot shared, none crowded out.
+        assert!(phases.len() > 30, "{} distinct slots", phases.len());
+    }
 }

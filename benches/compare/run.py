@@ -1,0 +1,494 @@
+#!/usr/bin/env python3
+"""replicad vs Litestream, side by side, in one run: the whole comparison of issue 6.
+
+Usage (from anywhere; paths are relative to the repository root):
+
+    python3 benches/compare/run.py            # everything, ~20 min on 2 cores once tools are built
+    python3 benches/compare/run.py --quick    # shorter windows (~8 min), for a smoke run
+
+Both tools run alternately (the order flips from one figure to the next) against the same
+loopback S3 server (s3s-fs) and the same generated databases. Prints one table, each figure
+for both tools and the ratio replicad / Litestream, and writes
+benches/compare/results-compare-<UTC time>.json with every raw figure.
+
+Figures: idle CPU / RSS / threads / fds at 1, 100 and 400 databases, syscalls per idle tick
+per database (strace -c -f), S3 requests per database per idle hour, lag commit -> object
+(p50/p99, one commit every 100 ms), app write throughput (none / Litestream / replicad),
+initial snapshot of the 1 GiB database (MB/s, peak RSS), restore of it (MB/s, peak RSS).
+
+Python 3 standard library; strace and GNU time from Debian (installed with apt-get when
+missing and running as root). See README.md next to this file.
+"""
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import s3_snapshot as h  # noqa: E402
+import restore as rst  # noqa: E402
+
+REPO, DATA = h.REPO, h.DATA
+WORK = os.path.join(DATA, "compare")
+LTX_NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.ltx$")
+log = h.log
+
+
+# ----------------------------------------------------------------------------- setup
+
+def ensure_system_tools():
+    missing = [p for p, b in (("strace", "/usr/bin/strace"), ("time", "/usr/bin/time"))
+               if not os.access(b, os.X_OK)]
+    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "update", "-q"], check=False)
+        subprocess.run(["apt-get", "install", "-y", "-q"] + missing, check=False)
+    for b in ("/usr/bin/strace", "/usr/bin/time"):
+        if not os.access(b, os.X_OK):
+            sys.exit(f"{b} is missing: apt-get install -y strace time")
+
+
+def raise_fd_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return want
+
+
+def tool_env(tool):
+    env = dict(os.environ, NO_COLOR="1", RUST_LOG="info")
+    env.update(AWS_ACCESS_KEY_ID=h.ACCESS_KEY, AWS_SECRET_ACCESS_KEY=h.SECRET_KEY)
+    if tool == "litestream":
+        env.pop("AWS_CA_BUNDLE", None)  # breaks Litestream's S3 client
+    return env
+
+
+def s3_block(prefix, s3, indent):
+    pad = " " * indent
+    return (f"{pad}type: s3\n{pad}bucket: {h.BUCKET}\n{pad}path: {prefix}\n"
+            f"{pad}endpoint: {s3.endpoint}\n{pad}region: {h.REGION}\n"
+            f"{pad}force-path-style: true\n{pad}access-key-id: {h.ACCESS_KEY}\n"
+            f"{pad}secret-access-key: {h.SECRET_KEY}\n")
+
+
+def write_config(tool, path, dbs, prefixes, s3, codec=None):
+    """Both tools read the same shape; replicad gets `compression:` when asked."""
+    with open(path, "w") as f:
+        f.write("dbs:\n")
+        for db, prefix in zip(dbs, prefixes):
+            f.write(f"  - path: {db}\n")
+            if tool == "replicad" and codec:
+                f.write(f"    compression: {codec}\n")
+            f.write("    replica:\n" + s3_block(prefix, s3, 6))
+
+
+def start(tool, cfg, workdir):
+    binary = h.REPLICAD_BIN if tool == "replicad" else h.LITESTREAM_BIN
+    flag = "--config" if tool == "replicad" else "-config"
+    logp = os.path.join(workdir, f"{tool}.log")
+    logf = open(logp, "wb")
+    proc = subprocess.Popen([binary, "replicate", flag, cfg], stdout=logf,
+                            stderr=subprocess.STDOUT, env=tool_env(tool), cwd=workdir,
+                            start_new_session=True)
+    return proc, logf, logp
+
+
+def stop(proc, logf):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    logf.close()
+    return proc.returncode
+
+
+def l0_dir(s3, prefix):
+    return os.path.join(s3.root, h.BUCKET, prefix, "0000")
+
+
+def max_txid(d):
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return 0
+    best = 0
+    for n in names:
+        m = LTX_NAME.match(n)
+        if m:
+            best = max(best, int(m.group(2), 16))
+    return best
+
+
+def proc_sample(pid):
+    st = h.proc_stats(pid)
+    try:
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except FileNotFoundError:
+        fds = None
+    return {"cpu_s": st.get("cpu_s"), "rss_mib": round(st.get("VmRSS", 0) / 1024, 1),
+            "hwm_mib": round(st.get("VmHWM", 0) / 1024, 1), "threads": st.get("Threads"),
+            "fds": fds}
+
+
+def make_small_dbs(root, n):
+    os.makedirs(root, exist_ok=True)
+    dbs = []
+    for i in range(n):
+        p = os.path.join(root, f"db{i:04d}.db")
+        con = sqlite3.connect(p)
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT, val REAL, note TEXT)")
+        con.executemany("INSERT INTO t (name, val, note) VALUES (?, ?, ?)",
+                        [(f"name-{j}", j * 1.5, "x" * 40) for j in range(100)])
+        con.commit()
+        con.close()
+        dbs.append(p)
+    return dbs
+
+
+# ----------------------------------------------------------------------------- idle
+
+def idle_run(tool, n, s3, args, strace):
+    name = f"idle-{tool}-{n}"
+    workdir = os.path.join(WORK, name)
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    shutil.rmtree(os.path.join(s3.root, h.BUCKET, name), ignore_errors=True)
+    dbs = make_small_dbs(os.path.join(workdir, "db"), n)
+    prefixes = [f"{name}/db{i:04d}" for i in range(n)]
+    cfg = os.path.join(workdir, f"{tool}.yml")
+    write_config(tool, cfg, dbs, prefixes, s3)
+    os.sync()
+    log(f"{name}: starting")
+    t0 = time.monotonic()
+    proc, logf, logp = start(tool, cfg, workdir)
+    res = {"tool": tool, "dbs": n}
+    try:
+        pending = set(prefixes)
+        while pending and time.monotonic() - t0 < args.startup_timeout and proc.poll() is None:
+            pending = {p for p in pending if max_txid(l0_dir(s3, p)) == 0}
+            time.sleep(0.1)
+        if pending:
+            res["error"] = f"{len(pending)} databases had no L0 file after the startup timeout"
+            log(f"  {res['error']}")
+            return res
+        res["start_s"] = round(time.monotonic() - t0, 2)
+        # Settle past the first L1 compaction of both tools (replicad: 30 s after its start;
+        # Litestream: its 30 s tick, aligned to the wall clock), so only idle is measured.
+        time.sleep(max(0.0, args.settle - (time.monotonic() - t0)))
+        segs0 = sum(max_txid(l0_dir(s3, p)) for p in prefixes)
+        off0 = s3.log_offset()
+        a = proc_sample(proc.pid)
+        w0 = time.monotonic()
+        threads = {a["threads"]}
+        while time.monotonic() - w0 < args.window:
+            time.sleep(1)
+            threads.add(h.proc_stats(proc.pid).get("Threads"))
+        b = proc_sample(proc.pid)
+        secs = time.monotonic() - w0
+        ops, _ = s3.requests_between(off0, s3.log_offset())
+        res.update(
+            window_s=round(secs, 1),
+            cpu_pct=round(100 * (b["cpu_s"] - a["cpu_s"]) / secs, 3),
+            rss_mib=b["rss_mib"], hwm_mib=b["hwm_mib"],
+            threads=f"{min(threads)}-{max(threads)}" if len(threads) > 1 else str(b["threads"]),
+            fds=b["fds"], requests_in_window=ops,
+            requests_per_db_hour=round(sum(ops.values()) * 3600 / secs / n, 2),
+            new_l0_in_window=sum(max_txid(l0_dir(s3, p)) for p in prefixes) - segs0)
+        log(f"  cpu {res['cpu_pct']}%  rss {res['rss_mib']} MiB  threads {res['threads']}  "
+            f"fds {res['fds']}  requests {ops}")
+        if strace:
+            out = os.path.join(workdir, "strace.txt")
+            import importlib.util
+            spec = importlib.util.spec_from_file_location(
+                "idle_measure", os.path.join(REPO, "benches", "idle", "measure.py"))
+            im = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(im)
+            rows, elapsed, _, _ = im.run_strace(proc.pid, args.strace_seconds, out)
+            rows.pop("total", None)
+            total = sum(r["calls"] for r in rows.values())
+            ticks = n * elapsed / 1.0  # both tools: 1 s monitor interval
+            top = sorted(rows.items(), key=lambda kv: -kv[1]["calls"])[:8]
+            res["syscalls_per_db_tick"] = round(total / ticks, 2)
+            res["syscalls_top"] = {k: round(v["calls"] / ticks, 3) for k, v in top}
+            log(f"  syscalls per db per tick {res['syscalls_per_db_tick']}: {res['syscalls_top']}")
+    finally:
+        res["exit_code"] = stop(proc, logf)
+        res["log_problems"] = h.problem_lines(logp)[:10]
+    return res
+
+
+# ----------------------------------------------------------------------------- lag
+
+def lag_run(tool, s3, args):
+    name = f"lag-{tool}"
+    workdir = os.path.join(WORK, name)
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    shutil.rmtree(os.path.join(s3.root, h.BUCKET, name), ignore_errors=True)
+    db = make_small_dbs(os.path.join(workdir, "db"), 1)[0]
+    cfg = os.path.join(workdir, f"{tool}.yml")
+    write_config(tool, cfg, [db], [name], s3)
+    rep = l0_dir(s3, name)
+    proc, logf, logp = start(tool, cfg, workdir)
+    res = {"tool": tool}
+    try:
+        t0 = time.monotonic()
+        while max_txid(rep) == 0 and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        time.sleep(2)
+        events, stop_ev, lock = [], threading.Event(), threading.Lock()
+
+        def poll():
+            cur = max_txid(rep)
+            while not stop_ev.is_set():
+                m = max_txid(rep)
+                if m > cur:
+                    with lock:
+                        events.append((time.monotonic(), m))
+                    cur = m
+                time.sleep(0.005)
+
+        th = threading.Thread(target=poll, daemon=True)
+        th.start()
+        con = sqlite3.connect(db, timeout=10, isolation_level=None)
+        con.execute("PRAGMA busy_timeout=10000")
+        commits = []
+        nxt = time.monotonic()
+        for i in range(int(args.lag_seconds * 10)):
+            m_pre = max_txid(rep)
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("INSERT INTO t (name, val, note) VALUES (?, ?, ?)", (f"lag-{i}", i, "y" * 40))
+            con.execute("COMMIT")
+            commits.append((time.monotonic(), m_pre))
+            nxt += 0.1
+            time.sleep(max(0.0, nxt - time.monotonic()))
+        con.close()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with lock:
+                if events and events[-1][1] > max_txid(rep) - 1 and events[-1][0] > commits[-1][0]:
+                    break
+            time.sleep(0.05)
+        time.sleep(0.1)
+        stop_ev.set()
+        th.join()
+        lags = []
+        for t_c, m_pre in commits:
+            seen = next((t for t, m in events if m > m_pre and t >= t_c), None)
+            if seen is not None:
+                lags.append(seen - t_c)
+        lags.sort()
+        if lags:
+            def pct(p):
+                return round(1000 * lags[min(len(lags) - 1, int(p * len(lags)))], 1)
+            res.update(commits=len(commits), seen=len(lags), p50_ms=pct(0.5), p99_ms=pct(0.99),
+                       max_ms=round(1000 * lags[-1], 1))
+        log(f"  {name}: {res}")
+    finally:
+        res["exit_code"] = stop(proc, logf)
+    return res
+
+
+# ----------------------------------------------------------------------------- write throughput
+
+def write_run(mode, s3, args):
+    name = f"write-{mode}"
+    workdir = os.path.join(WORK, name)
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    shutil.rmtree(os.path.join(s3.root, h.BUCKET, name), ignore_errors=True)
+    db = make_small_dbs(os.path.join(workdir, "db"), 1)[0]
+    proc = None
+    if mode != "none":
+        cfg = os.path.join(workdir, f"{mode}.yml")
+        write_config(mode, cfg, [db], [name], s3)
+        proc, logf, _ = start(mode, cfg, workdir)
+        t0 = time.monotonic()
+        while max_txid(l0_dir(s3, name)) == 0 and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        time.sleep(1)
+    con = sqlite3.connect(db, timeout=30, isolation_level=None)
+    con.execute("PRAGMA busy_timeout=30000")
+    con.execute("PRAGMA synchronous=NORMAL")
+    payload = "p" * 200
+    rows, batches, t0 = 0, 0, time.monotonic()
+    while time.monotonic() - t0 < args.write_seconds:
+        con.execute("BEGIN IMMEDIATE")
+        con.executemany("INSERT INTO t (name, val, note) VALUES (?, ?, ?)",
+                        [(f"w{rows + j}", float(j), payload) for j in range(args.batch)])
+        con.execute("COMMIT")
+        rows += args.batch
+        batches += 1
+    secs = time.monotonic() - t0
+    con.close()
+    res = {"mode": mode, "rows": rows, "batches": batches, "seconds": round(secs, 2),
+           "rows_per_s": round(rows / secs)}
+    if proc is not None:
+        # The replica must hold every row written: wait for the tool to catch up.
+        res["exit_code"] = stop(proc, logf)
+    log(f"  {name}: {res}")
+    return res
+
+
+# ----------------------------------------------------------------------------- report
+
+def ratio(a, b):
+    if a is None or b in (None, 0):
+        return None
+    return round(a / b, 3)
+
+
+def build_table(r):
+    rows = []  # (figure, replicad, litestream, ratio, target)
+
+    def add(fig, a, b, target=""):
+        rows.append((fig, a, b, ratio(a, b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None, target))
+
+    for n in r["idle_dbs"]:
+        rd, ls = r["idle"].get(f"replicad-{n}", {}), r["idle"].get(f"litestream-{n}", {})
+        add(f"idle CPU % of a core, {n} dbs", rd.get("cpu_pct"), ls.get("cpu_pct"),
+            "<= 0.1" if n == 400 else "")
+        add(f"idle RSS MiB, {n} dbs", rd.get("rss_mib"), ls.get("rss_mib"),
+            "<= 0.25" if n == 400 else "")
+        add(f"threads, {n} dbs", rd.get("threads"), ls.get("threads"))
+        add(f"fds, {n} dbs", rd.get("fds"), ls.get("fds"))
+        add(f"S3 requests per db per idle hour, {n} dbs", rd.get("requests_per_db_hour"),
+            ls.get("requests_per_db_hour"))
+        if "syscalls_per_db_tick" in rd or "syscalls_per_db_tick" in ls:
+            add(f"syscalls per db per idle tick, {n} dbs", rd.get("syscalls_per_db_tick"),
+                ls.get("syscalls_per_db_tick"), "replicad <= 4")
+    lag = r.get("lag", {})
+    for k in ("p50_ms", "p99_ms"):
+        add(f"lag commit -> object {k[:3]} ms", lag.get("replicad", {}).get(k),
+            lag.get("litestream", {}).get(k), "<= 1" if k == "p99_ms" else "")
+    w = r.get("write", {})
+    base = w.get("none", {}).get("rows_per_s")
+    add("app write rows/s (no replication: %s)" % base, w.get("replicad", {}).get("rows_per_s"),
+        w.get("litestream", {}).get("rows_per_s"))
+    add("app write throughput vs none", ratio(w.get("replicad", {}).get("rows_per_s"), base),
+        ratio(w.get("litestream", {}).get("rows_per_s"), base), "replicad >= 0.95")
+    snap = r.get("snapshot", {})
+    for codec in ("lz4", "zstd:3"):
+        rd = snap.get(f"replicad-{codec}")
+        if rd:
+            ls = snap.get("litestream-lz4", {})
+            add(f"initial snapshot 1 GiB MB/s (replicad {codec})", rd.get("mb_per_s"),
+                ls.get("mb_per_s"), ">= 3")
+            add(f"initial snapshot peak RSS MiB (replicad {codec})", rd.get("peak_rss_mib"),
+                ls.get("peak_rss_mib"), "<= 0.5")
+    res = r.get("restore", {})
+    rd, ls = res.get("replicad", {}), res.get("litestream", {})
+    add("restore 1 GiB MB/s", rd.get("mb_per_s"), ls.get("mb_per_s"), ">= 3")
+    add("restore peak RSS MiB", rd.get("peak_rss_mib"), ls.get("peak_rss_mib"), "<= 0.5")
+    return rows
+
+
+def print_table(rows):
+    hdr = ("figure", "replicad", "litestream", "ratio", "target")
+    cells = [hdr] + [tuple("-" if v is None else str(v) for v in row) for row in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(5)]
+    out = []
+    for i, c in enumerate(cells):
+        out.append("| " + " | ".join(c[j].ljust(widths[j]) for j in range(5)) + " |")
+        if i == 0:
+            out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print("\n".join(out))
+
+
+# ----------------------------------------------------------------------------- main
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="short windows: a smoke run, not figures")
+    p.add_argument("--no-build", action="store_true", help="use target/release/replicad as is")
+    p.add_argument("--dbs", default="1,100,400", help="idle database counts")
+    p.add_argument("--window", type=float, default=60.0, help="idle window, s")
+    p.add_argument("--settle", type=float, default=40.0,
+                   help="s after start before the idle window (past the first L1 compaction)")
+    p.add_argument("--strace-dbs", default="100", help="idle counts for which strace runs")
+    p.add_argument("--strace-seconds", type=float, default=10.0)
+    p.add_argument("--startup-timeout", type=float, default=180.0)
+    p.add_argument("--lag-seconds", type=float, default=30.0)
+    p.add_argument("--write-seconds", type=float, default=15.0)
+    p.add_argument("--batch", type=int, default=1000, help="rows per write transaction")
+    p.add_argument("--size-mib", type=int, default=1024, help="snapshot/restore database size")
+    p.add_argument("--skip", default="", help="comma list of: idle,lag,write,snapshot,restore")
+    args = p.parse_args()
+    if args.quick:  # shorter windows, unless given on the command line
+        given = {a.split("=")[0] for a in sys.argv[1:] if a.startswith("--")}
+        for key, val in (("window", 10.0), ("settle", 35.0), ("dbs", "1,100"), ("lag_seconds", 10.0),
+                         ("write_seconds", 5.0), ("strace_seconds", 5.0), ("size_mib", 64)):
+            if "--" + key.replace("_", "-") not in given:
+                setattr(args, key, val)
+    skip = set(filter(None, args.skip.split(",")))
+    started = time.monotonic()
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+    ensure_system_tools()
+    fd_limit = raise_fd_limit()
+    h.ensure_tools(not args.no_build)
+    os.makedirs(WORK, exist_ok=True)
+    r = {"started_utc": stamp, "args": vars(args), "fd_limit": fd_limit,
+         "versions": {"replicad": h.version_of([h.REPLICAD_BIN, "--version"]),
+                      "litestream": h.version_of([h.LITESTREAM_BIN, "version"])},
+         "git_head": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                    capture_output=True, text=True).stdout.strip(),
+         "cpus": os.cpu_count(), "idle": {}, "idle_dbs": [int(x) for x in args.dbs.split(",")]}
+    source = meta = None
+    if not {"snapshot", "restore"} <= skip:
+        source, meta = h.ensure_db(args.size_mib)
+    s3 = h.S3Server()
+    try:
+        tools = ["replicad", "litestream"]
+        if "idle" not in skip:
+            strace_n = {int(x) for x in args.strace_dbs.split(",") if x}
+            for i, n in enumerate(r["idle_dbs"]):
+                for tool in (tools if i % 2 == 0 else tools[::-1]):
+                    r["idle"][f"{tool}-{n}"] = idle_run(tool, n, s3, args, n in strace_n)
+        if "lag" not in skip:
+            r["lag"] = {t: lag_run(t, s3, args) for t in tools[::-1]}
+        if "write" not in skip:
+            r["write"] = {m: write_run(m, s3, args) for m in ("none", "litestream", "replicad", "none")}
+        if "snapshot" not in skip:
+            r["snapshot"], state = {}, {}
+            for idx, (tool, codec) in enumerate([("litestream", "lz4"), ("replicad", "lz4"),
+                                                 ("replicad", "zstd:3")], start=1):
+                r["snapshot"][f"{tool}-{codec}"] = h.one_run(
+                    idx, tool, codec, source, meta["bytes"], s3, 600, 0, state)
+        if "restore" not in skip and "snapshot" not in skip:
+            r["restore"], verifier = {}, rst.Verifier()
+            for idx, tool in enumerate(["replicad", "litestream"], start=1):
+                made = r["snapshot"][f"{tool}-lz4"]
+                rep = {"name": made["prefix"], "tool": tool, "codec": "lz4", "kind": "s3",
+                       "root": os.path.join(s3.root, h.BUCKET, made["prefix"]),
+                       "prefix": made["prefix"], "db_bytes": meta["bytes"], "rows": meta["rows"]}
+                r["restore"][tool] = rst.run_case(1, idx, "s3", tool, rep, False, s3, verifier)
+    finally:
+        s3.stop()
+    r["elapsed_s"] = round(time.monotonic() - started, 1)
+    table = build_table(r)
+    r["table"] = [dict(zip(("figure", "replicad", "litestream", "ratio", "target"), row)) for row in table]
+    out = os.path.join(h.HERE, f"results-compare-{stamp}.json")
+    with open(out, "w") as f:
+        json.dump(r, f, indent=1, default=str)
+    print(f"\nreplicad {r['versions']['replicad']} vs Litestream {r['versions']['litestream']}, "
+          f"{r['cpus']} CPUs, {r['elapsed_s']} s in all\n")
+    print_table(table)
+    print(f"\nJSON: {os.path.relpath(out, REPO)}")
+
+
+if __name__ == "__main__":
+    main()
