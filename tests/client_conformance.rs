@@ -353,6 +353,7 @@ fn info(level: u8, min: u64, max: u64) -> LtxFileInfo {
         max_txid: TxId(max),
         size: 0,
         created_at: DateTime::<Utc>::default(),
+        encrypted: false,
     }
 }
 
