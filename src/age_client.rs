@@ -317,7 +317,8 @@ impl ReplicaClient for AgeClient {
     }
 
     async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
-        let (plain, sealed) = tokio::join!(self.list_view(false, level), self.list_view(true, level));
+        let (plain, sealed) =
+            tokio::join!(self.list_view(false, level), self.list_view(true, level));
         let preferred = self.prefers_sealed();
         let mut all = plain?;
         all.extend(sealed?);
@@ -358,7 +359,9 @@ impl ReplicaClient for AgeClient {
         timestamp_ms: i64,
     ) -> Result<LtxFileInfo, StorageError> {
         if !self.keys.encrypts() {
-            return self.put_view(false, level, min, max, src, timestamp_ms).await;
+            return self
+                .put_view(false, level, min, max, src, timestamp_ms)
+                .await;
         }
         let mut tmp = src.as_os_str().to_owned();
         tmp.push(".age.tmp");
@@ -375,7 +378,9 @@ impl ReplicaClient for AgeClient {
             })?
             .map_err(|e| StorageError::from_io("encrypt", src, e))?;
         tracing::trace!(elapsed = ?started.elapsed(), "encrypted segment");
-        let put = self.put_view(true, level, min, max, &tmp, timestamp_ms).await;
+        let put = self
+            .put_view(true, level, min, max, &tmp, timestamp_ms)
+            .await;
         let _ = tokio::fs::remove_file(&tmp).await;
         put
     }

@@ -245,11 +245,8 @@ mod tests {
         let (text, public) = generate_identity();
         let idf = dir.path().join("key.txt");
         std::fs::write(&idf, &text).unwrap();
-        let keys = AgeKeys::load(
-            std::slice::from_ref(&public),
-            &[idf.display().to_string()],
-        )
-        .unwrap();
+        let keys =
+            AgeKeys::load(std::slice::from_ref(&public), &[idf.display().to_string()]).unwrap();
         assert!(keys.encrypts() && keys.has_identities());
         let secret = text.lines().last().unwrap();
         assert!(!format!("{keys:?}").contains(secret));
@@ -272,7 +269,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("nope.txt").display().to_string();
         let e = AgeKeys::load(std::slice::from_ref(&missing), &[]).unwrap_err();
-        assert!(e.starts_with("recipients[0]: cannot read recipients file"), "{e}");
+        assert!(
+            e.starts_with("recipients[0]: cannot read recipients file"),
+            "{e}"
+        );
         let bad = dir.path().join("bad.txt");
         std::fs::write(&bad, "# c\nAGE-SECRET-KEY-1NOTVALIDSECRET\n").unwrap();
         let e = AgeKeys::load(&[], &[bad.display().to_string()]).unwrap_err();

@@ -3840,13 +3840,13 @@ dbs:
                     name: "file".into(),
                     url: "file:///backup/a".into(),
                     s3: None,
-                age: None,
+                    age: None,
                 },
                 ReplicaConfig {
                     name: "file-2".into(),
                     url: format!("file://{}", cwd().join("rel/b").display()),
                     s3: None,
-                age: None,
+                    age: None,
                 },
             ]
         );

@@ -191,7 +191,11 @@ impl ReplicaClient for FileClient {
         let paths: Vec<PathBuf> = files
             .iter()
             .map(|f| {
-                let view = if f.encrypted { self.sealed_view() } else { self.clone() };
+                let view = if f.encrypted {
+                    self.sealed_view()
+                } else {
+                    self.clone()
+                };
                 view.file_path(f.level, f.min_txid, f.max_txid)
             })
             .collect();

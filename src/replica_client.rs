@@ -247,11 +247,14 @@ impl AnyClient {
         let mut tail: std::collections::VecDeque<u8> = std::collections::VecDeque::with_capacity(n);
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            let got = r.read(&mut buf).await.map_err(|e| StorageError::Transient {
-                op: "get",
-                key: key.clone(),
-                reason: e.to_string(),
-            })?;
+            let got = r
+                .read(&mut buf)
+                .await
+                .map_err(|e| StorageError::Transient {
+                    op: "get",
+                    key: key.clone(),
+                    reason: e.to_string(),
+                })?;
             if got == 0 {
                 break;
             }

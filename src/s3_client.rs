@@ -762,9 +762,7 @@ impl ReplicaClient for S3Client {
                 let Some(name) = obj.key().and_then(|k| k.strip_prefix(&prefix)) else {
                     continue;
                 };
-                let Some((min, max)) = name
-                    .strip_suffix(self.suffix)
-                    .and_then(ltx::parse_filename)
+                let Some((min, max)) = name.strip_suffix(self.suffix).and_then(ltx::parse_filename)
                 else {
                     continue;
                 };
@@ -840,7 +838,11 @@ impl ReplicaClient for S3Client {
             .iter()
             .map(|f| {
                 // Each file is deleted under its own name, whichever view lists it.
-                let view = if f.encrypted { self.sealed_view() } else { self.clone() };
+                let view = if f.encrypted {
+                    self.sealed_view()
+                } else {
+                    self.clone()
+                };
                 view.key(f.level, f.min_txid, f.max_txid)
             })
             .collect();
