@@ -10,6 +10,7 @@
 //!   bodies are decrypted as a stream on a blocking thread; an `offset` is read and dropped,
 //!   so a ranged read of an encrypted object costs the download of everything before its end.
 //!   Restore therefore fetches encrypted files whole instead of in parallel ranges.
+//! - `delete` removes each range under both names (missing ones are not an error).
 //! - An encrypted file without a usable identity fails with a permanent error that names the
 //!   identities tried (or that none was given, and how to give one) and the recipients the
 //!   replica notes in `age-recipients.txt`, when the writer left that note.
@@ -386,8 +387,18 @@ impl ReplicaClient for AgeClient {
     }
 
     async fn delete(&self, files: &[LtxFileInfo]) -> Result<(), StorageError> {
-        // The backends delete each file under the name its `encrypted` flag gives.
-        self.delete_inner(files).await
+        // The backends delete each file under the name its `encrypted` flag gives; a range is
+        // deleted under both names, so a caller's own `LtxFileInfo` (flag unset) cannot leave
+        // the encrypted object behind. The missing name costs nothing (missing is not an error).
+        let both: Vec<LtxFileInfo> = files
+            .iter()
+            .flat_map(|f| {
+                let mut other = f.clone();
+                other.encrypted = !f.encrypted;
+                [f.clone(), other]
+            })
+            .collect();
+        self.delete_inner(&both).await
     }
 }
 
