@@ -480,6 +480,25 @@ fn switching_a_replica_from_plain_to_encrypted_starts_a_chain_with_a_snapshot() 
             "L{level} {min:x}-{max:x}: encrypted={enc}, switch after {before:x}"
         );
     }
+    // `replicad ltx` lists both kinds and says which is which.
+    let o = replicad(None, &["ltx", "--json", s(&backup)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let listed: Vec<(u64, bool)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let min = u64::from_str_radix(r["min_txid"].as_str().unwrap(), 16).unwrap();
+            (min, r["encrypted"].as_bool().unwrap())
+        })
+        .collect();
+    assert_eq!(listed.len(), files.len(), "{listed:?}");
+    assert!(
+        listed.iter().all(|(min, enc)| *enc == (*min > before)),
+        "{listed:?}"
+    );
+
     // The first encrypted file is a full snapshot of the database.
     let first = backup.join(format!("ltx/0/{0:016x}-{0:016x}.ltx.age", before + 1));
     let keys = replicad::age_keys::AgeKeys::from_identity_files(&[&identity]).unwrap();
