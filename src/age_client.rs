@@ -42,13 +42,11 @@ pub struct AgeClient {
 type BoxFut<'a, T> = Pin<Box<dyn Future<Output = Result<T, StorageError>> + Send + 'a>>;
 
 impl AgeClient {
-    /// Wraps `inner` (a file or S3 client); `None` if it has no encrypted view (already
-    /// wrapped, or a test double).
+    /// Wraps `inner` (a file or S3 client, possibly behind injected faults); gives it back
+    /// if it has no encrypted view (it is already wrapped).
     pub fn new(inner: AnyClient, keys: Arc<AgeKeys>) -> Result<AgeClient, AnyClient> {
-        let sealed = match &inner {
-            AnyClient::File(c) => AnyClient::File(c.sealed_view()),
-            AnyClient::S3(c) => AnyClient::S3(c.sealed_view()),
-            _ => return Err(inner),
+        let Some(sealed) = sealed_view(&inner) else {
+            return Err(inner);
         };
         Ok(AgeClient {
             plain: inner,
@@ -65,6 +63,15 @@ impl AgeClient {
     /// The plain view (the wrapped client).
     pub fn plain(&self) -> &AnyClient {
         &self.plain
+    }
+
+    /// The storage client under any fault injection (for the recipients note).
+    fn backend(&self) -> &AnyClient {
+        let mut c = &self.plain;
+        while let AnyClient::Faulty(f) = c {
+            c = f.inner();
+        }
+        c
     }
 
     /// True if new files are encrypted.
@@ -256,7 +263,7 @@ impl AgeClient {
 
     /// The recipients listed in the replica's plaintext note, if any.
     async fn read_note(&self) -> Option<String> {
-        let text = match &self.plain {
+        let text = match self.backend() {
             AnyClient::File(c) => tokio::fs::read_to_string(note_path(c.root())).await.ok()?,
             AnyClient::S3(c) => String::from_utf8(c.get_small(NOTE_NAME).await.ok()?).ok()?,
             _ => return None,
@@ -279,7 +286,7 @@ impl AgeClient {
             "# Recipients the newest files of this replica are encrypted to (written by replicad).\n{}\n",
             self.keys.recipient_strings().join("\n")
         );
-        match &self.plain {
+        match self.backend() {
             AnyClient::File(c) => {
                 let root = c.root().to_path_buf();
                 tokio::task::spawn_blocking(move || {
@@ -298,6 +305,18 @@ impl AgeClient {
             AnyClient::S3(c) => c.put_small(NOTE_NAME, text.into_bytes()).await,
             _ => Ok(()),
         }
+    }
+}
+
+/// The encrypted-names view of a client, if it has one.
+fn sealed_view(c: &AnyClient) -> Option<AnyClient> {
+    match c {
+        AnyClient::File(c) => Some(AnyClient::File(c.sealed_view())),
+        AnyClient::S3(c) => Some(AnyClient::S3(c.sealed_view())),
+        AnyClient::Faulty(f) => Some(AnyClient::Faulty(Box::new(
+            f.with_inner(sealed_view(f.inner())?),
+        ))),
+        AnyClient::Age(_) => None,
     }
 }
 
@@ -482,5 +501,32 @@ mod tests {
 
         age.delete(&listed).await.unwrap();
         assert!(age.list(0).await.unwrap().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn faults_wrap_both_views_and_encryption_still_applies() {
+        use crate::faulty_client::{Faults, FaultyClient};
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("replica");
+        let src = dir.path().join("src.ltx");
+        std::fs::write(&src, b"segment bytes").unwrap();
+        let faults = Faults::new();
+        let file = AnyClient::File(FileClient::new(root.clone()));
+        let c = AnyClient::Faulty(Box::new(FaultyClient::new(file, faults.clone())))
+            .with_age(keys(dir.path()));
+        assert!(matches!(c, AnyClient::Age(_)));
+        faults.fail_next(1);
+        assert!(c.put(0, TxId(1), TxId(1), &src, 0).await.is_err());
+        c.put(0, TxId(1), TxId(1), &src, 0).await.unwrap();
+        assert!(
+            root.join("ltx/0/0000000000000001-0000000000000001.ltx.age")
+                .exists()
+        );
+        assert!(
+            !root
+                .join("ltx/0/0000000000000001-0000000000000001.ltx")
+                .exists()
+        );
+        assert_eq!(faults.injected(), 1);
     }
 }
