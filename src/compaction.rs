@@ -165,6 +165,7 @@ mod tests {
             max_txid: TxId(max),
             size: 1,
             created_at: now - chrono::Duration::seconds(age_s),
+            encrypted: false,
         }
     }
 

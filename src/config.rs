@@ -144,10 +144,12 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
+use crate::age_keys::AgeKeys;
 use crate::ltx::Codec;
 use crate::replica_client::AnyClient;
 use crate::s3_client::{
@@ -403,6 +405,10 @@ pub struct ReplicaConfig {
     /// The settings of an S3 replica (`None` for file replicas). Its `Debug` output redacts
     /// the secrets.
     pub s3: Option<S3Config>,
+    /// Key `age`: the recipients new files are encrypted to and the identities that read
+    /// encrypted files, loaded (and checked) when the config is read. `None`: plain. Its
+    /// `Debug` output names identities by source and public key only.
+    pub age: Option<Arc<AgeKeys>>,
 }
 
 impl ReplicaConfig {
@@ -412,6 +418,13 @@ impl ReplicaConfig {
             Some(cfg) => Ok(AnyClient::S3(S3Client::new(cfg.clone()))),
             None => AnyClient::from_url(&self.url),
         }
+    }
+
+    /// The client to replicate and restore with: [`ReplicaConfig::client`] seen through both
+    /// plain and age-encrypted names, with this replica's keys (see [`crate::age_client`]).
+    pub fn age_client(&self) -> Result<AnyClient, String> {
+        let keys = self.age.clone().unwrap_or_default();
+        Ok(self.client()?.with_age(keys))
     }
 
     /// The destination, as compared by the rule "no two replicas share a destination".
@@ -700,6 +713,7 @@ impl Config {
                 name: kind.default_name(i),
                 url,
                 s3,
+                age: None,
             };
             let dest = replica.destination();
             if replicas.iter().any(|r| r.destination() == dest) {
@@ -888,10 +902,13 @@ const LEVEL_KEYS: &[&str] = &["interval"];
 const SNAPSHOT_KEYS: &[&str] = &["interval", "retention"];
 /// Keys of the `retention` map.
 const RETENTION_KEYS: &[&str] = &["enabled"];
+/// Keys of a replica's `age` map.
+const AGE_KEYS: &[&str] = &["recipients", "identities"];
 /// Keys of the `logging` map.
 const LOGGING_KEYS: &[&str] = &["level", "type", "stderr"];
 const REPLICA_KEYS: &[&str] = &[
     "name",
+    "age",
     "type",
     "path",
     "url",
@@ -2190,6 +2207,7 @@ impl<'de> Visitor<'de> for DbSeed<'_> {
                 name,
                 url: r.url,
                 s3: r.s3,
+                age: r.age,
             });
         }
         Ok(PartialDb {
@@ -2254,6 +2272,7 @@ struct RawReplica {
     kind: ReplicaKind,
     url: String,
     s3: Option<S3Config>,
+    age: Option<Arc<AgeKeys>>,
 }
 
 /// The S3 keys of one replica map (or of the top level: the global defaults), as read.
@@ -2375,6 +2394,145 @@ impl RawS3 {
     }
 }
 
+/// A replica's `age` map: `recipients` and `identities`, each a list (or one value) of
+/// inline keys and file paths. Files are read here, so a missing or bad one fails the config.
+struct AgeSeed<'a> {
+    ctx: &'a Ctx,
+    place: &'a str,
+}
+
+impl AgeSeed<'_> {
+    fn not_a_map<E: de::Error>(&self, found: impl fmt::Display) -> Result<AgeKeys, E> {
+        Err(self.ctx.fail(format!(
+            "`age` takes a map with the keys `recipients` and `identities` (lists of keys or \
+             key files), found {found} {}",
+            self.place
+        )))
+    }
+
+    fn scalar<E: de::Error>(self, s: Scalar<'_>) -> Result<AgeKeys, E> {
+        self.not_a_map(s)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for AgeSeed<'_> {
+    type Value = AgeKeys;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<AgeKeys, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AgeSeed<'_> {
+    type Value = AgeKeys;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map with `recipients` and `identities`")
+    }
+    visit_scalars!(scalar);
+    fn visit_unit<E: de::Error>(self) -> Result<AgeKeys, E> {
+        self.not_a_map("nothing")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<AgeKeys, A::Error> {
+        self.not_a_map("a list")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AgeKeys, A::Error> {
+        let ctx = self.ctx;
+        let place = format!("(key `age` {})", self.place);
+        let mut seen = Vec::new();
+        let mut recipients = Vec::new();
+        let mut identities = Vec::new();
+        while let Some(key) = map.next_key_seed(KeySeed {
+            ctx,
+            allowed: AGE_KEYS,
+            top_only: &[],
+            seen: &mut seen,
+            place: &place,
+        })? {
+            let list: Vec<String> = map.next_value_seed(StringListSeed {
+                ctx,
+                key,
+                place: &place,
+            })?;
+            // Loaded now, so the error points at this key's line.
+            let loaded = if key == "recipients" {
+                AgeKeys::load(&list, &[])
+            } else {
+                AgeKeys::load(&[], &list)
+            };
+            if let Err(e) = loaded {
+                return Err(ctx.fail(format!("age.{e} {place}")));
+            }
+            if key == "recipients" {
+                recipients = list;
+            } else {
+                identities = list;
+            }
+        }
+        if recipients.is_empty() && identities.is_empty() {
+            return self.not_a_map("an empty map");
+        }
+        if !recipients.is_empty() && identities.is_empty() {
+            return Err(ctx.fail(format!(
+                "`age.recipients` needs `age.identities` too {place}: replicad reads its own \
+                 files back (startup position, compaction, snapshots); give the identity file \
+                 of one of the recipients"
+            )));
+        }
+        AgeKeys::load(&recipients, &identities).map_err(|e| ctx.fail(format!("age.{e} {place}")))
+    }
+}
+
+/// A list of strings, or one string (a one-element list).
+struct StringListSeed<'a> {
+    ctx: &'a Ctx,
+    key: &'static str,
+    place: &'a str,
+}
+
+impl StringListSeed<'_> {
+    fn scalar<E: de::Error>(self, s: Scalar<'_>) -> Result<Vec<String>, E> {
+        text(s).map(|v| vec![v]).map_err(|m| {
+            self.ctx
+                .fail(format!("{m} (key `{}` {})", self.key, self.place))
+        })
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for StringListSeed<'_> {
+    type Value = Vec<String>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Vec<String>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StringListSeed<'_> {
+    type Value = Vec<String>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a list of strings for `{}`", self.key)
+    }
+    visit_scalars!(scalar);
+    fn visit_unit<E: de::Error>(self) -> Result<Vec<String>, E> {
+        self.scalar(Scalar::Null)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Vec<String>, A::Error> {
+        Err(self.ctx.fail(format!(
+            "expected a list of keys or key files, found a map (key `{}` {})",
+            self.key, self.place
+        )))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element_seed(ValueSeed {
+            ctx: self.ctx,
+            key: self.key,
+            place: self.place,
+            convert: &text,
+        })? {
+            out.push(v);
+        }
+        Ok(out)
+    }
+}
+
 /// One replica map.
 struct ReplicaSeed<'a> {
     ctx: &'a Ctx,
@@ -2413,6 +2571,7 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
         let mut path = None;
         let mut url: Option<(ReplicaKind, String, Option<S3Config>)> = None;
         let mut raw_s3 = RawS3::default();
+        let mut age = None;
         while let Some(key) = map.next_key_seed(KeySeed {
             ctx,
             allowed: REPLICA_KEYS,
@@ -2428,6 +2587,7 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
             };
             match key {
                 "name" => name = Some(map.next_value_seed(seed(&text))?),
+                "age" => age = Some(Arc::new(map.next_value_seed(AgeSeed { ctx, place })?)),
                 "path" => path = Some(map.next_value_seed(seed(&text))?),
                 "type" => {
                     kind = Some(map.next_value_seed(ValueSeed {
@@ -2579,6 +2739,7 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
             kind,
             url,
             s3,
+            age,
         })
     }
 }
@@ -2639,6 +2800,7 @@ mod tests {
                 name: "file".into(),
                 url: "file:///backup/a".into(),
                 s3: None,
+                age: None,
             }]
         );
         let d = DbSettings::default();
@@ -3314,6 +3476,7 @@ dbs:
                 name: "file".into(),
                 url: format!("file://{}", cwd.join("rel/six").display()),
                 s3: None,
+                age: None,
             }]
         );
         for r in c.dbs.iter().flat_map(|d| &d.replicas) {
@@ -3677,11 +3840,13 @@ dbs:
                     name: "file".into(),
                     url: "file:///backup/a".into(),
                     s3: None,
+                    age: None,
                 },
                 ReplicaConfig {
                     name: "file-2".into(),
                     url: format!("file://{}", cwd().join("rel/b").display()),
                     s3: None,
+                    age: None,
                 },
             ]
         );

@@ -121,6 +121,9 @@ pub struct RemoteTip {
     pub txid: TxId,
     /// That file's post-apply checksum (0 if unknown or absent).
     pub post_apply_checksum: u64,
+    /// Why the next segment must be a full one whatever the local state (a replica switched
+    /// on or off age encryption: its new chain starts with a snapshot).
+    pub full_reason: Option<&'static str>,
 }
 
 /// Where the last segment ended in the WAL.
@@ -479,7 +482,9 @@ impl Db {
             (Some(f), Some(_)) => wal::scan(f, WAL_HEADER_SIZE, u64::MAX)?,
             _ => None,
         };
+        let forced = self.remote_tip.full_reason.take();
         let reason = match (self.pos.0, self.mark, &scan) {
+            _ if forced.is_some() => forced,
             (0, _, _) => Some("initial snapshot"),
             (_, None, _) => Some("local position unknown"),
             (_, Some(_), None) => Some("wal missing or empty after restart"),
@@ -514,7 +519,7 @@ impl Db {
             (Some(reason), _, _) => {
                 // A database identical to the replica's tip needs no full copy (clean restart
                 // where SQLite removed the WAL on close).
-                if self.checksums && self.pos.0 > 0 && self.post != 0 {
+                if forced.is_none() && self.checksums && self.pos.0 > 0 && self.post != 0 {
                     self.build_table(scan.as_ref().zip(wal_file).map(|(s, f)| (f, s)))?;
                     if self.sum.value() == self.post {
                         self.mark = scan.as_ref().map(|s| WalMark {

@@ -98,6 +98,19 @@ impl FaultyClient {
     pub fn new(inner: AnyClient, faults: Arc<Faults>) -> FaultyClient {
         FaultyClient { inner, faults }
     }
+
+    /// The wrapped client.
+    pub fn inner(&self) -> &AnyClient {
+        &self.inner
+    }
+
+    /// The same faults around another client (the encrypted view of the same replica).
+    pub fn with_inner(&self, inner: AnyClient) -> FaultyClient {
+        FaultyClient {
+            inner,
+            faults: self.faults.clone(),
+        }
+    }
 }
 
 type BoxFut<'a, T> = Pin<Box<dyn Future<Output = Result<T, StorageError>> + Send + 'a>>;

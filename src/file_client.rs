@@ -19,6 +19,8 @@ use crate::replica_client::{LtxFileInfo, ObjectReader, ReplicaClient, StorageErr
 #[derive(Debug, Clone)]
 pub struct FileClient {
     root: PathBuf,
+    /// Appended to every file name: `""`, or `".age"` for the encrypted view.
+    suffix: &'static str,
 }
 
 impl FileClient {
@@ -30,7 +32,16 @@ impl FileClient {
         } else {
             root
         };
-        FileClient { root }
+        FileClient { root, suffix: "" }
+    }
+
+    /// The same replica seen through the names of age-encrypted files (`<min>-<max>.ltx.age`):
+    /// it lists, opens, writes and deletes only those, and marks them `encrypted`.
+    pub fn sealed_view(&self) -> FileClient {
+        FileClient {
+            root: self.root.clone(),
+            suffix: crate::replica_client::SEALED_SUFFIX,
+        }
     }
 
     /// The replica's root directory.
@@ -45,7 +56,8 @@ impl FileClient {
 
     /// Path of one file.
     pub fn file_path(&self, level: u8, min: TxId, max: TxId) -> PathBuf {
-        self.level_dir(level).join(ltx::format_filename(min, max))
+        self.level_dir(level)
+            .join(ltx::format_filename(min, max) + self.suffix)
     }
 
     fn list_blocking(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
@@ -59,7 +71,11 @@ impl FileClient {
         for entry in entries {
             let entry = entry.map_err(|e| StorageError::from_io("list", &dir, e))?;
             let name = entry.file_name();
-            let Some((min, max)) = name.to_str().and_then(ltx::parse_filename) else {
+            let Some((min, max)) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(self.suffix))
+                .and_then(ltx::parse_filename)
+            else {
                 continue;
             };
             let meta = match entry.metadata() {
@@ -78,6 +94,7 @@ impl FileClient {
                 max_txid: max,
                 size: meta.len(),
                 created_at,
+                encrypted: !self.suffix.is_empty(),
             });
         }
         out.sort_by_key(|f| (f.min_txid, f.max_txid));
@@ -118,6 +135,7 @@ impl FileClient {
             max_txid: max,
             size,
             created_at: DateTime::from(mtime),
+            encrypted: !self.suffix.is_empty(),
         })
     }
 }
@@ -172,7 +190,14 @@ impl ReplicaClient for FileClient {
     async fn delete(&self, files: &[LtxFileInfo]) -> Result<(), StorageError> {
         let paths: Vec<PathBuf> = files
             .iter()
-            .map(|f| self.file_path(f.level, f.min_txid, f.max_txid))
+            .map(|f| {
+                let view = if f.encrypted {
+                    self.sealed_view()
+                } else {
+                    self.clone()
+                };
+                view.file_path(f.level, f.min_txid, f.max_txid)
+            })
             .collect();
         blocking(move || {
             let mut dirs = Vec::new();

@@ -780,6 +780,7 @@ mod tests {
             max_txid: TxId(max),
             size: 1,
             created_at: DateTime::default(),
+            encrypted: false,
         }
     }
 

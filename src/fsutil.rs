@@ -52,3 +52,10 @@ pub fn create_dir_all_durable(dir: &Path) -> io::Result<()> {
         Err(e) => Err(e),
     }
 }
+
+/// Writes `data` to `path` durably and atomically (tmp -> fsync -> rename -> fsync dir).
+pub fn write_durable(path: &Path, data: &[u8]) -> io::Result<()> {
+    let tmp = tmp_path(path);
+    std::fs::write(&tmp, data)?;
+    publish(&tmp, path)
+}

@@ -21,6 +21,8 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod age_client;
+pub mod age_keys;
 pub mod cli;
 pub mod compaction;
 pub mod compactor;

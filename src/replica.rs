@@ -130,6 +130,33 @@ impl Replica {
             tip.txid = f.max_txid;
             newest = Some(f.clone());
         }
+        let encrypts = self.client.age().is_some_and(|a| a.encrypts());
+        if let Some(age) = self.client.age()
+            && encrypts
+            && let Err(e) = age.write_note().await
+        {
+            tracing::warn!(db = %self.db, replica = %self.name, error = %e, "could not write the age recipients note");
+        }
+        if let Some(f) = &newest
+            && f.encrypted != encrypts
+        {
+            // The new chain starts with a full segment, so restoring the newest state needs
+            // no file of the other kind after it; older files stay readable as they are.
+            let (reason, how) = if encrypts {
+                ("replica switched to age encryption", "encrypted")
+            } else {
+                ("replica switched off age encryption", "plain")
+            };
+            tracing::warn!(
+                db = %self.db,
+                replica = %self.name,
+                tip = %f.max_txid,
+                "REPLICA ENCRYPTION CHANGED: the replica's newest file is {} but the config says {how}; \
+                 starting a new chain with a full snapshot at the next TXID (older files stay as they are)",
+                if f.encrypted { "age-encrypted" } else { "plain" },
+            );
+            tip.full_reason = Some(reason);
+        }
         if let Some(f) = newest {
             tip.post_apply_checksum = self.read_post_apply(&f).await.unwrap_or(0);
             // Mtime (file) or upload time (S3): close to the segment's own timestamp, so lag
@@ -148,22 +175,17 @@ impl Replica {
         &self,
         f: &crate::replica_client::LtxFileInfo,
     ) -> Result<u64, StorageError> {
-        use tokio::io::AsyncReadExt;
-        let offset = f.size.saturating_sub(ltx::TRAILER_SIZE as u64);
         let started = Instant::now();
-        let r = self
-            .client
-            .open(f.level, f.min_txid, f.max_txid, offset)
-            .await;
+        let r = self.client.read_tail(f, ltx::TRAILER_SIZE).await;
         self.stats.counters.observe(1, started, &r);
-        let mut r = r?;
-        let mut b = [0u8; 8];
-        r.read_exact(&mut b)
-            .await
-            .map_err(|e| StorageError::Transient {
+        let tail = r?;
+        let b: [u8; 8] = tail
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| StorageError::Permanent {
                 op: "get",
                 key: ltx::format_filename(f.min_txid, f.max_txid),
-                reason: e.to_string(),
+                reason: "file shorter than an LTX trailer".into(),
             })?;
         Ok(u64::from_be_bytes(b))
     }

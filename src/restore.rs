@@ -328,7 +328,7 @@ pub async fn apply_parallel(
     let started = Instant::now();
     check_output(&opts.to, opts.force)?;
     let total: u64 = plan.iter().map(|f| f.size).sum();
-    let remote = !matches!(client, AnyClient::File(_));
+    let remote = !client.is_local();
     let progress = Progress::start(if remote { 2 * total } else { total });
     let fetch_dir = sidecar(&opts.to, ".restore");
     let local = if remote {
@@ -391,8 +391,11 @@ async fn fetch_all(
             ltx::format_filename(f.min_txid, f.max_txid)
         ));
         let file = File::create(&path).map_err(RestoreError::io("create", &path))?;
-        file.set_len(f.size)
-            .map_err(RestoreError::io("size", &path))?;
+        // An encrypted file's plaintext size is known only once decrypted: it grows as written.
+        if !f.encrypted {
+            file.set_len(f.size)
+                .map_err(RestoreError::io("size", &path))?;
+        }
         files.push(std::sync::Arc::new(file));
         paths.push(path);
     }
@@ -400,9 +403,12 @@ async fn fetch_all(
         .iter()
         .enumerate()
         .flat_map(|(i, f)| {
-            (0..f.size)
-                .step_by(CHUNK as usize)
-                .map(move |off| (i, off, CHUNK.min(f.size - off)))
+            // Encrypted files are fetched whole (one stream, decrypted as it arrives): a range
+            // of ciphertext is not a range of the plaintext.
+            let step = if f.encrypted { u64::MAX } else { CHUNK };
+            (0..f.size.max(1))
+                .step_by(step.min(usize::MAX as u64) as usize)
+                .map(move |off| (i, off, step.min(f.size - off)))
         })
         .collect();
     futures_util::stream::iter(chunks)
@@ -439,14 +445,20 @@ async fn fetch_chunk(
     progress: &Progress,
 ) -> Result<(), RestoreError> {
     use tokio::io::AsyncReadExt;
-    let mut body = client
-        .open_range(f.level, f.min_txid, f.max_txid, off, len)
-        .await?;
+    let mut body = if f.encrypted {
+        client.open(f.level, f.min_txid, f.max_txid, 0).await?
+    } else {
+        client
+            .open_range(f.level, f.min_txid, f.max_txid, off, len)
+            .await?
+    };
+    let len = if f.encrypted { u64::MAX - off } else { len };
     let mut buf = vec![0u8; COPY_BUF.min(len as usize)];
     let mut pos = off;
     let end = off + len;
-    while pos < end {
-        let want = buf.len().min((end - pos) as usize);
+    let mut eof = false;
+    while pos < end && !eof {
+        let mut want = buf.len().min((end - pos) as usize);
         let mut filled = 0;
         while filled < want {
             let n =
@@ -457,6 +469,12 @@ async fn fetch_chunk(
                         key: file_label(f),
                         reason: e.to_string(),
                     })?;
+            if n == 0 && f.encrypted {
+                // The decrypted stream ended (age authenticated its last chunk).
+                eof = true;
+                want = filled;
+                break;
+            }
             if n == 0 {
                 return Err(RestoreError::Storage(StorageError::Transient {
                     op: "get",
@@ -764,6 +782,7 @@ mod tests {
             max_txid: TxId(max),
             size: 1,
             created_at: DateTime::default(),
+            encrypted: false,
         }
     }
 

@@ -246,6 +246,8 @@ fn clean_path(p: &str) -> String {
 pub struct S3Client {
     cfg: Arc<S3Config>,
     client: Arc<OnceCell<Client>>,
+    /// Appended to every object name: `""`, or `".age"` for the encrypted view.
+    suffix: &'static str,
 }
 
 impl fmt::Debug for S3Client {
@@ -290,6 +292,17 @@ impl S3Client {
         S3Client {
             cfg: Arc::new(cfg),
             client,
+            suffix: "",
+        }
+    }
+
+    /// The same bucket (and connection) seen through the names of age-encrypted objects
+    /// (`<min>-<max>.ltx.age`): it lists, opens, writes and deletes only those.
+    pub fn sealed_view(&self) -> S3Client {
+        S3Client {
+            cfg: self.cfg.clone(),
+            client: self.client.clone(),
+            suffix: crate::replica_client::SEALED_SUFFIX,
         }
     }
 
@@ -307,9 +320,10 @@ impl S3Client {
     /// Object key of one file.
     pub fn key(&self, level: u8, min: TxId, max: TxId) -> String {
         format!(
-            "{}{level:04x}/{}",
+            "{}{level:04x}/{}{}",
             self.prefix(),
-            ltx::format_filename(min, max)
+            ltx::format_filename(min, max),
+            self.suffix
         )
     }
 
@@ -319,6 +333,36 @@ impl S3Client {
         } else {
             format!("{}/", self.cfg.path)
         }
+    }
+
+    /// Writes a small object `name` at the replica's root (the age recipients note).
+    pub async fn put_small(&self, name: &str, body: Vec<u8>) -> Result<(), StorageError> {
+        let key = format!("{}{name}", self.prefix());
+        let c = self.client().await?;
+        let mut req = c
+            .put_object()
+            .bucket(&self.cfg.bucket)
+            .key(&key)
+            .body(ByteStream::from(body));
+        if let Some((key_b64, md5)) = self.sse_c() {
+            req = req
+                .sse_customer_algorithm("AES256")
+                .sse_customer_key(key_b64)
+                .sse_customer_key_md5(md5);
+        }
+        req.send().await.map_err(|e| classify("put", &key, e))?;
+        Ok(())
+    }
+
+    /// Reads a small object `name` at the replica's root.
+    pub async fn get_small(&self, name: &str) -> Result<Vec<u8>, StorageError> {
+        let key = format!("{}{name}", self.prefix());
+        let body = self.get_from(&key, 0, None).await?;
+        let data = body
+            .collect()
+            .await
+            .map_err(|e| transient("get", &key, e))?;
+        Ok(data.into_bytes().to_vec())
     }
 
     async fn put_single(
@@ -750,7 +794,8 @@ impl ReplicaClient for S3Client {
                 let Some(name) = obj.key().and_then(|k| k.strip_prefix(&prefix)) else {
                     continue;
                 };
-                let Some((min, max)) = ltx::parse_filename(name) else {
+                let Some((min, max)) = name.strip_suffix(self.suffix).and_then(ltx::parse_filename)
+                else {
                     continue;
                 };
                 out.push(LtxFileInfo {
@@ -759,6 +804,7 @@ impl ReplicaClient for S3Client {
                     max_txid: max,
                     size: obj.size().unwrap_or(0).max(0) as u64,
                     created_at: from_smithy_time(obj.last_modified()),
+                    encrypted: !self.suffix.is_empty(),
                 });
             }
         }
@@ -791,7 +837,8 @@ impl ReplicaClient for S3Client {
                     Ok(l) if dir.len() == 4 && l <= SNAPSHOT_LEVEL => l,
                     _ => continue,
                 };
-                let Some((min, max)) = ltx::parse_filename(name) else {
+                let Some((min, max)) = name.strip_suffix(self.suffix).and_then(ltx::parse_filename)
+                else {
                     continue;
                 };
                 out.push(LtxFileInfo {
@@ -800,6 +847,7 @@ impl ReplicaClient for S3Client {
                     max_txid: max,
                     size: obj.size().unwrap_or(0).max(0) as u64,
                     created_at: from_smithy_time(obj.last_modified()),
+                    encrypted: !self.suffix.is_empty(),
                 });
             }
         }
@@ -855,6 +903,7 @@ impl ReplicaClient for S3Client {
             max_txid: max,
             size: len,
             created_at: Utc::now(),
+            encrypted: !self.suffix.is_empty(),
         })
     }
 
@@ -862,7 +911,15 @@ impl ReplicaClient for S3Client {
         let c = self.client().await?;
         let keys: Vec<String> = files
             .iter()
-            .map(|f| self.key(f.level, f.min_txid, f.max_txid))
+            .map(|f| {
+                // Each file is deleted under its own name, whichever view lists it.
+                let view = if f.encrypted {
+                    self.sealed_view()
+                } else {
+                    self.clone()
+                };
+                view.key(f.level, f.min_txid, f.max_txid)
+            })
             .collect();
         for batch in keys.chunks(DELETE_BATCH) {
             let ids = batch

@@ -201,6 +201,8 @@ impl Store {
                 Some(w) => w(&db_label, &rc.name, client),
                 None => client,
             };
+            // Every replica sees both plain and `.age` names, so a switch is never silent.
+            let client = client.with_age(rc.age.clone().unwrap_or_default());
             let mut r = Replica::new(
                 rc.name.clone(),
                 db_label.clone(),
@@ -215,8 +217,13 @@ impl Store {
                 .await
                 .map_err(|e| StoreError::Io(e.to_string()))?;
             match r.init().await {
-                Ok(t) if t.txid > tip.txid => tip = t,
-                Ok(_) => {}
+                Ok(t) => {
+                    let forced = tip.full_reason.or(t.full_reason);
+                    if t.txid > tip.txid {
+                        tip = t;
+                    }
+                    tip.full_reason = forced;
+                }
                 Err(e) => {
                     return Err(StoreError::Io(format!(
                         "list replica {} of {}: {e}",

@@ -40,6 +40,8 @@ const MIB: usize = 1024 * 1024;
 /// the client did not write, and a sibling replica whose location extends this one's.
 struct Backend<'a> {
     client: AnyClient,
+    /// The client is the age wrapper (encrypting) around the backend.
+    age: bool,
     kind: Kind<'a>,
     /// Scratch space for source files.
     scratch: PathBuf,
@@ -69,9 +71,28 @@ fn s3_client(server: &S3Server, prefix: &str) -> AnyClient {
 impl Backend<'_> {
     fn name(&self) -> &'static str {
         match self.kind {
+            Kind::File { .. } if self.age => "file+age",
             Kind::File { .. } => "file",
             Kind::S3 { .. } => "s3",
         }
+    }
+
+    /// The plaintext size of a file as listed or put: its size, or through the age wrapper
+    /// (whose sizes are the ciphertext's, larger) the length of its decrypted body.
+    async fn plain_size(&self, f: &LtxFileInfo) -> u64 {
+        if !self.age {
+            assert!(!f.encrypted, "plain backend marked a file encrypted");
+            return f.size;
+        }
+        let plain = read_all(self, f.level, f.min_txid.0, f.max_txid.0, 0)
+            .await
+            .len() as u64;
+        assert!(
+            f.encrypted && f.size > plain,
+            "age: size {} of {plain} plaintext bytes",
+            f.size
+        );
+        plain
     }
 
     /// The object key (S3, without the server's key prefix) or path (file) of `name` in `level`.
@@ -353,6 +374,7 @@ fn info(level: u8, min: u64, max: u64) -> LtxFileInfo {
         max_txid: TxId(max),
         size: 0,
         created_at: DateTime::<Utc>::default(),
+        encrypted: false,
     }
 }
 
@@ -369,6 +391,8 @@ fn assert_not_found<T>(what: &str, r: Result<T, StorageError>) {
 enum Env<'a> {
     File {
         dir: PathBuf,
+        /// Run through the age wrapper (encrypting to a fresh key).
+        age: Option<std::sync::Arc<replicad::age_keys::AgeKeys>>,
     },
     S3 {
         server: &'a S3Server,
@@ -380,12 +404,17 @@ impl<'a> Env<'a> {
     /// A backend with an empty replica of its own, named after the section.
     fn backend(&self, section: &str) -> Backend<'a> {
         match self {
-            Env::File { dir } => {
+            Env::File { dir, age } => {
                 let root = dir.join(section).join("replica");
                 let scratch = dir.join(section).join("scratch");
                 std::fs::create_dir_all(&scratch).unwrap();
+                let client = AnyClient::File(FileClient::new(root.clone()));
                 Backend {
-                    client: AnyClient::File(FileClient::new(root.clone())),
+                    age: age.is_some(),
+                    client: match age {
+                        Some(keys) => client.with_age(keys.clone()),
+                        None => client,
+                    },
                     kind: Kind::File { root },
                     scratch,
                 }
@@ -395,6 +424,7 @@ impl<'a> Env<'a> {
                 let scratch = scratch.join(section);
                 std::fs::create_dir_all(&scratch).unwrap();
                 Backend {
+                    age: false,
                     client: s3_client(server, &prefix),
                     kind: Kind::S3 { server, prefix },
                     scratch,
@@ -490,7 +520,12 @@ async fn put_then_list_by_level_sorted(b: &Backend<'_>) {
             .unwrap_or_else(|e| panic!("{name}: put {}: {e}", p.name()));
         let after = now_ms();
         assert_eq!(
-            (got.level, got.min_txid.0, got.max_txid.0, got.size),
+            (
+                got.level,
+                got.min_txid.0,
+                got.max_txid.0,
+                b.plain_size(&got).await
+            ),
             (p.level, p.min, p.max, p.bytes.len() as u64),
             "{name}: put {} returned the wrong info",
             p.name()
@@ -544,7 +579,7 @@ async fn put_then_list_by_level_sorted(b: &Backend<'_>) {
             .find(|p| (p.level, p.min, p.max) == (f.level, f.min_txid.0, f.max_txid.0))
             .unwrap();
         assert_eq!(
-            f.size,
+            b.plain_size(f).await,
             p.bytes.len() as u64,
             "{name}: listed size of {}",
             p.name()
@@ -674,7 +709,7 @@ async fn overwrite_is_whole(b: &Backend<'_>) {
             "{name}: overwrite {i} listing"
         );
         assert_eq!(
-            l[0].size,
+            b.plain_size(&l[0]).await,
             p.bytes.len() as u64,
             "{name}: overwrite {i} size"
         );
@@ -759,7 +794,12 @@ async fn concurrent_puts_all_land(b: &Backend<'_>) {
         "{name}: concurrent puts listing"
     );
     for (f, p) in l2.iter().zip(&conc) {
-        assert_eq!(f.size, p.bytes.len() as u64, "{name}: size of {}", p.name());
+        assert_eq!(
+            b.plain_size(f).await,
+            p.bytes.len() as u64,
+            "{name}: size of {}",
+            p.name()
+        );
         let got = read_all(b, 2, p.min, p.max, 0).await;
         assert_bytes(&format!("{name}: concurrent {}", p.name()), &got, &p.bytes);
     }
@@ -781,7 +821,11 @@ async fn large_object_round_trips(b: &Backend<'_>) {
     let got = put(b, &big)
         .await
         .unwrap_or_else(|e| panic!("{name}: put of {} bytes: {e}", big.bytes.len()));
-    assert_eq!(got.size, big.bytes.len() as u64, "{name}: put result size");
+    assert_eq!(
+        b.plain_size(&got).await,
+        big.bytes.len() as u64,
+        "{name}: put result size"
+    );
     let l3 = list(b, 3).await;
     assert_eq!(
         ranges(&l3),
@@ -789,7 +833,7 @@ async fn large_object_round_trips(b: &Backend<'_>) {
         "{name}: large object listing"
     );
     assert_eq!(
-        l3[0].size,
+        b.plain_size(&l3[0]).await,
         big.bytes.len() as u64,
         "{name}: large object size"
     );
@@ -883,6 +927,23 @@ async fn file_backend_conforms() {
     let dir = TestDir::new("conformance-file");
     conformance(&Env::File {
         dir: dir.path().to_path_buf(),
+        age: None,
+    })
+    .await;
+}
+
+/// The age wrapper keeps the same semantics over a file backend (its sizes are the
+/// ciphertext's; reads, offsets and ranges are of the plaintext).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn age_wrapped_file_backend_conforms() {
+    let dir = TestDir::new("conformance-age");
+    let (identity, public) = replicad::age_keys::generate_identity();
+    let id = dir.path().join("id.txt");
+    std::fs::write(&id, identity).unwrap();
+    let keys = replicad::age_keys::AgeKeys::load(&[public], &[id.display().to_string()]).unwrap();
+    conformance(&Env::File {
+        dir: dir.path().to_path_buf(),
+        age: Some(std::sync::Arc::new(keys)),
     })
     .await;
 }

@@ -26,7 +26,10 @@ pub async fn run(args: LtxArgs) -> Result<(), CliError> {
         let meta = crate::db::default_meta_path(as_db);
         AnyClient::from_url(&meta.display().to_string()).map_err(CliError::Usage)?
     } else {
-        AnyClient::from_url(&args.target).map_err(CliError::Usage)?
+        // Seen through both plain and `.ltx.age` names (listing needs no key).
+        AnyClient::from_url(&args.target)
+            .map_err(CliError::Usage)?
+            .with_age(Default::default())
     };
     let files = client.list_all().await.map_err(|e| anyhow!(e))?;
     if args.json {
@@ -36,6 +39,7 @@ pub async fn run(args: LtxArgs) -> Result<(), CliError> {
                 serde_json::json!({
                     "level": f.level, "min_txid": f.min_txid.to_string(), "max_txid": f.max_txid.to_string(),
                     "size": f.size, "created": f.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                    "encrypted": f.encrypted,
                 })
             })
             .collect();
@@ -48,13 +52,14 @@ pub async fn run(args: LtxArgs) -> Result<(), CliError> {
     );
     for f in &files {
         println!(
-            "{:<6} {:<17} {:<17} {:>12}  {}",
+            "{:<6} {:<17} {:<17} {:>12}  {}{}",
             f.level,
             f.min_txid.to_string(),
             f.max_txid.to_string(),
             f.size,
             f.created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            if f.encrypted { "  age" } else { "" }
         );
     }
     eprintln!("{} files on {}", files.len(), client.location());

@@ -1,6 +1,7 @@
 //! The command line: argument parsing and the mapping of failures to exit codes
 //! (0 ok, 1 runtime failure, 2 usage or configuration error).
 
+mod age_keygen;
 mod databases;
 pub mod golang_flags;
 mod ltx;
@@ -46,6 +47,8 @@ pub enum Command {
     /// Make a running daemon sync a database now, optionally waiting for its replicas
     /// (its control socket, key `socket`).
     Sync(sync::SyncArgs),
+    /// Generate an age identity (key pair) for encrypted replicas, in age-keygen's format.
+    AgeKeygen(age_keygen::AgeKeygenArgs),
 }
 
 /// A failure, classified by exit code.
@@ -80,5 +83,6 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Verify(args) => verify::run(args).await,
         Command::Status(args) => status::run(args).await,
         Command::Sync(args) => sync::run(args).await,
+        Command::AgeKeygen(args) => age_keygen::run(args).await,
     }
 }

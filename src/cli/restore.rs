@@ -28,6 +28,10 @@ pub struct RestoreArgs {
     /// Do not expand $VAR and ${VAR} in the configuration file.
     #[arg(long)]
     pub no_expand_env: bool,
+    /// An age identity file to decrypt an encrypted replica with (repeatable; with
+    /// --config, tried after the replica's configured `age.identities`).
+    #[arg(long = "age-identity", value_name = "FILE")]
+    pub age_identity: Vec<PathBuf>,
     /// Output database path.
     #[arg(long = "to", short = 'o', value_name = "PATH")]
     pub to: Option<PathBuf>,
@@ -96,6 +100,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         args.config.as_deref(),
         args.replica_name.as_deref(),
         !args.no_expand_env,
+        &args.age_identity,
     )?;
     let default_to = db.map(|d| d.path);
     let target = target(args.txid.as_deref(), args.timestamp.as_deref())?;

@@ -72,6 +72,10 @@ pub struct SnapshotArgs {
     /// Do not expand $VAR and ${VAR} in the configuration file.
     #[arg(long)]
     pub no_expand_env: bool,
+    /// An age identity file to decrypt an encrypted replica with (repeatable; with
+    /// --config, tried after the replica's configured `age.identities`).
+    #[arg(long = "age-identity", value_name = "FILE")]
+    pub age_identity: Vec<PathBuf>,
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -85,6 +89,7 @@ pub async fn run(args: SnapshotArgs) -> Result<(), CliError> {
         args.config.as_deref(),
         args.replica_name.as_deref(),
         !args.no_expand_env,
+        &args.age_identity,
     )?;
     let target = target(args.txid.as_deref(), args.timestamp.as_deref())?;
     let to = args.to.clone();

@@ -3,11 +3,13 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
 use super::CliError;
+use crate::age_keys::AgeKeys;
 use crate::config::{Config, DbConfig};
 use crate::ltx::TxId;
 use crate::replica_client::AnyClient;
@@ -49,7 +51,12 @@ pub fn source(
     config: Option<&Path>,
     replica_name: Option<&str>,
     expand_env: bool,
+    age_identities: &[PathBuf],
 ) -> Result<(AnyClient, Option<DbConfig>), CliError> {
+    // Identity files given on the command line: a missing or bad one is a usage error,
+    // never a silent "no identity".
+    let extra = AgeKeys::from_identity_files(age_identities)
+        .map_err(|e| CliError::Usage(format!("--age-identity: {e}")))?;
     let Some(config_path) = config else {
         let p = Path::new(arg);
         if p.is_file() {
@@ -65,7 +72,7 @@ pub fn source(
             )));
         }
         let client = AnyClient::from_url(arg).map_err(CliError::Usage)?;
-        return Ok((client, None));
+        return Ok((client.with_age(Arc::new(extra)), None));
     };
     let config =
         Config::load(config_path, expand_env).map_err(|e| CliError::Usage(e.to_string()))?;
@@ -87,8 +94,11 @@ pub fn source(
             .first()
             .ok_or_else(|| CliError::Usage(format!("database {arg} has no replica")))?,
     };
+    let mut keys = replica.age.as_deref().cloned().unwrap_or_default();
+    keys.merge_identities(&extra);
     let client = replica
         .client()
-        .map_err(|e| CliError::Usage(format!("replica {}: {e}", replica.name)))?;
+        .map_err(|e| CliError::Usage(format!("replica {}: {e}", replica.name)))?
+        .with_age(Arc::new(keys));
     Ok((client, Some(db.clone())))
 }

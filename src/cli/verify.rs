@@ -70,6 +70,10 @@ pub struct VerifyArgs {
     /// Do not expand $VAR and ${VAR} in the configuration file.
     #[arg(long)]
     pub no_expand_env: bool,
+    /// An age identity file to decrypt an encrypted replica with (repeatable; with
+    /// --config, tried after the replica's configured `age.identities`).
+    #[arg(long = "age-identity", value_name = "FILE")]
+    pub age_identity: Vec<PathBuf>,
     /// Fail (exit 1) unless the live database was compared and matched; needs --config on
     /// the host of the database.
     #[arg(long, requires = "config")]
@@ -138,6 +142,7 @@ pub async fn run(args: VerifyArgs) -> Result<(), CliError> {
         args.config.as_deref(),
         args.replica_name.as_deref(),
         !args.no_expand_env,
+        &args.age_identity,
     )?;
     let work = TempDir::create().map_err(|e| anyhow!("create a temporary directory: {e}"))?;
     let restored = restore_and_sum(&client, &work.path.join("restored.db")).await;
