@@ -69,7 +69,11 @@ pub fn source(
     };
     let config =
         Config::load(config_path, expand_env).map_err(|e| CliError::Usage(e.to_string()))?;
-    let db = config.find_db(Path::new(arg)).ok_or_else(|| {
+    let db = config
+        .find_db(Path::new(arg))
+        .cloned()
+        .or_else(|| config.find_discovered(Path::new(arg)));
+    let db = db.ok_or_else(|| {
         CliError::Usage(format!(
             "database {arg} is not in {}",
             config_path.display()
@@ -90,5 +94,5 @@ pub fn source(
     let client = replica
         .client()
         .map_err(|e| CliError::Usage(format!("replica {}: {e}", replica.name)))?;
-    Ok((client, Some(db.clone())))
+    Ok((client, Some(db)))
 }
