@@ -5011,18 +5011,30 @@ skip-verify: false
         assert_eq!(c.dbs.len(), 1);
         let dir = &c.dirs[0];
         assert_eq!(dir.dir, tmp.path());
-        assert_eq!((dir.pattern.as_str(), dir.recursive, dir.watch), ("*.db", true, true));
+        assert_eq!(
+            (dir.pattern.as_str(), dir.recursive, dir.watch),
+            ("*.db", true, true)
+        );
         assert_eq!(dir.settings.monitor_interval, Duration::from_secs(3));
         assert_eq!(dir.replicas[0].url, "file:///backup/x");
         let found = c.find_discovered(&tmp.path().join("s/t.db")).unwrap();
         assert_eq!(found.replicas[0].url, "file:///backup/x/s/t.db");
         assert!(c.find_discovered(&tmp.path().join("t.txt")).is_none());
-        let defaults = parse(&format!("dbs:\n  - dir: {d}\n    replica:\n      url: /b\n"))
-            .unwrap();
+        let defaults = parse(&format!(
+            "dbs:\n  - dir: {d}\n    replica:\n      url: /b\n"
+        ))
+        .unwrap();
         let dir = &defaults.dirs[0];
-        assert_eq!((dir.pattern.as_str(), dir.recursive, dir.watch), ("*", false, false));
+        assert_eq!(
+            (dir.pattern.as_str(), dir.recursive, dir.watch),
+            ("*", false, false)
+        );
         assert!(defaults.dbs.is_empty());
-        assert!(defaults.find_discovered(&tmp.path().join("s/t.db")).is_none());
+        assert!(
+            defaults
+                .find_discovered(&tmp.path().join("s/t.db"))
+                .is_none()
+        );
 
         assert_fail(
             &format!("dbs:\n  - path: /x.db\n    dir: {d}\n    replica: {{url: /b}}\n"),

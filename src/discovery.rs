@@ -215,7 +215,12 @@ impl Discovery {
     }
 
     /// Looks again at the paths events named.
-    fn look(&self, st: &mut Watches, paths: &HashSet<PathBuf>, tracked: &HashSet<PathBuf>) -> Changes {
+    fn look(
+        &self,
+        st: &mut Watches,
+        paths: &HashSet<PathBuf>,
+        tracked: &HashSet<PathBuf>,
+    ) -> Changes {
         let mut found = Vec::new();
         let mut gone = Vec::new();
         for p in paths {
@@ -277,8 +282,7 @@ impl Discovery {
             .into_iter()
             .filter(|p| match p.file_name() {
                 Some(name) => {
-                    !is_side_file(name)
-                        && (structural || (content && self.matcher.is_match(name)))
+                    !is_side_file(name) && (structural || (content && self.matcher.is_match(name)))
                 }
                 None => false,
             })
@@ -508,7 +512,11 @@ mod tests {
         make_db(&root.join("a.db"));
         make_db(&root.join("sub/b.db"));
         make_db(&root.join("other.sqlite"));
-        std::fs::write(root.join("fake.db"), b"not a database at all, longer than 16").unwrap();
+        std::fs::write(
+            root.join("fake.db"),
+            b"not a database at all, longer than 16",
+        )
+        .unwrap();
         std::fs::write(root.join("empty.db"), b"").unwrap();
         // A state directory holding something that looks like a database.
         make_db(&root.join(".a.db-replicad/c.db"));

@@ -59,7 +59,11 @@ impl Status {
 
     /// [`readiness`] of these databases.
     pub fn readiness(&self) -> Result<(), Vec<String>> {
-        readiness(&self.dbs.snapshot(), self.max_lag, self.metrics.started_ms())
+        readiness(
+            &self.dbs.snapshot(),
+            self.max_lag,
+            self.metrics.started_ms(),
+        )
     }
 
     /// The body of `GET /status`:

@@ -19,8 +19,8 @@ use prometheus::proto::{self, MetricFamily, MetricType};
 use prometheus::{Counter, CounterVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::db::DbPos;
-use crate::replica::ReplicaStats;
 use crate::registry::DbRegistry;
+use crate::replica::ReplicaStats;
 use crate::store::DbHandle;
 
 /// Replica operations counted, in the order of [`ReplicaCounters::ops`].
@@ -436,10 +436,7 @@ impl Collector for DbCollector {
 
     fn collect(&self) -> Vec<MetricFamily> {
         let dbs = self.dbs.snapshot();
-        let labels: Vec<String> = dbs
-            .iter()
-            .map(|d| d.path.display().to_string())
-            .collect();
+        let labels: Vec<String> = dbs.iter().map(|d| d.path.display().to_string()).collect();
         let mut out: Vec<MetricFamily> = DB_METRICS
             .iter()
             .map(|&(name, help, kind, value)| {

@@ -369,6 +369,11 @@ impl Store {
         self.core.registry()
     }
 
+    /// A snapshot of the current databases.
+    pub fn dbs(&self) -> Arc<Vec<DbHandle>> {
+        self.core.registry().snapshot()
+    }
+
     /// Stops ingesting, drains uploads within the timeout, and returns when every task ended.
     /// `abort` (a second signal) cuts the drain short.
     pub async fn shutdown(self, abort: impl Future<Output = ()>) {

@@ -119,13 +119,18 @@ fn watched_directory_adds_and_removes_databases_at_run_time() {
     wa.run(10);
     wb.run(10);
     // Matches the pattern but is no database: ignored, whatever its name says.
-    std::fs::write(data.join("notes.db"), "not a database, just text\n".repeat(4)).unwrap();
+    std::fs::write(
+        data.join("notes.db"),
+        "not a database, just text\n".repeat(4),
+    )
+    .unwrap();
     let port = free_port();
     let cfg = config(t.path(), &data, &replica, port, true);
     let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
 
     wait_until(&d, "both databases listed", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && listed(port) == [a.clone(), b.clone()]
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            && listed(port) == [a.clone(), b.clone()]
     });
     caught_up(&d, port, &a);
     caught_up(&d, port, &b);
@@ -144,7 +149,10 @@ fn watched_directory_adds_and_removes_databases_at_run_time() {
     caught_up(&d, port, &c);
     let log = d.log_text();
     assert!(log.contains("database discovered"), "{log}");
-    assert!(!log.contains("notes.db"), "a non-SQLite file was picked up:\n{log}");
+    assert!(
+        !log.contains("notes.db"),
+        "a non-SQLite file was picked up:\n{log}"
+    );
     assert!(!replica.join("notes.db").exists(), "{}", listing(&replica));
 
     // Each is restorable from the replica under its relative path, equal to the source.
@@ -177,15 +185,25 @@ fn watched_directory_adds_and_removes_databases_at_run_time() {
     wc.run(10);
     let tb = caught_up(&d, port, &b);
     let tc = caught_up(&d, port, &c);
-    assert!(tb > b_before && tc > c_before, "{tb} {b_before} {tc} {c_before}");
+    assert!(
+        tb > b_before && tc > c_before,
+        "{tb} {b_before} {tc} {c_before}"
+    );
     assert!(wait_for_txid(&replica.join("sub/b.db"), tb, WAIT));
     assert!(wait_for_txid(&replica.join("later/c.db"), tc, WAIT));
     let mut others = vec![b.clone(), c.clone()];
     others.sort();
     assert_eq!(listed(port), others);
-    assert_eq!(listing(&replica.join("a.db")), a_files, "the removed database got new files");
+    assert_eq!(
+        listing(&replica.join("a.db")),
+        a_files,
+        "the removed database got new files"
+    );
     let discovered = d.log_text();
-    let n = discovered.lines().filter(|l| l.contains("database discovered")).count();
+    let n = discovered
+        .lines()
+        .filter(|l| l.contains("database discovered"))
+        .count();
     assert_eq!(n, 3, "{discovered}");
 
     drop(wb);
@@ -225,7 +243,7 @@ fn without_watch_only_the_databases_present_at_start_are_replicated() {
     let ta = caught_up(&d, port, &a);
     // Many monitor intervals later, b.db is still not replicated.
     sleep(Duration::from_secs(1));
-    assert_eq!(listed(port), [a.clone()]);
+    assert_eq!(listed(port), vec![a.clone()]);
     assert!(!replica.join("b.db").exists(), "{}", listing(&replica));
     assert!(ta > 0);
     drop(wa);
@@ -259,7 +277,10 @@ fn discovery_config_errors_exit_2() {
     );
     let err = String::from_utf8_lossy(&both.stderr);
     assert_eq!(both.status.code(), Some(2), "{err}");
-    assert!(err.contains("`path` and `dir` are mutually exclusive"), "{err}");
+    assert!(
+        err.contains("`path` and `dir` are mutually exclusive"),
+        "{err}"
+    );
     assert!(err.contains("line 3"), "{err}");
 
     let missing = data.join("nope");
