@@ -217,6 +217,25 @@ fn watched_directory_adds_and_removes_databases_at_run_time() {
         restore_ok(s(&replica.join(rel)), &out, None);
         assert_eq!(content_hash(&out), content_hash(db), "{rel}");
     }
+    // `--config F DB_PATH` finds a discovered database's replica too.
+    let out = t.join("via-config");
+    let o = Command::new(bin())
+        .args(["restore", "--config", s(&cfg), "--to", s(&out), s(&c)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(content_hash(&out), content_hash(&c));
+    let o = Command::new(bin())
+        .args(["databases", "--config", s(&cfg)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}");
+    assert!(text.contains(s(&b)) && text.contains(s(&c)), "{text}");
+    assert!(
+        !text.contains("notes.db") && !text.contains(s(&a)),
+        "{text}"
+    );
 }
 
 #[test]
