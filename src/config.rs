@@ -106,7 +106,8 @@
 //!   (endpoint, bucket, path) for S3 replicas.
 //! - A `dbs` entry may name a directory instead of one database (**directory discovery**,
 //!   [`crate::discovery`]): `dir` (absolute after `~` expansion and
-//!   [`std::path::absolute`]; it must exist and be a directory when the file is read),
+//!   [`std::path::absolute`]; `replicate` refuses to start unless it is an existing
+//!   directory, [`Config::check_dirs`]),
 //!   `pattern` (a glob on the file name, default `*`; the file header decides what is a
 //!   database), `recursive` (default false) and `watch` (default false: only the databases
 //!   present at start). `path` and `dir` together are an error, and so are `pattern`,
@@ -292,7 +293,8 @@ pub struct DbConfig {
 /// ([`crate::discovery`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DirConfig {
-    /// Key `dir` (required instead of `path`): absolute; existed when the file was read.
+    /// Key `dir` (required instead of `path`): absolute; `replicate` checks that it exists
+    /// ([`Config::check_dirs`]).
     pub dir: PathBuf,
     /// Key `pattern` (default `*`): a glob on the file name (valid for [`globset`]).
     pub pattern: String,
@@ -800,6 +802,19 @@ impl Config {
             logging: LoggingConfig::default(),
             socket: SocketConfig::default(),
         })
+    }
+
+    /// Checks that every `dir` entry names an existing directory: `replicate` refuses to start
+    /// otherwise (a typo must not start a daemon that replicates nothing).
+    pub fn check_dirs(&self) -> Result<(), String> {
+        for d in &self.dirs {
+            match std::fs::metadata(&d.dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(format!("dir {} is not a directory", d.dir.display())),
+                Err(e) => return Err(format!("dir {}: {e}", d.dir.display())),
+            }
+        }
+        Ok(())
     }
 
     /// The configuration a `dir` entry gives the database at `path` (which need not exist:
@@ -2145,15 +2160,14 @@ struct RawDir {
     watch: bool,
 }
 
-/// Key `dir`: absolute, and an existing directory now (a typo must not start a daemon that
-/// replicates nothing).
+/// Key `dir`: made absolute. Whether it exists is checked by the daemon at start
+/// ([`Config::check_dirs`]), not here: a restore may target a directory not created yet.
 fn discovery_dir(s: Scalar<'_>) -> Result<PathBuf, String> {
-    let p = absolutize(Path::new(&text(s)?))?;
-    match std::fs::metadata(&p) {
-        Ok(m) if m.is_dir() => Ok(p),
-        Ok(_) => Err(format!("dir {} is not a directory", p.display())),
-        Err(e) => Err(format!("dir {}: {e}", p.display())),
+    let p = text(s)?;
+    if p.is_empty() {
+        return Err("empty dir".into());
     }
+    absolutize(Path::new(&p))
 }
 
 /// Key `pattern`: a glob on the file name.
@@ -4029,6 +4043,14 @@ dbs:
             let c = Config::parse(text, "config/replicad.yml", expand).unwrap();
             assert_eq!(c.shutdown_sync_timeout, DEFAULT_SHUTDOWN_SYNC_TIMEOUT);
             assert_eq!(c.dbs.len(), 2);
+            assert_eq!(c.dirs.len(), 1);
+            let tenants = &c.dirs[0];
+            assert_eq!(tenants.dir, PathBuf::from("/var/lib/tenants"));
+            assert_eq!(
+                (tenants.pattern.as_str(), tenants.recursive, tenants.watch),
+                ("*.db", true, true)
+            );
+            assert_eq!(tenants.replicas[0].url, "file:///backup/tenants");
             let app = &c.dbs[0];
             assert_eq!(app.path, PathBuf::from("/var/lib/app/app.db"));
             assert_eq!(
@@ -5051,10 +5073,15 @@ skip-verify: false
             3,
             &["keys `meta-path` and `dir` are mutually exclusive"],
         );
-        assert_fail(
-            &format!("dbs:\n  - dir: {d}/missing\n    replica: {{url: /b}}\n"),
-            2,
-            &[&format!("dir {d}/missing: "), "No such file"],
+        assert!(c.check_dirs().is_ok());
+        let missing = parse(&format!(
+            "dbs:\n  - dir: {d}/missing\n    replica: {{url: /b}}\n"
+        ))
+        .unwrap();
+        let e = missing.check_dirs().unwrap_err();
+        assert!(
+            e.contains(&format!("dir {d}/missing: ")) && e.contains("No such file"),
+            "{e}"
         );
         assert_fail(
             &format!("dbs:\n  - dir: {d}\n    pattern: \"[a\"\n    replica: {{url: /b}}\n"),

@@ -174,6 +174,9 @@ impl StoreCore {
     pub async fn add(&self, dbc: &DbConfig) -> Result<Added, StoreError> {
         let core = &*self.inner;
         let mut running = core.running.lock().await;
+        if core.ingest.is_cancelled() {
+            return Err(StoreError::Io("shutting down".into()));
+        }
         if let Some(prev) = running.get(&dbc.path) {
             if !prev.token.is_cancelled() {
                 return Ok(Added::AlreadyRunning);
@@ -181,9 +184,6 @@ impl StoreCore {
             // Removed, and maybe still draining: never two monitors on one staging dir.
             prev.tasks.wait().await;
             running.remove(&dbc.path);
-        }
-        if core.ingest.is_cancelled() {
-            return Err(StoreError::Io("shutting down".into()));
         }
         let token = core.ingest.child_token();
         let tasks = TaskTracker::new();

@@ -313,5 +313,45 @@ fn discovery_config_errors_exit_2() {
     );
     let err = String::from_utf8_lossy(&gone.stderr);
     assert_eq!(gone.status.code(), Some(2), "{err}");
-    assert!(err.contains(s(&missing)) && err.contains("line 2"), "{err}");
+    assert!(
+        err.contains(&format!("dir {}: ", missing.display())),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_database_deleted_then_created_again_is_replicated_again() {
+    let seed = seed("discovery_recreate");
+    let t = TestDir::new("discovery-recreate");
+    let data = t.join("data");
+    let replica = t.join("replica");
+    std::fs::create_dir_all(&data).unwrap();
+    let a = data.join("a.db");
+    let mut wa = Writer::open(&a, seed);
+    wa.run(5);
+    let port = free_port();
+    let cfg = config(t.path(), &data, &replica, port, true);
+    let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
+    wait_until(&d, "listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let first = caught_up(&d, port, &a);
+    drop(wa);
+    remove_db(&a);
+    wait_until(&d, "a.db removed", || !listed(port).contains(&a));
+
+    // Same path, a different database: it is picked up again and its new content replicated.
+    let mut wa = Writer::open(&a, seed + 7);
+    wa.run(8);
+    wait_until(&d, "a.db discovered again", || listed(port).contains(&a));
+    let again = caught_up(&d, port, &a);
+    assert!(
+        again > first,
+        "TXIDs go on after the old chain: {again} <= {first}"
+    );
+    drop(wa);
+    d.stop_ok();
+    let out = t.join("restored");
+    restore_ok(s(&replica.join("a.db")), &out, None);
+    assert_eq!(content_hash(&out), content_hash(&a));
 }

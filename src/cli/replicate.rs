@@ -88,8 +88,14 @@ impl ReplicateArgs {
     /// The configuration these arguments describe.
     pub fn load_config(&self) -> Result<Config, CliError> {
         let mut config = match (&self.config, &self.db) {
-            (Some(path), None) => Config::load(path, !self.no_expand_env)
-                .map_err(|e| CliError::Usage(e.to_string()))?,
+            (Some(path), None) => {
+                let config = Config::load(path, !self.no_expand_env)
+                    .map_err(|e| CliError::Usage(e.to_string()))?;
+                config
+                    .check_dirs()
+                    .map_err(|e| CliError::Usage(format!("config {}: {e}", path.display())))?;
+                config
+            }
             (None, Some(db)) => {
                 if self.replicas.is_empty() {
                     return Err(CliError::Usage(
