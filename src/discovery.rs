@@ -20,6 +20,8 @@
 //!   database alone ([`StoreCore::remove`]). A database that fails to start is retried at
 //!   the next rescan.
 //! - All file-system work (walks, header reads, inotify calls) runs on the blocking pool.
+//! - The follow task is spawned through the Store ([`StoreCore`]), tracked like every other
+//!   task, and ends when the Store stops ingesting; only the Store starts database tasks.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
