@@ -104,6 +104,17 @@
 //! - Every database needs at least one replica; no two databases may share a path, and no two
 //!   replicas (in any database) may share a destination: a directory for file replicas,
 //!   (endpoint, bucket, path) for S3 replicas.
+//! - A `dbs` entry may name a directory instead of one database (**directory discovery**,
+//!   [`crate::discovery`]): `dir` (absolute after `~` expansion and
+//!   [`std::path::absolute`]; `replicate` refuses to start unless it is an existing
+//!   directory, [`Config::check_dirs`]),
+//!   `pattern` (a glob on the file name, default `*`; the file header decides what is a
+//!   database), `recursive` (default false) and `watch` (default false: only the databases
+//!   present at start). `path` and `dir` together are an error, and so are `pattern`,
+//!   `recursive` or `watch` without `dir`, and `meta-path` with `dir` (each discovered
+//!   database keeps its state next to itself). The replicas and settings apply to every
+//!   discovered database, each replica under the database's path relative to `dir`
+//!   ([`DirConfig::replica_for`]).
 //!
 //! Replica types:
 //!
@@ -187,8 +198,11 @@ const COMMAND_LINE: &str = "command line";
 /// The whole configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    /// The databases to replicate, in file order (never empty).
+    /// The databases to replicate, in file order (`dbs` and `dirs` are never both empty).
     pub dbs: Vec<DbConfig>,
+    /// The `dbs` entries with `dir`: directories whose databases are discovered, in file
+    /// order.
+    pub dirs: Vec<DirConfig>,
     /// Key `shutdown-sync-timeout` (top level only, default 30s): how long a shutdown waits
     /// for the last changes to reach the replicas. `0s` means do not wait.
     pub shutdown_sync_timeout: Duration,
@@ -275,6 +289,74 @@ pub struct DbConfig {
     pub replicas: Vec<ReplicaConfig>,
     /// Effective settings: this database's keys, else the top-level keys, else the defaults.
     pub settings: DbSettings,
+}
+
+/// A `dbs` entry with `dir`: every SQLite database found under a directory
+/// ([`crate::discovery`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DirConfig {
+    /// Key `dir` (required instead of `path`): absolute; `replicate` checks that it exists
+    /// ([`Config::check_dirs`]).
+    pub dir: PathBuf,
+    /// Key `pattern` (default `*`): a glob on the file name (valid for [`globset`]).
+    pub pattern: String,
+    /// Key `recursive` (default false): look into subdirectories too.
+    pub recursive: bool,
+    /// Key `watch` (default false): add and remove databases while running.
+    pub watch: bool,
+    /// The replicas of every discovered database, before [`DirConfig::replica_for`].
+    pub replicas: Vec<ReplicaConfig>,
+    /// Effective settings of every discovered database.
+    pub settings: DbSettings,
+}
+
+impl DirConfig {
+    /// The configuration of the database at `rel` (relative to `dir`, no `..`): the same
+    /// settings, each replica moved under `rel` ([`replica_under`]), state next to the file.
+    pub fn db(&self, rel: &Path) -> DbConfig {
+        DbConfig {
+            path: self.dir.join(rel),
+            meta_path: None,
+            replicas: self
+                .replicas
+                .iter()
+                .map(|r| replica_under(r, rel))
+                .collect(),
+            settings: self.settings.clone(),
+        }
+    }
+}
+
+/// `replica` moved under the relative path `rel` of a discovered database: a file replica
+/// `file:///backup` becomes `file:///backup/<rel>`, an S3 replica with prefix `p` gets the
+/// prefix `p/<rel>` (`<rel>` alone when `p` is empty). `rel` uses `/` on every platform
+/// replicad runs on, so it is the key suffix as it is.
+pub fn replica_under(replica: &ReplicaConfig, rel: &Path) -> ReplicaConfig {
+    let rel = rel.to_string_lossy();
+    let rel = rel.trim_matches('/');
+    match &replica.s3 {
+        Some(cfg) => {
+            let mut cfg = cfg.clone();
+            let base = cfg.path.trim_end_matches('/');
+            cfg.path = if base.is_empty() {
+                rel.to_string()
+            } else {
+                format!("{base}/{rel}")
+            };
+            ReplicaConfig {
+                name: replica.name.clone(),
+                url: s3_url(&cfg),
+                s3: Some(cfg),
+                age: replica.age.clone(),
+            }
+        }
+        None => ReplicaConfig {
+            name: replica.name.clone(),
+            url: format!("{}/{rel}", replica.url.trim_end_matches('/')),
+            s3: None,
+            age: replica.age.clone(),
+        },
+    }
 }
 
 /// Per-database settings (effective values).
@@ -728,12 +810,43 @@ impl Config {
                 replicas,
                 settings,
             }],
+            dirs: Vec::new(),
             shutdown_sync_timeout: DEFAULT_SHUTDOWN_SYNC_TIMEOUT,
             addr: None,
             max_lag: DEFAULT_MAX_LAG,
             exec: None,
             logging: LoggingConfig::default(),
             socket: SocketConfig::default(),
+        })
+    }
+
+    /// Checks that every `dir` entry names an existing directory: `replicate` refuses to start
+    /// otherwise (a typo must not start a daemon that replicates nothing).
+    pub fn check_dirs(&self) -> Result<(), String> {
+        for d in &self.dirs {
+            match std::fs::metadata(&d.dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(format!("dir {} is not a directory", d.dir.display())),
+                Err(e) => return Err(format!("dir {}: {e}", d.dir.display())),
+            }
+        }
+        Ok(())
+    }
+
+    /// The configuration a `dir` entry gives the database at `path` (which need not exist:
+    /// a restore target): the first entry whose `dir` holds `path` at an allowed depth and
+    /// whose `pattern` matches its name. For `--config FILE DB_PATH` commands.
+    pub fn find_discovered(&self, path: &Path) -> Option<DbConfig> {
+        let abs = absolutize(path).ok()?;
+        self.dirs.iter().find_map(|d| {
+            let rel = abs.strip_prefix(&d.dir).ok()?;
+            let name = rel.file_name()?;
+            let depth_ok = d.recursive || rel.components().count() == 1;
+            let matches = globset::Glob::new(&d.pattern)
+                .ok()?
+                .compile_matcher()
+                .is_match(name);
+            (depth_ok && matches).then(|| d.db(rel))
         })
     }
 
@@ -884,6 +997,10 @@ const ROOT_KEYS: &[&str] = &[
 ];
 const DB_KEYS: &[&str] = &[
     "path",
+    "dir",
+    "pattern",
+    "recursive",
+    "watch",
     "meta-path",
     "replica",
     "replicas",
@@ -1903,23 +2020,34 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                 }
             }
         }
-        let Some(dbs) = dbs else {
+        let Some(entries) = dbs else {
             return Err(ctx.fail(format!("missing key `dbs`: {NO_DBS}")));
         };
+        let mut dbs = Vec::new();
+        let mut dirs = Vec::new();
+        for db in entries {
+            let mut db_settings = db.settings.resolve(&settings);
+            compaction.apply(&mut db_settings);
+            match db.source {
+                Source::Path(path) => dbs.push(DbConfig {
+                    settings: db_settings,
+                    path,
+                    meta_path: db.meta_path,
+                    replicas: db.replicas,
+                }),
+                Source::Dir(d) => dirs.push(DirConfig {
+                    dir: d.dir,
+                    pattern: d.pattern,
+                    recursive: d.recursive,
+                    watch: d.watch,
+                    replicas: db.replicas,
+                    settings: db_settings,
+                }),
+            }
+        }
         Ok(Config {
-            dbs: dbs
-                .into_iter()
-                .map(|db| {
-                    let mut db_settings = db.settings.resolve(&settings);
-                    compaction.apply(&mut db_settings);
-                    DbConfig {
-                        settings: db_settings,
-                        path: db.path,
-                        meta_path: db.meta_path,
-                        replicas: db.replicas,
-                    }
-                })
-                .collect(),
+            dbs,
+            dirs,
             shutdown_sync_timeout: shutdown_sync_timeout.unwrap_or(DEFAULT_SHUTDOWN_SYNC_TIMEOUT),
             addr,
             max_lag: max_lag.unwrap_or(DEFAULT_MAX_LAG),
@@ -2037,9 +2165,45 @@ fn socket_from(fields: Vec<(&'static str, Field)>) -> SocketConfig {
     socket
 }
 
+/// Where a `dbs` entry's databases are: one `path`, or a `dir` to discover them in.
+enum Source {
+    Path(PathBuf),
+    Dir(RawDir),
+}
+
+/// The discovery keys of a `dbs` entry with `dir`.
+struct RawDir {
+    dir: PathBuf,
+    pattern: String,
+    recursive: bool,
+    watch: bool,
+}
+
+/// Key `dir`: made absolute. Whether it exists is checked by the daemon at start
+/// ([`Config::check_dirs`]), not here: a restore may target a directory not created yet.
+fn discovery_dir(s: Scalar<'_>) -> Result<PathBuf, String> {
+    let p = text(s)?;
+    if p.is_empty() {
+        return Err("empty dir".into());
+    }
+    absolutize(Path::new(&p))
+}
+
+/// Key `pattern`: a glob on the file name.
+fn name_pattern(s: Scalar<'_>) -> Result<String, String> {
+    let p = text(s)?;
+    if p.contains('/') {
+        return Err(format!(
+            "pattern {p:?} contains `/`: it matches the file name only (use `recursive`)"
+        ));
+    }
+    globset::Glob::new(&p).map_err(|e| format!("invalid pattern {p:?}: {e}"))?;
+    Ok(p)
+}
+
 /// A database as read, before the top-level settings are known.
 struct PartialDb {
-    path: PathBuf,
+    source: Source,
     meta_path: Option<PathBuf>,
     replicas: Vec<ReplicaConfig>,
     settings: RawSettings,
@@ -2080,6 +2244,11 @@ impl<'de> Visitor<'de> for DbsSeed<'_> {
     }
 }
 
+const PATH_AND_DIR: &str = "keys `path` and `dir` are mutually exclusive: a `dbs` entry is one \
+                            database (`path`) or a directory to discover databases in (`dir`)";
+const META_AND_DIR: &str = "keys `meta-path` and `dir` are mutually exclusive: each discovered \
+                            database keeps its state next to itself";
+
 /// One database map.
 struct DbSeed<'a> {
     ctx: &'a Ctx,
@@ -2107,6 +2276,10 @@ impl<'de> Visitor<'de> for DbSeed<'_> {
         let mut seen = Vec::new();
         let mut settings = RawSettings::default();
         let mut path = None;
+        let mut dir = None;
+        let mut pattern = None;
+        let mut recursive = None;
+        let mut watch = None;
         let mut meta_path = None;
         let mut replica = None;
         let mut replicas = None;
@@ -2117,9 +2290,55 @@ impl<'de> Visitor<'de> for DbSeed<'_> {
             seen: &mut seen,
             place,
         })? {
+            let (has_path, has_dir, has_meta) =
+                (path.is_some(), dir.is_some(), meta_path.is_some());
+            // Checked on the value so that the error names the second key's line.
+            let exclusive = |_: Scalar<'_>| -> Result<(), String> {
+                match key {
+                    "path" if has_dir => Err(PATH_AND_DIR.to_string()),
+                    "dir" if has_path => Err(PATH_AND_DIR.to_string()),
+                    "meta-path" if has_dir => Err(META_AND_DIR.to_string()),
+                    "dir" if has_meta => Err(META_AND_DIR.to_string()),
+                    _ => Ok(()),
+                }
+            };
             match key {
+                "dir" => {
+                    let convert = |s: Scalar<'_>| {
+                        exclusive(s)?;
+                        discovery_dir(s)
+                    };
+                    dir = Some(map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &convert,
+                    })?);
+                }
+                "pattern" => {
+                    pattern = Some(map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &name_pattern,
+                    })?);
+                }
+                "recursive" | "watch" => {
+                    let v = map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &boolean,
+                    })?;
+                    if key == "watch" {
+                        watch = Some(v);
+                    } else {
+                        recursive = Some(v);
+                    }
+                }
                 "path" => {
                     let convert = |s: Scalar<'_>| -> Result<PathBuf, String> {
+                        exclusive(s)?;
                         let p = absolutize(Path::new(&text(s)?))?;
                         let mut paths = ctx.db_paths.borrow_mut();
                         if let Some(other) = paths.iter().position(|q| q.as_ref() == Some(&p)) {
@@ -2140,6 +2359,7 @@ impl<'de> Visitor<'de> for DbSeed<'_> {
                 }
                 "meta-path" => {
                     let convert = |s: Scalar<'_>| -> Result<PathBuf, String> {
+                        exclusive(s)?;
                         let p = absolutize(Path::new(&text(s)?))?;
                         let mut metas = ctx.meta_paths.borrow_mut();
                         if let Some((_, other)) = metas.iter().find(|(q, _)| *q == p) {
@@ -2176,8 +2396,33 @@ impl<'de> Visitor<'de> for DbSeed<'_> {
                 }
             }
         }
-        let Some(path) = path else {
-            return Err(ctx.fail(format!("missing key `path` {place}")));
+        let source = match (path, dir) {
+            (Some(p), _) => {
+                if let Some(k) = [
+                    ("pattern", pattern.is_some()),
+                    ("recursive", recursive.is_some()),
+                    ("watch", watch.is_some()),
+                ]
+                .iter()
+                .find_map(|(k, set)| set.then_some(k))
+                {
+                    return Err(ctx.fail(format!(
+                        "key `{k}` needs `dir` {place} (it applies to directory discovery)"
+                    )));
+                }
+                Source::Path(p)
+            }
+            (None, Some(dir)) => Source::Dir(RawDir {
+                dir,
+                pattern: pattern.unwrap_or_else(|| "*".to_string()),
+                recursive: recursive.unwrap_or(false),
+                watch: watch.unwrap_or(false),
+            }),
+            (None, None) => {
+                return Err(ctx.fail(format!(
+                    "missing key `path` {place} (or `dir` to discover databases in a directory)"
+                )));
+            }
         };
         let raw = match (replica, replicas) {
             (Some(_), Some(_)) => {
@@ -2211,7 +2456,7 @@ impl<'de> Visitor<'de> for DbSeed<'_> {
             });
         }
         Ok(PartialDb {
-            path,
+            source,
             meta_path,
             replicas,
             settings,
@@ -3965,6 +4210,14 @@ dbs:
             let c = Config::parse(text, "config/replicad.yml", expand).unwrap();
             assert_eq!(c.shutdown_sync_timeout, DEFAULT_SHUTDOWN_SYNC_TIMEOUT);
             assert_eq!(c.dbs.len(), 2);
+            assert_eq!(c.dirs.len(), 1);
+            let tenants = &c.dirs[0];
+            assert_eq!(tenants.dir, PathBuf::from("/var/lib/tenants"));
+            assert_eq!(
+                (tenants.pattern.as_str(), tenants.recursive, tenants.watch),
+                ("*.db", true, true)
+            );
+            assert_eq!(tenants.replicas[0].url, "file:///backup/tenants");
             let app = &c.dbs[0];
             assert_eq!(app.path, PathBuf::from("/var/lib/app/app.db"));
             assert_eq!(
@@ -4932,5 +5185,77 @@ skip-verify: false
             assert!(msg.contains(want), "{msg}");
             assert!(!msg.contains(SECRET) && !msg.contains(SSE_C), "{msg}");
         }
+    }
+
+    #[test]
+    fn dir_entries_discover_databases() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().display().to_string();
+        let c = parse(&format!(
+            "dbs:\n  - dir: {d}\n    pattern: \"*.db\"\n    recursive: true\n    watch: true\n    \
+             monitor-interval: 3s\n    replica:\n      url: /backup/x\n  - path: /a.db\n    \
+             replica:\n      url: /backup/a\n"
+        ))
+        .unwrap();
+        assert_eq!(c.dbs.len(), 1);
+        let dir = &c.dirs[0];
+        assert_eq!(dir.dir, tmp.path());
+        assert_eq!(
+            (dir.pattern.as_str(), dir.recursive, dir.watch),
+            ("*.db", true, true)
+        );
+        assert_eq!(dir.settings.monitor_interval, Duration::from_secs(3));
+        assert_eq!(dir.replicas[0].url, "file:///backup/x");
+        let found = c.find_discovered(&tmp.path().join("s/t.db")).unwrap();
+        assert_eq!(found.replicas[0].url, "file:///backup/x/s/t.db");
+        assert!(c.find_discovered(&tmp.path().join("t.txt")).is_none());
+        let defaults = parse(&format!(
+            "dbs:\n  - dir: {d}\n    replica:\n      url: /b\n"
+        ))
+        .unwrap();
+        let dir = &defaults.dirs[0];
+        assert_eq!(
+            (dir.pattern.as_str(), dir.recursive, dir.watch),
+            ("*", false, false)
+        );
+        assert!(defaults.dbs.is_empty());
+        assert!(
+            defaults
+                .find_discovered(&tmp.path().join("s/t.db"))
+                .is_none()
+        );
+
+        assert_fail(
+            &format!("dbs:\n  - path: /x.db\n    dir: {d}\n    replica: {{url: /b}}\n"),
+            3,
+            &["keys `path` and `dir` are mutually exclusive"],
+        );
+        assert_fail(
+            &format!("dbs:\n  - dir: {d}\n    path: /x.db\n    replica: {{url: /b}}\n"),
+            3,
+            &["keys `path` and `dir` are mutually exclusive"],
+        );
+        assert_fail(
+            &format!("dbs:\n  - dir: {d}\n    meta-path: /m\n    replica: {{url: /b}}\n"),
+            3,
+            &["keys `meta-path` and `dir` are mutually exclusive"],
+        );
+        assert!(c.check_dirs().is_ok());
+        let missing = parse(&format!(
+            "dbs:\n  - dir: {d}/missing\n    replica: {{url: /b}}\n"
+        ))
+        .unwrap();
+        let e = missing.check_dirs().unwrap_err();
+        assert!(
+            e.contains(&format!("dir {d}/missing: ")) && e.contains("No such file"),
+            "{e}"
+        );
+        assert_fail(
+            &format!("dbs:\n  - dir: {d}\n    pattern: \"[a\"\n    replica: {{url: /b}}\n"),
+            3,
+            &["invalid pattern \"[a\""],
+        );
+        let (_, msg) = fail("dbs:\n  - path: /x.db\n    watch: true\n    replica: {url: /b}\n");
+        assert!(msg.contains("key `watch` needs `dir`"), "{msg}");
     }
 }

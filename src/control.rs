@@ -14,7 +14,6 @@
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -29,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::SocketConfig;
+use crate::registry::DbRegistry;
 use crate::store::{DbHandle, SyncTrigger};
 
 /// Longest time a connection may take to send its request headers.
@@ -97,8 +97,7 @@ pub fn bind(cfg: &SocketConfig) -> std::io::Result<ControlListener> {
 
 /// Serves `/sync` for `dbs` on `listener` until `token` is cancelled; waiting requests are
 /// answered `503` then. The socket file is removed on return.
-pub async fn serve(listener: ControlListener, dbs: Vec<DbHandle>, token: CancellationToken) {
-    let dbs = Arc::new(dbs);
+pub async fn serve(listener: ControlListener, dbs: DbRegistry, token: CancellationToken) {
     let conns = TaskTracker::new();
     loop {
         let stream = tokio::select! {
@@ -119,7 +118,7 @@ pub async fn serve(listener: ControlListener, dbs: Vec<DbHandle>, token: Cancell
             let service = hyper::service::service_fn(move |req| {
                 let dbs = dbs.clone();
                 let stop = stop.clone();
-                async move { Ok::<_, Infallible>(handle(&dbs, &req, &stop).await) }
+                async move { Ok::<_, Infallible>(handle(&dbs.snapshot(), &req, &stop).await) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder

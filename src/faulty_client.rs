@@ -122,6 +122,10 @@ impl FaultyClient {
         Box::pin(self.inner.list(level))
     }
 
+    fn inner_list_all(&self) -> BoxFut<'_, Vec<LtxFileInfo>> {
+        Box::pin(self.inner.list_all())
+    }
+
     fn inner_open(&self, level: u8, min: TxId, max: TxId, offset: u64) -> BoxFut<'_, ObjectReader> {
         Box::pin(self.inner.open(level, min, max, offset))
     }
@@ -154,6 +158,12 @@ impl ReplicaClient for FaultyClient {
     async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
         self.faults.before("list").await?;
         self.inner_list(level).await
+    }
+
+    /// One call, one fault draw: as a backend that lists a replica in one request.
+    async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
+        self.faults.before("list").await?;
+        self.inner_list_all().await
     }
 
     async fn open(

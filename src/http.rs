@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::metrics::{Metrics, replica_lag};
+use crate::registry::DbRegistry;
 use crate::store::{DbHandle, Store};
 
 /// Longest time a connection may take to send its request headers.
@@ -41,7 +42,7 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// What the endpoints read: the Store's databases and metrics.
 #[derive(Clone)]
 pub struct Status {
-    dbs: Vec<DbHandle>,
+    dbs: DbRegistry,
     metrics: Metrics,
     max_lag: Duration,
 }
@@ -50,7 +51,7 @@ impl Status {
     /// The state of `store`; replicas are ready within `max_lag`.
     pub fn new(store: &Store, max_lag: Duration) -> Status {
         Status {
-            dbs: store.dbs().to_vec(),
+            dbs: store.registry().clone(),
             metrics: store.metrics().clone(),
             max_lag,
         }
@@ -58,7 +59,11 @@ impl Status {
 
     /// [`readiness`] of these databases.
     pub fn readiness(&self) -> Result<(), Vec<String>> {
-        readiness(&self.dbs, self.max_lag, self.metrics.started_ms())
+        readiness(
+            &self.dbs.snapshot(),
+            self.max_lag,
+            self.metrics.started_ms(),
+        )
     }
 
     /// The body of `GET /status`:
@@ -75,6 +80,7 @@ impl Status {
         let since_ms = self.metrics.started_ms();
         let dbs: Vec<serde_json::Value> = self
             .dbs
+            .snapshot()
             .iter()
             .map(|d| {
                 let pos = *d.pos.borrow();

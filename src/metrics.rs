@@ -19,6 +19,7 @@ use prometheus::proto::{self, MetricFamily, MetricType};
 use prometheus::{Counter, CounterVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::db::DbPos;
+use crate::registry::DbRegistry;
 use crate::replica::ReplicaStats;
 use crate::store::DbHandle;
 
@@ -152,10 +153,25 @@ impl Metrics {
         }
     }
 
-    /// Registers the per-database and per-replica-lag metrics of `dbs`, read from their
+    /// Drops the series of a replica whose database is no longer replicated (directory
+    /// discovery removed it), so that /metrics does not report it forever.
+    pub fn forget_replica(&self, db: &str, replica: &str) {
+        for op in OPERATIONS {
+            for vec in [&self.replica_ops, &self.replica_errors, &self.replica_bytes] {
+                let _ = vec.remove_label_values(&[db, replica, op]);
+            }
+            let _ = self.replica_seconds.remove_label_values(&[db, replica, op]);
+        }
+        let _ = self.replica_txid.remove_label_values(&[db, replica]);
+        let _ = self.replica_verify_ok.remove_label_values(&[db, replica]);
+        let _ = self.replica_verify_txid.remove_label_values(&[db, replica]);
+    }
+
+    /// Registers the per-database and per-replica-lag metrics of the databases in `dbs`
+    /// (read at each scrape, so databases added or removed later are seen), read from their
     /// atomics at scrape time (the hot path keeps counting into atomics only). Call once.
-    pub fn register_dbs(&self, dbs: &[DbHandle]) {
-        let collector = DbCollector::new(dbs.to_vec(), self.started_ms);
+    pub fn register_dbs(&self, dbs: DbRegistry) {
+        let collector = DbCollector::new(dbs, self.started_ms);
         if let Err(e) = self.registry.register(Box::new(collector)) {
             tracing::warn!(error = %e, "registering database metrics failed");
         }
@@ -348,13 +364,13 @@ const LAG_SECONDS: (&str, &str) = (
 
 /// Reads [`DbStats`](crate::db::DbStats) and [`ReplicaStats`] at scrape time.
 struct DbCollector {
-    dbs: Vec<DbHandle>,
+    dbs: DbRegistry,
     descs: Vec<Desc>,
     since_ms: i64,
 }
 
 impl DbCollector {
-    fn new(dbs: Vec<DbHandle>, since_ms: i64) -> DbCollector {
+    fn new(dbs: DbRegistry, since_ms: i64) -> DbCollector {
         let desc = |name: &str, help: &str, labels: &[&str]| {
             Desc::new(
                 name.to_string(),
@@ -419,16 +435,12 @@ impl Collector for DbCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let labels: Vec<String> = self
-            .dbs
-            .iter()
-            .map(|d| d.path.display().to_string())
-            .collect();
+        let dbs = self.dbs.snapshot();
+        let labels: Vec<String> = dbs.iter().map(|d| d.path.display().to_string()).collect();
         let mut out: Vec<MetricFamily> = DB_METRICS
             .iter()
             .map(|&(name, help, kind, value)| {
-                let metrics = self
-                    .dbs
+                let metrics = dbs
                     .iter()
                     .zip(&labels)
                     .map(|(d, db)| sample(&[("db", db)], kind, value(d)))
@@ -438,7 +450,7 @@ impl Collector for DbCollector {
             .collect();
         let mut txids = Vec::new();
         let mut seconds = Vec::new();
-        for (d, db) in self.dbs.iter().zip(&labels) {
+        for (d, db) in dbs.iter().zip(&labels) {
             let pos = *d.pos.borrow();
             for (name, r) in &d.replicas {
                 let lag = replica_lag(pos, r, self.since_ms);

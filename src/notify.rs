@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::registry::DbRegistry;
 use crate::store::DbHandle;
 
 /// Environment variables removed from the environment of the `exec` child.
@@ -154,7 +155,7 @@ pub struct Notify {
 impl Notify {
     /// Starts the notifications for `dbs`; `None` when `NOTIFY_SOCKET` is unset (or unusable,
     /// which is logged).
-    pub fn start(dbs: Vec<DbHandle>) -> Option<Notify> {
+    pub fn start(dbs: DbRegistry) -> Option<Notify> {
         let notifier = match Notifier::from_env() {
             Ok(Some(n)) => Arc::new(n),
             Ok(None) => return None,
@@ -200,7 +201,7 @@ fn send(notifier: &Notifier, message: &str) {
 
 async fn run(
     notifier: Arc<Notifier>,
-    dbs: Vec<DbHandle>,
+    registry: DbRegistry,
     watchdog: Option<Duration>,
     stopping: CancellationToken,
 ) {
@@ -227,6 +228,7 @@ async fn run(
             _ = poll.tick(), if !stopping.is_cancelled() => {}
             _ = stopping.cancelled(), if !stopping.is_cancelled() => continue,
         }
+        let dbs = registry.snapshot();
         if !ready {
             let done = dbs.iter().filter(|db| synced(db)).count();
             if done < dbs.len() {

@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! Store (root token, ingest = root.child_token(), TaskTracker)
-//!  └─ per Db: monitor task (cancel: ingest)  --watch DbPos-->  per Replica: upload task (cancel: root)
+//!  ├─ per Db: monitor task (cancel: db = ingest.child_token())
+//!  │           --watch DbPos-->  per Replica: upload task (cancel: root)
+//!  └─ per watched `dir`: discovery task (cancel: ingest) -> StoreCore::add / remove
 //! ```
 //!
 //! Shutdown: cancelling `ingest` makes each monitor run a final sync and drop its position
@@ -11,9 +13,19 @@
 //! `root`, which stops uploads mid-flight. Nothing is lost either way: segments stay staged
 //! and the next start resumes from staging and the replicas' listings.
 //!
-//! Invariant: only the Store spawns long-lived tasks, and every one is tracked.
+//! Databases can be added and removed at run time ([`StoreCore`], used by
+//! [`crate::discovery`]). Removing one cancels only its own token: its monitor runs the same
+//! final sync (it fails harmlessly when the file is gone) and its upload tasks drain what is
+//! staged, exactly as at shutdown, while every other database goes on untouched. A path
+//! that comes back is started again only once its previous tasks have all ended, so two
+//! monitors never share one staging directory.
+//!
+//! Invariant: only the Store spawns long-lived tasks, and every one is tracked (by the
+//! Store's tracker, and a database's tasks also by that database's own tracker).
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,9 +39,11 @@ use tokio_util::task::TaskTracker;
 use crate::compaction::RetentionPolicy;
 use crate::config::{Config, DbConfig};
 use crate::db::{Db, DbError, DbPos, DbStats, RemoteTip};
+use crate::discovery::Discovery;
 use crate::ltx::TxId;
 use crate::maintenance::Maintenance;
 use crate::metrics::Metrics;
+use crate::registry::DbRegistry;
 use crate::replica::{Replica, ReplicaStats};
 use crate::replica_client::AnyClient;
 use crate::retry::Backoff;
@@ -38,17 +52,6 @@ use crate::staging::Staging;
 /// Databases opened (replica listings, first sync) at the same time: thousands of databases
 /// must start without a thundering herd on the disk and the object store.
 const OPEN_CONCURRENCY: usize = 16;
-
-/// What `start_db` needs from the Store.
-#[derive(Clone, Copy)]
-struct StartContext<'a> {
-    tracker: &'a TaskTracker,
-    root: &'a CancellationToken,
-    ingest: &'a CancellationToken,
-    permits: &'a Arc<Semaphore>,
-    metrics: &'a Metrics,
-    wrap: Option<&'a ClientWrapper>,
-}
 
 /// What the outside world can see of one database.
 #[derive(Clone)]
@@ -109,19 +112,15 @@ impl SyncTrigger {
 
 /// The running replication of every configured database.
 pub struct Store {
-    root: CancellationToken,
-    ingest: CancellationToken,
-    tracker: TaskTracker,
-    dbs: Vec<DbHandle>,
+    core: StoreCore,
     shutdown_timeout: Duration,
-    metrics: Metrics,
 }
 
 /// Wraps each replica's client (database path, replica name, client): fault injection in
 /// tests and drills.
 pub type ClientWrapper = Arc<dyn Fn(&str, &str, AnyClient) -> AnyClient + Send + Sync>;
 
-/// Why the Store could not start.
+/// Why the Store could not start (or add a database).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// A replica URL or setting is invalid.
@@ -132,59 +131,132 @@ pub enum StoreError {
     Io(String),
 }
 
-impl Store {
-    /// Starts replication of every database in `config`. Replica listings happen here (one
-    /// LIST per level per replica, bounded concurrency); a replica that cannot be listed is
-    /// retried by its own task rather than failing the whole Store.
-    pub async fn open(config: &Config) -> Result<Store, StoreError> {
-        Self::open_with(config, None).await
+/// The part of the Store that adds and removes databases while it runs (cheap to clone).
+#[derive(Clone)]
+pub struct StoreCore {
+    inner: Arc<Core>,
+}
+
+struct Core {
+    root: CancellationToken,
+    ingest: CancellationToken,
+    tracker: TaskTracker,
+    permits: Arc<Semaphore>,
+    metrics: Metrics,
+    wrap: Option<ClientWrapper>,
+    registry: DbRegistry,
+    /// The tasks of each database started and not yet finished, removed ones included until
+    /// their tasks end. An async lock: it is held while a database starts.
+    running: tokio::sync::Mutex<HashMap<PathBuf, Running>>,
+}
+
+/// One database's own cancellation and tasks.
+struct Running {
+    token: CancellationToken,
+    tasks: TaskTracker,
+}
+
+/// What [`StoreCore::add`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Added {
+    /// The database is now replicated.
+    Started,
+    /// The path was already replicated (e.g. also configured by `path`); nothing changed.
+    AlreadyRunning,
+}
+
+impl StoreCore {
+    /// The current databases.
+    pub fn registry(&self) -> &DbRegistry {
+        &self.inner.registry
     }
 
-    /// [`Store::open`], with every replica client passed through `wrap`.
-    pub async fn open_with(
-        config: &Config,
-        wrap: Option<ClientWrapper>,
-    ) -> Result<Store, StoreError> {
-        let root = CancellationToken::new();
-        let ingest = root.child_token();
-        let tracker = TaskTracker::new();
-        let permits = Arc::new(Semaphore::new(OPEN_CONCURRENCY));
-        let metrics = Metrics::new();
-        let ctx = StartContext {
-            tracker: &tracker,
-            root: &root,
-            ingest: &ingest,
-            permits: &permits,
-            metrics: &metrics,
-            wrap: wrap.as_ref(),
-        };
-        // Databases start concurrently (listing a replica is a network round trip: thousands
-        // started one by one would take minutes); `buffered` keeps the configured order.
-        let dbs: Vec<DbHandle> = futures_util::stream::iter(&config.dbs)
-            .map(|dbc| Self::start_db(dbc, &ctx))
-            .buffered(OPEN_CONCURRENCY)
-            .try_collect()
-            .await?;
-        metrics.register_dbs(&dbs);
-        Ok(Store {
-            root,
-            ingest,
-            tracker,
-            dbs,
-            shutdown_timeout: config.shutdown_sync_timeout,
-            metrics,
-        })
+    /// Starts replicating `dbc` (replica listings first, within the open concurrency).
+    pub async fn add(&self, dbc: &DbConfig) -> Result<Added, StoreError> {
+        let core = &*self.inner;
+        let token = core.ingest.child_token();
+        let tasks = TaskTracker::new();
+        {
+            let mut running = core.running.lock().await;
+            if core.ingest.is_cancelled() {
+                return Err(StoreError::Io("shutting down".into()));
+            }
+            if let Some(prev) = running.get(&dbc.path) {
+                if !prev.token.is_cancelled() {
+                    return Ok(Added::AlreadyRunning);
+                }
+                // Removed, and maybe still draining: never two monitors on one staging dir.
+                prev.tasks.wait().await;
+            }
+            // Reserved before the (slow) start, so that starts of other databases run
+            // concurrently while a second add of this path sees it running.
+            running.insert(
+                dbc.path.clone(),
+                Running {
+                    token: token.clone(),
+                    tasks: tasks.clone(),
+                },
+            );
+        }
+        let started = self.start_db(dbc, &token, &tasks).await;
+        tasks.close();
+        match started {
+            // Removed while starting: its tasks are already stopping; never list it.
+            Ok(_) if token.is_cancelled() => Ok(Added::Started),
+            Ok(handle) => {
+                core.registry.insert(handle);
+                Ok(Added::Started)
+            }
+            Err(e) => {
+                token.cancel();
+                let mut running = core.running.lock().await;
+                if running.get(&dbc.path).is_some_and(|r| r.token == token) {
+                    running.remove(&dbc.path);
+                }
+                Err(e)
+            }
+        }
     }
 
-    async fn start_db(dbc: &DbConfig, ctx: &StartContext<'_>) -> Result<DbHandle, StoreError> {
-        let StartContext {
-            tracker,
-            root,
-            ingest,
-            permits,
-            metrics,
-            wrap,
-        } = *ctx;
+    /// Stops replicating the database at `path`: a final sync, then its uploads drain. The
+    /// other databases are not touched. Returns when its tasks are stopping, not ended.
+    pub async fn remove(&self, path: &Path) -> bool {
+        let core = &*self.inner;
+        let mut running = core.running.lock().await;
+        // Forget databases removed earlier whose tasks have all ended.
+        running.retain(|_, r| !r.token.is_cancelled() || !r.tasks.is_empty());
+        if let Some(handle) = core.registry.remove(path) {
+            let label = path.display().to_string();
+            for (name, _) in &handle.replicas {
+                core.metrics.forget_replica(&label, name);
+            }
+        }
+        match running.get(path) {
+            Some(r) if !r.token.is_cancelled() => {
+                r.token.cancel();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Spawns `fut` as a tracked long-lived task of the Store.
+    pub(crate) fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        self.inner.tracker.spawn(fut);
+    }
+
+    /// The token cancelled when the Store stops ingesting.
+    pub(crate) fn ingest(&self) -> &CancellationToken {
+        &self.inner.ingest
+    }
+
+    async fn start_db(
+        &self,
+        dbc: &DbConfig,
+        token: &CancellationToken,
+        tasks: &TaskTracker,
+    ) -> Result<DbHandle, StoreError> {
+        let core = &*self.inner;
         let db_label = dbc.path.display().to_string();
         let meta = dbc
             .meta_path
@@ -197,7 +269,7 @@ impl Store {
         let mut tip = RemoteTip::default();
         for rc in &dbc.replicas {
             let client = rc.client().map_err(StoreError::Config)?;
-            let client = match wrap {
+            let client = match &core.wrap {
                 Some(w) => w(&db_label, &rc.name, client),
                 None => client,
             };
@@ -209,10 +281,11 @@ impl Store {
                 client,
                 staging.clone(),
                 dbc.settings.heartbeat_interval,
-                metrics.replica(&db_label, &rc.name),
+                core.metrics.replica(&db_label, &rc.name),
                 maintenance_of(&dbc.settings, meta.join("tmp").join(&rc.name)),
             );
-            let _permit = permits
+            let _permit = core
+                .permits
                 .acquire()
                 .await
                 .map_err(|e| StoreError::Io(e.to_string()))?;
@@ -251,40 +324,100 @@ impl Store {
             let span =
                 tracing::info_span!("replica", db = %dbc.path.display(), replica = %r.name());
             let rx = db.subscribe();
-            let abort = root.clone();
-            tracker.spawn(tracing::Instrument::instrument(r.run(rx, abort), span));
+            let abort = core.root.clone();
+            let fut = tracing::Instrument::instrument(r.run(rx, abort), span);
+            core.tracker.spawn(tasks.track_future(fut));
         }
         let span = tracing::info_span!("db", db = %dbc.path.display());
         let monitor = monitor(
             db,
             acks,
-            ingest.clone(),
-            permits.clone(),
+            token.clone(),
+            core.permits.clone(),
             dbc.settings.monitor_interval,
             trigger,
         );
-        tracker.spawn(tracing::Instrument::instrument(monitor, span));
+        let fut = tracing::Instrument::instrument(monitor, span);
+        core.tracker.spawn(tasks.track_future(fut));
         Ok(handle)
+    }
+}
+
+impl Store {
+    /// Starts replication of every database in `config`, and the discovery of `dirs`. Replica
+    /// listings happen here (one LIST per level per replica, bounded concurrency); a replica
+    /// that cannot be listed fails the start.
+    pub async fn open(config: &Config) -> Result<Store, StoreError> {
+        Self::open_with(config, None).await
+    }
+
+    /// [`Store::open`], with every replica client passed through `wrap`.
+    pub async fn open_with(
+        config: &Config,
+        wrap: Option<ClientWrapper>,
+    ) -> Result<Store, StoreError> {
+        let root = CancellationToken::new();
+        let ingest = root.child_token();
+        let core = StoreCore {
+            inner: Arc::new(Core {
+                root,
+                ingest,
+                tracker: TaskTracker::new(),
+                permits: Arc::new(Semaphore::new(OPEN_CONCURRENCY)),
+                metrics: Metrics::new(),
+                wrap,
+                registry: DbRegistry::default(),
+                running: tokio::sync::Mutex::new(HashMap::new()),
+            }),
+        };
+        // Databases start concurrently (listing a replica is a network round trip: thousands
+        // started one by one would take minutes).
+        let _: Vec<Added> = futures_util::stream::iter(&config.dbs)
+            .map(|dbc| core.add(dbc))
+            .buffer_unordered(OPEN_CONCURRENCY)
+            .try_collect()
+            .await?;
+        core.inner.metrics.register_dbs(core.registry().clone());
+        let store = Store {
+            core: core.clone(),
+            shutdown_timeout: config.shutdown_sync_timeout,
+        };
+        for dir in &config.dirs {
+            let discovery = Discovery::new(dir.clone()).map_err(StoreError::Config)?;
+            // Failures here would stop the start half-way: let the shutdown reap what started.
+            if let Err(e) = discovery.start(&core).await {
+                store.core.inner.root.cancel();
+                store.core.inner.ingest.cancel();
+                return Err(e);
+            }
+        }
+        Ok(store)
     }
 
     /// The metrics of every database and replica.
     pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+        &self.core.inner.metrics
     }
 
-    /// The databases.
-    pub fn dbs(&self) -> &[DbHandle] {
-        &self.dbs
+    /// The current databases.
+    pub fn registry(&self) -> &DbRegistry {
+        self.core.registry()
+    }
+
+    /// A snapshot of the current databases.
+    pub fn dbs(&self) -> Arc<Vec<DbHandle>> {
+        self.core.registry().snapshot()
     }
 
     /// Stops ingesting, drains uploads within the timeout, and returns when every task ended.
     /// `abort` (a second signal) cuts the drain short.
     pub async fn shutdown(self, abort: impl Future<Output = ()>) {
-        self.ingest.cancel();
-        self.tracker.close();
+        let core = &*self.core.inner;
+        core.ingest.cancel();
+        core.tracker.close();
         let started = Instant::now();
         tokio::select! {
-            _ = self.tracker.wait() => {
+            _ = core.tracker.wait() => {
                 tracing::info!(elapsed = ?started.elapsed(), "shutdown complete: every segment uploaded");
                 return;
             }
@@ -295,8 +428,8 @@ impl Store {
                 tracing::warn!("second signal: aborting the shutdown sync; segments stay staged for the next start");
             }
         }
-        self.root.cancel();
-        self.tracker.wait().await;
+        core.root.cancel();
+        core.tracker.wait().await;
     }
 }
 

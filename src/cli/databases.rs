@@ -1,4 +1,5 @@
-//! `replicad databases`: lists configured databases and their replicas.
+//! `replicad databases`: lists configured databases and their replicas, with the databases
+//! that `dir` entries find now ([`crate::discovery`]).
 
 use std::path::PathBuf;
 
@@ -6,6 +7,7 @@ use clap::Args;
 
 use super::CliError;
 use crate::config::Config;
+use crate::discovery::Discovery;
 
 /// Arguments of `replicad databases`.
 #[derive(Debug, Args)]
@@ -23,8 +25,19 @@ pub struct DatabasesArgs {
 
 /// Runs `replicad databases`.
 pub async fn run(args: DatabasesArgs) -> Result<(), CliError> {
-    let config = Config::load(&args.config, !args.no_expand_env)
+    let mut config = Config::load(&args.config, !args.no_expand_env)
         .map_err(|e| CliError::Usage(e.to_string()))?;
+    for dir in &config.dirs {
+        let discovery = Discovery::new(dir.clone()).map_err(CliError::Usage)?;
+        for path in discovery.scan() {
+            if config.dbs.iter().any(|d| d.path == path) {
+                continue;
+            }
+            if let Ok(rel) = path.strip_prefix(&dir.dir) {
+                config.dbs.push(dir.db(rel));
+            }
+        }
+    }
     if args.json {
         let rows: Vec<_> = config
             .dbs

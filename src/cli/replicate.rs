@@ -88,8 +88,14 @@ impl ReplicateArgs {
     /// The configuration these arguments describe.
     pub fn load_config(&self) -> Result<Config, CliError> {
         let mut config = match (&self.config, &self.db) {
-            (Some(path), None) => Config::load(path, !self.no_expand_env)
-                .map_err(|e| CliError::Usage(e.to_string()))?,
+            (Some(path), None) => {
+                let config = Config::load(path, !self.no_expand_env)
+                    .map_err(|e| CliError::Usage(e.to_string()))?;
+                config
+                    .check_dirs()
+                    .map_err(|e| CliError::Usage(format!("config {}: {e}", path.display())))?;
+                config
+            }
             (None, Some(db)) => {
                 if self.replicas.is_empty() {
                     return Err(CliError::Usage(
@@ -109,6 +115,9 @@ impl ReplicateArgs {
         };
         for db in &mut config.dbs {
             self.overrides(&mut db.settings);
+        }
+        for dir in &mut config.dirs {
+            self.overrides(&mut dir.settings);
         }
         if let Some(t) = self.shutdown_sync_timeout {
             config.shutdown_sync_timeout = t;
@@ -165,7 +174,7 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
         tracing::info!(path = %config.socket.path.display(), "control socket: POST /sync");
         tokio::spawn(control::serve(
             l,
-            store.dbs().to_vec(),
+            store.registry().clone(),
             control_stop.clone(),
         ))
     });
@@ -177,11 +186,11 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
         let status = http::Status::new(&store, config.max_lag);
         tokio::spawn(http::serve(l, status, http_stop.clone()))
     });
-    for db in store.dbs() {
+    for db in store.registry().snapshot().iter() {
         let replicas: Vec<&str> = db.replicas.iter().map(|(n, _)| n.as_str()).collect();
         tracing::info!(db = %db.path.display(), ?replicas, "replicating");
     }
-    let notify = Notify::start(store.dbs().to_vec());
+    let notify = Notify::start(store.registry().clone());
     let mut failure = None;
     let code = match &config.exec {
         None => {

@@ -76,7 +76,11 @@ pub fn source(
     };
     let config =
         Config::load(config_path, expand_env).map_err(|e| CliError::Usage(e.to_string()))?;
-    let db = config.find_db(Path::new(arg)).ok_or_else(|| {
+    let db = config
+        .find_db(Path::new(arg))
+        .cloned()
+        .or_else(|| config.find_discovered(Path::new(arg)));
+    let db = db.ok_or_else(|| {
         CliError::Usage(format!(
             "database {arg} is not in {}",
             config_path.display()
@@ -100,5 +104,5 @@ pub fn source(
         .client()
         .map_err(|e| CliError::Usage(format!("replica {}: {e}", replica.name)))?
         .with_age(Arc::new(keys));
-    Ok((client, Some(db.clone())))
+    Ok((client, Some(db)))
 }

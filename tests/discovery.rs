@@ -1,0 +1,357 @@
+//! Directory discovery (`dbs: [{dir: ..., pattern, recursive, watch}]`) with the real binary:
+//! databases created and deleted under a watched directory while the daemon runs are added
+//! and removed without a restart, each replicated under its relative path; the others go on.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::http::{free_port, parse_response};
+use common::{
+    Daemon, TestDir, WAIT, Writer, bin, content_hash, listing, max_replica_txid, restore_ok, s,
+    seed, spawn_replicate, wait_for_txid,
+};
+
+/// `GET /status` on 127.0.0.1:`port`, parsed.
+fn status(port: u16) -> serde_json::Value {
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(b"GET /status HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).unwrap();
+    let (code, body) = parse_response(&raw);
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// The database paths `/status` lists, sorted.
+fn listed(port: u16) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = status(port)["databases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| PathBuf::from(d["path"].as_str().unwrap()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Polls `cond` until it holds; fails with the daemon's log after [`WAIT`].
+fn wait_until(d: &Daemon, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; log:\n{}",
+            d.log_text()
+        );
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until `/status` shows `db` synced with every replica at its TXID, then returns it.
+fn caught_up(d: &Daemon, port: u16, db: &Path) -> u64 {
+    let mut txid = 0;
+    wait_until(d, &format!("{} caught up", db.display()), || {
+        let st = status(port);
+        let Some(e) = st["databases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["path"].as_str() == Some(s(db)))
+        else {
+            return false;
+        };
+        txid = e["txid"].as_u64().unwrap();
+        txid > 0
+            && e["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["remote_txid"].as_u64() == Some(txid))
+    });
+    txid
+}
+
+fn config(dir: &Path, data: &Path, replica: &Path, port: u16, watch: bool) -> PathBuf {
+    let path = dir.join("replicad.yml");
+    std::fs::write(
+        &path,
+        format!(
+            "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\ndbs:\n  - dir: {}\n    \
+             pattern: \"*.db\"\n    recursive: true\n    watch: {watch}\n    replica:\n      \
+             url: {}\n",
+            data.display(),
+            replica.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn remove_db(db: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let p = PathBuf::from(format!("{}{suffix}", db.display()));
+        if p.exists() {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+}
+
+#[test]
+fn watched_directory_adds_and_removes_databases_at_run_time() {
+    let seed = seed("discovery_watch");
+    let t = TestDir::new("discovery-watch");
+    let data = t.join("data");
+    let replica = t.join("replica");
+    std::fs::create_dir_all(data.join("sub")).unwrap();
+    let (a, b, c) = (
+        data.join("a.db"),
+        data.join("sub/b.db"),
+        data.join("later/c.db"),
+    );
+    let mut wa = Writer::open(&a, seed);
+    let mut wb = Writer::open(&b, seed + 1);
+    wa.run(10);
+    wb.run(10);
+    // Matches the pattern but is no database: ignored, whatever its name says.
+    std::fs::write(
+        data.join("notes.db"),
+        "not a database, just text\n".repeat(4),
+    )
+    .unwrap();
+    let port = free_port();
+    let cfg = config(t.path(), &data, &replica, port, true);
+    let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
+
+    wait_until(&d, "both databases listed", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            && listed(port) == [a.clone(), b.clone()]
+    });
+    caught_up(&d, port, &a);
+    caught_up(&d, port, &b);
+
+    // A third database, in a directory created while the daemon runs.
+    std::fs::create_dir_all(c.parent().unwrap()).unwrap();
+    let mut wc = Writer::open(&c, seed + 2);
+    wait_until(&d, "c.db discovered", || listed(port).contains(&c));
+    for _ in 0..3 {
+        wa.run(5);
+        wb.run(5);
+        wc.run(5);
+    }
+    caught_up(&d, port, &a);
+    caught_up(&d, port, &b);
+    caught_up(&d, port, &c);
+    let log = d.log_text();
+    assert!(log.contains("database discovered"), "{log}");
+    assert!(
+        !log.contains("notes.db"),
+        "a non-SQLite file was picked up:\n{log}"
+    );
+    assert!(!replica.join("notes.db").exists(), "{}", listing(&replica));
+
+    // Each is restorable from the replica under its relative path, equal to the source.
+    for (db, rel) in [(&a, "a.db"), (&b, "sub/b.db"), (&c, "later/c.db")] {
+        let out = t.join(&format!("restored-{}", rel.replace('/', "-")));
+        restore_ok(s(&replica.join(rel)), &out, None);
+        assert_eq!(content_hash(&out), content_hash(db), "{rel}");
+    }
+
+    // Delete a.db: only its replication stops.
+    let hash_a = content_hash(&a);
+    drop(wa);
+    remove_db(&a);
+    wait_until(&d, "a.db removed", || !listed(port).contains(&a));
+    wait_until(&d, "the removal logged", || {
+        d.log_text()
+            .lines()
+            .any(|l| l.contains("database removed") && l.contains(s(&a)))
+    });
+    // Its drain (if any) is over once the replica stays still for a while.
+    common::wait_stable_txid(&replica.join("a.db"), 1, Duration::from_millis(500), WAIT)
+        .expect("a.db's replica settles");
+    let a_files = listing(&replica.join("a.db"));
+
+    let (b_before, c_before) = (
+        max_replica_txid(&replica.join("sub/b.db")),
+        max_replica_txid(&replica.join("later/c.db")),
+    );
+    wb.run(10);
+    wc.run(10);
+    let tb = caught_up(&d, port, &b);
+    let tc = caught_up(&d, port, &c);
+    assert!(
+        tb > b_before && tc > c_before,
+        "{tb} {b_before} {tc} {c_before}"
+    );
+    assert!(wait_for_txid(&replica.join("sub/b.db"), tb, WAIT));
+    assert!(wait_for_txid(&replica.join("later/c.db"), tc, WAIT));
+    let mut others = vec![b.clone(), c.clone()];
+    others.sort();
+    assert_eq!(listed(port), others);
+    assert_eq!(
+        listing(&replica.join("a.db")),
+        a_files,
+        "the removed database got new files"
+    );
+    let discovered = d.log_text();
+    let n = discovered
+        .lines()
+        .filter(|l| l.contains("database discovered"))
+        .count();
+    assert_eq!(n, 3, "{discovered}");
+
+    drop(wb);
+    drop(wc);
+    d.stop_ok();
+    let out = t.join("restored-a-after");
+    restore_ok(s(&replica.join("a.db")), &out, None);
+    assert_eq!(content_hash(&out), hash_a);
+    for (db, rel) in [(&b, "sub/b.db"), (&c, "later/c.db")] {
+        let out = t.join(&format!("final-{}", rel.replace('/', "-")));
+        restore_ok(s(&replica.join(rel)), &out, None);
+        assert_eq!(content_hash(&out), content_hash(db), "{rel}");
+    }
+    // `--config F DB_PATH` finds a discovered database's replica too.
+    let out = t.join("via-config");
+    let o = Command::new(bin())
+        .args(["restore", "--config", s(&cfg), "--to", s(&out), s(&c)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(content_hash(&out), content_hash(&c));
+    let o = Command::new(bin())
+        .args(["databases", "--config", s(&cfg)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}");
+    assert!(text.contains(s(&b)) && text.contains(s(&c)), "{text}");
+    assert!(
+        !text.contains("notes.db") && !text.contains(s(&a)),
+        "{text}"
+    );
+}
+
+#[test]
+fn without_watch_only_the_databases_present_at_start_are_replicated() {
+    let seed = seed("discovery_nowatch");
+    let t = TestDir::new("discovery-nowatch");
+    let data = t.join("data");
+    let replica = t.join("replica");
+    std::fs::create_dir_all(&data).unwrap();
+    let a = data.join("a.db");
+    let mut wa = Writer::open(&a, seed);
+    wa.run(5);
+    let port = free_port();
+    let cfg = config(t.path(), &data, &replica, port, false);
+    let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
+    wait_until(&d, "listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    caught_up(&d, port, &a);
+    let b = data.join("b.db");
+    let mut wb = Writer::open(&b, seed + 1);
+    wb.run(5);
+    wa.run(5);
+    let ta = caught_up(&d, port, &a);
+    // Many monitor intervals later, b.db is still not replicated.
+    sleep(Duration::from_secs(1));
+    assert_eq!(listed(port), vec![a.clone()]);
+    assert!(!replica.join("b.db").exists(), "{}", listing(&replica));
+    assert!(ta > 0);
+    drop(wa);
+    d.stop_ok();
+    let out = t.join("restored");
+    restore_ok(s(&replica.join("a.db")), &out, None);
+    assert_eq!(content_hash(&out), content_hash(&a));
+}
+
+#[test]
+fn discovery_config_errors_exit_2() {
+    let t = TestDir::new("discovery-config");
+    let data = t.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let run = |name: &str, text: String| {
+        let path = t.join(name);
+        std::fs::write(&path, text).unwrap();
+        Command::new(bin())
+            .args(["replicate", "-c", s(&path)])
+            .output()
+            .unwrap()
+    };
+    let both = run(
+        "both.yml",
+        format!(
+            "dbs:\n  - path: {}/x.db\n    dir: {}\n    replica:\n      url: {}\n",
+            data.display(),
+            data.display(),
+            t.join("r").display()
+        ),
+    );
+    let err = String::from_utf8_lossy(&both.stderr);
+    assert_eq!(both.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`path` and `dir` are mutually exclusive"),
+        "{err}"
+    );
+    assert!(err.contains("line 3"), "{err}");
+
+    let missing = data.join("nope");
+    let gone = run(
+        "missing.yml",
+        format!(
+            "dbs:\n  - dir: {}\n    replica:\n      url: {}\n",
+            missing.display(),
+            t.join("r").display()
+        ),
+    );
+    let err = String::from_utf8_lossy(&gone.stderr);
+    assert_eq!(gone.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("dir {}: ", missing.display())),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_database_deleted_then_created_again_is_replicated_again() {
+    let seed = seed("discovery_recreate");
+    let t = TestDir::new("discovery-recreate");
+    let data = t.join("data");
+    let replica = t.join("replica");
+    std::fs::create_dir_all(&data).unwrap();
+    let a = data.join("a.db");
+    let mut wa = Writer::open(&a, seed);
+    wa.run(5);
+    let port = free_port();
+    let cfg = config(t.path(), &data, &replica, port, true);
+    let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
+    wait_until(&d, "listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let first = caught_up(&d, port, &a);
+    drop(wa);
+    remove_db(&a);
+    wait_until(&d, "a.db removed", || !listed(port).contains(&a));
+
+    // Same path, a different database: it is picked up again and its new content replicated.
+    let mut wa = Writer::open(&a, seed + 7);
+    wa.run(8);
+    wait_until(&d, "a.db discovered again", || listed(port).contains(&a));
+    let again = caught_up(&d, port, &a);
+    assert!(
+        again > first,
+        "TXIDs go on after the old chain: {again} <= {first}"
+    );
+    drop(wa);
+    d.stop_ok();
+    let out = t.join("restored");
+    restore_ok(s(&replica.join("a.db")), &out, None);
+    assert_eq!(content_hash(&out), content_hash(&a));
+}
