@@ -412,3 +412,64 @@ fn two_databases_on_one_replica_path_is_a_config_error() {
         }
     }
 }
+
+/// A replica whose lease another instance took while this one ran (say, after this host was
+/// paused for longer than the TTL) stops uploading at its next round, says so, fails
+/// `/readyz`, and leaves the other's lease alone on shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_lease_was_taken_stops_uploading_and_is_not_ready() {
+    use replicad::config::{Config, DbSettings};
+    use std::sync::atomic::Ordering;
+
+    let dir = TestDir::new("single-writer-lost");
+    let db = dir.join("app.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+        .unwrap();
+    let target = Target::file(&dir);
+    let settings = DbSettings {
+        monitor_interval: Duration::from_millis(20),
+        heartbeat_interval: Duration::from_millis(50),
+        ..DbSettings::default()
+    };
+    let config =
+        Config::single(db.clone(), &[s(&dir.join("replica")).to_string()], settings).unwrap();
+    let store = replicad::store::Store::open(&config).await.unwrap();
+    let h = store.dbs()[0].clone();
+    let stats = h.replicas[0].1.clone();
+    let deadline = Instant::now() + WAIT;
+    while stats.remote_txid.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "nothing uploaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let uploaded = target.l0_ranges();
+    assert!(replicad::http::readiness(store.dbs(), Duration::from_secs(60), 0).is_ok());
+
+    let foreign = r#"{"instance":"other","host":"elsewhere","pid":4242,"db":"/other/app.db","ttl_ms":600000,"refreshed_ms":0,"version":"x"}"#;
+    std::fs::write(target.lease_path(), foreign).unwrap();
+    conn.execute("INSERT INTO t VALUES (2)", []).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !stats.lease_lost.load(Ordering::Relaxed) {
+        assert!(Instant::now() < deadline, "the lost lease went unnoticed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // More commits: none reaches the replica.
+    conn.execute("INSERT INTO t VALUES (3)", []).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        target.l0_ranges(),
+        uploaded,
+        "uploaded after losing the lease"
+    );
+    let reasons = replicad::http::readiness(store.dbs(), Duration::from_secs(60), 0).unwrap_err();
+    assert!(
+        reasons.iter().any(|r| r.contains("single-writer lease")),
+        "{reasons:?}"
+    );
+    store.shutdown(std::future::pending()).await;
+    assert_eq!(
+        std::fs::read_to_string(target.lease_path()).unwrap(),
+        foreign,
+        "shutdown removed or rewrote another instance's lease"
+    );
+}
