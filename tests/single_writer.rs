@@ -20,7 +20,10 @@ use common::{
 /// Where the two daemons replicate to.
 enum Target {
     File(PathBuf),
-    S3 { server: S3Server, prefix: String },
+    S3 {
+        server: Box<S3Server>,
+        prefix: String,
+    },
 }
 
 impl Target {
@@ -36,7 +39,7 @@ impl Target {
             return None;
         }
         Some(Target::S3 {
-            server,
+            server: Box::new(server),
             prefix: "shared/app.db".into(),
         })
     }
