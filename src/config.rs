@@ -2651,6 +2651,23 @@ mod tests {
     const MINIMAL: &str = "dbs:\n  - path: /data/a.db\n    replica:\n      url: file:///backup/a\n";
 
     #[test]
+    fn lease_ttl_is_a_setting_of_at_least_one_second() {
+        let c = parse(&format!("lease-ttl: 2s\n{MINIMAL}    lease-ttl: 90s\n")).unwrap();
+        assert_eq!(c.dbs[0].settings.lease_ttl, Duration::from_secs(90));
+        let c = parse(&format!("lease-ttl: 2s\n{MINIMAL}")).unwrap();
+        assert_eq!(c.dbs[0].settings.lease_ttl, Duration::from_secs(2));
+        assert_eq!(
+            parse(MINIMAL).unwrap().dbs[0].settings.lease_ttl,
+            crate::lease::DEFAULT_LEASE_TTL
+        );
+        assert_fail(
+            &format!("lease-ttl: 500ms\n{MINIMAL}"),
+            1,
+            &["must be at least 1s", "key `lease-ttl`"],
+        );
+    }
+
+    #[test]
     fn defaults() {
         let c = parse(MINIMAL).unwrap();
         assert_eq!(c.shutdown_sync_timeout, Duration::from_secs(30));
