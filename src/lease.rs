@@ -131,6 +131,12 @@ impl LeaseError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, LeaseError::Storage { error, .. } if error.is_retryable())
     }
+
+    /// True if another writer is involved (held, lost or foreign lease), as opposed to a
+    /// failure to reach the replica, which is retried like any upload failure.
+    pub fn is_conflict(&self) -> bool {
+        !matches!(self, LeaseError::Storage { .. })
+    }
 }
 
 /// Random id of this process, shared by all its leases.

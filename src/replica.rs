@@ -324,7 +324,7 @@ impl Replica {
                     }
                     None
                 }
-                Err(RoundError::Lease(e)) if !e.is_retryable() => {
+                Err(RoundError::Lease(e)) if e.is_conflict() => {
                     self.lease_lost(&e);
                     return;
                 }
@@ -345,10 +345,13 @@ impl Replica {
                     _ = self.maintain(&mut schedule) => {}
                 }
             }
-            let wait = retry
-                .unwrap_or(self.heartbeat)
-                .min(schedule.until_next(Instant::now()))
-                .min(self.lease.refresh_in());
+            // While retrying, the backoff alone paces requests (a failed refresh leaves the
+            // lease due, which must not turn into a busy loop).
+            let wait = match retry {
+                Some(delay) => delay,
+                None => self.heartbeat.min(self.lease.refresh_in()),
+            }
+            .min(schedule.until_next(Instant::now()));
             tokio::select! {
                 _ = abort.cancelled() => return,
                 _ = pos_rx.changed(), if retry.is_none() && !closed => {}
