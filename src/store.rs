@@ -196,7 +196,7 @@ impl Store {
         // Every replica's lease comes first, before anything local or remote is touched: a
         // second daemon for this database must not clean up the first one's staging or
         // build files, and what is listed below is then ours alone to extend.
-        let mut leased = Vec::with_capacity(dbc.replicas.len());
+        let mut leased: Vec<(_, AnyClient, _, Lease)> = Vec::with_capacity(dbc.replicas.len());
         for rc in &dbc.replicas {
             let client = rc.client().map_err(StoreError::Config)?;
             let client = match wrap {
@@ -209,16 +209,21 @@ impl Store {
                 .acquire()
                 .await
                 .map_err(|e| StoreError::Io(e.to_string()))?;
-            lease
+            if let Err(e) = lease
                 .acquire_with_retries(&counters, STARTUP_LEASE_ATTEMPTS)
                 .await
-                .map_err(|e| {
-                    StoreError::Lease(format!(
-                        "replica {} of {}: {e}",
-                        rc.name,
-                        dbc.path.display()
-                    ))
-                })?;
+            {
+                // Hand back what this database already took: the other instance may need
+                // those replicas too.
+                for (_, _, counters, mut lease) in leased {
+                    lease.release(&counters).await;
+                }
+                return Err(StoreError::Lease(format!(
+                    "replica {} of {}: {e}",
+                    rc.name,
+                    dbc.path.display()
+                )));
+            }
             leased.push((rc, client, counters, lease));
         }
         let staging_dir = meta.join("ltx").join("0");

@@ -476,3 +476,44 @@ async fn a_replica_whose_lease_was_taken_stops_uploading_and_is_not_ready() {
         "shutdown removed or rewrote another instance's lease"
     );
 }
+
+/// A refused start hands back the leases it already took: a database with a free replica
+/// and a held one leaves no lease on the free one.
+#[test]
+fn a_refused_start_releases_the_leases_it_took() {
+    let dir = TestDir::new("single-writer-partial");
+    let a_db = dir.join("a.db");
+    let b_db = dir.join("b.db");
+    let mut wa = Writer::open(&a_db, 1);
+    wa.run(5);
+    let mut wb = Writer::open(&b_db, 2);
+    wb.run(5);
+    let held = Target::File(dir.join("held"));
+    let free = dir.join("free");
+    let a = start(&dir, &config(&dir, "a", &a_db, &held, "30s"));
+    held.wait_for_upload(&dir);
+    let b_cfg = dir.join("b.yml");
+    std::fs::write(
+        &b_cfg,
+        format!(
+            "monitor-interval: 50ms\ndbs:\n  - path: {}\n    replicas:\n      - url: {}\n      - url: {}\n",
+            b_db.display(),
+            free.display(),
+            dir.join("held").display()
+        ),
+    )
+    .unwrap();
+    assert_refused(&dir, &b_cfg, &held, a.pid(), &a_db);
+    assert!(
+        !free.join("replicad.lease").exists(),
+        "a refused start left its lease on the free replica"
+    );
+    assert!(
+        std::fs::read_dir(&free).map_or(true, |mut d| d.all(|e| {
+            let name = e.unwrap().file_name();
+            name != "ltx"
+        })),
+        "a refused start wrote to the free replica"
+    );
+    a.stop_ok();
+}
