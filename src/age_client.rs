@@ -89,6 +89,18 @@ impl AgeClient {
         Box::pin(c.list(level))
     }
 
+    fn plain_read_aux<'a>(&'a self, name: &'a str) -> BoxFut<'a, Option<Vec<u8>>> {
+        Box::pin(self.plain.read_aux(name))
+    }
+
+    fn plain_write_aux<'a>(&'a self, name: &'a str, data: Vec<u8>) -> BoxFut<'a, ()> {
+        Box::pin(self.plain.write_aux(name, data))
+    }
+
+    fn plain_delete_aux<'a>(&'a self, name: &'a str) -> BoxFut<'a, ()> {
+        Box::pin(self.plain.delete_aux(name))
+    }
+
     fn list_all_view(&self, sealed: bool) -> BoxFut<'_, Vec<LtxFileInfo>> {
         let c = if sealed { &self.sealed } else { &self.plain };
         Box::pin(c.list_all())
@@ -350,6 +362,19 @@ impl ReplicaClient for AgeClient {
         all.sort_by_key(|f| (f.min_txid, f.max_txid, f.encrypted != preferred));
         all.dedup_by_key(|f| (f.min_txid, f.max_txid));
         Ok(all)
+    }
+
+    /// Auxiliary objects (the single-writer lease) are plain, whatever the replica's files.
+    async fn read_aux(&self, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        self.plain_read_aux(name).await
+    }
+
+    async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
+        self.plain_write_aux(name, data).await
+    }
+
+    async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
+        self.plain_delete_aux(name).await
     }
 
     async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {

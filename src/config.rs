@@ -47,7 +47,8 @@
 //! - Every error names the file, the key and the line when they are known:
 //!   `config /etc/replicad.yml: line 7: unknown key `retention-foo` in dbs[0] (...)`.
 //! - Setting keys (`monitor-interval`, `checkpoint-interval`, `min-checkpoint-page-count`,
-//!   `truncate-page-n`, `full-verify-interval`, `compression`, `heartbeat-interval`) may appear
+//!   `truncate-page-n`, `full-verify-interval`, `compression`, `heartbeat-interval`,
+//!   `verify-interval`, `lease-ttl`) may appear
 //!   at the top level and in each database; the effective value is the database's key, else the
 //!   top-level key, else the default ([`DbSettings::default`]).
 //! - Compaction, snapshot and retention keys are **top level only, as in Litestream** (one
@@ -387,6 +388,10 @@ pub struct DbSettings {
     pub compression: Codec,
     /// Key `heartbeat-interval` (default 60s, must be > 0): idle heartbeat of upload tasks.
     pub heartbeat_interval: Duration,
+    /// Key `lease-ttl` (default 10m, at least 1s): how long the single-writer lease on each
+    /// replica stays valid without a refresh ([`crate::lease`]); it is refreshed every half
+    /// of it. Another instance takes over a replica whose lease is older than this.
+    pub lease_ttl: Duration,
     /// Key `levels` (top level only; default 30s, 5m, 1h): the compaction intervals of levels
     /// L1..Ln, `levels[0]` being L1. Every `levels[i]`, the files of the level below are
     /// compacted into one file of level i+1. 1 to [`MAX_LEVELS`] entries, each > 0.
@@ -420,6 +425,7 @@ impl Default for DbSettings {
             full_verify_interval: Duration::from_secs(60),
             compression: Codec::Zstd(crate::ltx::codec::DEFAULT_ZSTD_LEVEL),
             heartbeat_interval: Duration::from_secs(60),
+            lease_ttl: crate::lease::DEFAULT_LEASE_TTL,
             levels: DEFAULT_LEVELS.to_vec(),
             snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
             snapshot_retention: DEFAULT_SNAPSHOT_RETENTION,
@@ -447,6 +453,9 @@ impl DbSettings {
             if value.is_zero() {
                 return Err(format!("{key} must be greater than zero"));
             }
+        }
+        if self.lease_ttl < crate::lease::MIN_LEASE_TTL {
+            return Err("lease-ttl must be at least 1s".into());
         }
         if self.levels.is_empty() {
             return Err(EMPTY_LEVELS.into());
@@ -936,7 +945,7 @@ fn file_url(path: &Path) -> String {
 // ---------------------------------------------------------------------------------------------
 // YAML reading.
 
-const SETTING_KEYS: [&str; 8] = [
+const SETTING_KEYS: [&str; 9] = [
     "monitor-interval",
     "checkpoint-interval",
     "min-checkpoint-page-count",
@@ -945,6 +954,7 @@ const SETTING_KEYS: [&str; 8] = [
     "compression",
     "heartbeat-interval",
     "verify-interval",
+    "lease-ttl",
 ];
 /// Keys of the top level that are errors in a database map ("top-level only").
 const TOP_ONLY_KEYS: [&str; 11] = [
@@ -981,6 +991,7 @@ const ROOT_KEYS: &[&str] = &[
     SETTING_KEYS[5],
     SETTING_KEYS[6],
     SETTING_KEYS[7],
+    SETTING_KEYS[8],
     // Global replica defaults (see `S3_GLOBAL_KEYS`).
     S3_KEYS[0],
     S3_KEYS[1],
@@ -1012,6 +1023,7 @@ const DB_KEYS: &[&str] = &[
     SETTING_KEYS[5],
     SETTING_KEYS[6],
     SETTING_KEYS[7],
+    SETTING_KEYS[8],
 ];
 /// Keys of one `levels` entry.
 const LEVEL_KEYS: &[&str] = &["interval"];
@@ -1243,6 +1255,14 @@ fn positive_duration(s: Scalar<'_>) -> Result<Duration, String> {
     Ok(d)
 }
 
+fn lease_ttl(s: Scalar<'_>) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d < crate::lease::MIN_LEASE_TTL {
+        return Err("must be at least 1s".into());
+    }
+    Ok(d)
+}
+
 fn count(s: Scalar<'_>) -> Result<u32, String> {
     match s {
         Scalar::Int(i) => {
@@ -1451,6 +1471,7 @@ struct RawSettings {
     compression: Option<Codec>,
     heartbeat_interval: Option<Duration>,
     verify_interval: Option<Duration>,
+    lease_ttl: Option<Duration>,
 }
 
 impl RawSettings {
@@ -1505,6 +1526,9 @@ impl RawSettings {
                 self.heartbeat_interval =
                     Some(map.next_value_seed(seed(ctx, key, place, &positive_duration))?)
             }
+            "lease-ttl" => {
+                self.lease_ttl = Some(map.next_value_seed(seed(ctx, key, place, &lease_ttl))?)
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -1549,6 +1573,7 @@ impl RawSettings {
                 .heartbeat_interval
                 .or(global.heartbeat_interval)
                 .unwrap_or(d.heartbeat_interval),
+            lease_ttl: self.lease_ttl.or(global.lease_ttl).unwrap_or(d.lease_ttl),
             // The top-level-only keys are set by `RawCompaction::apply`.
             ..d
         }
@@ -3030,6 +3055,23 @@ mod tests {
     }
 
     const MINIMAL: &str = "dbs:\n  - path: /data/a.db\n    replica:\n      url: file:///backup/a\n";
+
+    #[test]
+    fn lease_ttl_is_a_setting_of_at_least_one_second() {
+        let c = parse(&format!("lease-ttl: 2s\n{MINIMAL}    lease-ttl: 90s\n")).unwrap();
+        assert_eq!(c.dbs[0].settings.lease_ttl, Duration::from_secs(90));
+        let c = parse(&format!("lease-ttl: 2s\n{MINIMAL}")).unwrap();
+        assert_eq!(c.dbs[0].settings.lease_ttl, Duration::from_secs(2));
+        assert_eq!(
+            parse(MINIMAL).unwrap().dbs[0].settings.lease_ttl,
+            crate::lease::DEFAULT_LEASE_TTL
+        );
+        assert_fail(
+            &format!("lease-ttl: 500ms\n{MINIMAL}"),
+            1,
+            &["must be at least 1s", "key `lease-ttl`"],
+        );
+    }
 
     #[test]
     fn defaults() {

@@ -144,6 +144,18 @@ impl FaultyClient {
     fn inner_delete<'a>(&'a self, files: &'a [LtxFileInfo]) -> BoxFut<'a, ()> {
         Box::pin(self.inner.delete(files))
     }
+
+    fn inner_read_aux<'a>(&'a self, name: &'a str) -> BoxFut<'a, Option<Vec<u8>>> {
+        Box::pin(self.inner.read_aux(name))
+    }
+
+    fn inner_write_aux<'a>(&'a self, name: &'a str, data: Vec<u8>) -> BoxFut<'a, ()> {
+        Box::pin(self.inner.write_aux(name, data))
+    }
+
+    fn inner_delete_aux<'a>(&'a self, name: &'a str) -> BoxFut<'a, ()> {
+        Box::pin(self.inner.delete_aux(name))
+    }
 }
 
 impl ReplicaClient for FaultyClient {
@@ -200,6 +212,21 @@ impl ReplicaClient for FaultyClient {
     async fn delete(&self, files: &[LtxFileInfo]) -> Result<(), StorageError> {
         self.faults.before("delete").await?;
         self.inner_delete(files).await
+    }
+
+    async fn read_aux(&self, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        self.faults.before("get").await?;
+        self.inner_read_aux(name).await
+    }
+
+    async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
+        self.faults.before("put").await?;
+        self.inner_write_aux(name, data).await
+    }
+
+    async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
+        self.faults.before("delete").await?;
+        self.inner_delete_aux(name).await
     }
 }
 

@@ -226,6 +226,60 @@ impl ReplicaClient for FileClient {
         })
         .await
     }
+
+    async fn read_aux(&self, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        let path = self.aux_path(name)?;
+        blocking(move || match fs::read(&path) {
+            Ok(data) => Ok(Some(data)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StorageError::from_io("get", &path, e)),
+        })
+        .await
+    }
+
+    async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
+        let path = self.aux_path(name)?;
+        let root = self.root.clone();
+        blocking(move || {
+            let io = |e| StorageError::from_io("put", &path, e);
+            fsutil::create_dir_all_durable(&root).map_err(io)?;
+            let tmp = fsutil::tmp_path(&path);
+            fs::write(&tmp, &data).map_err(|e| {
+                let _ = fs::remove_file(&tmp);
+                io(e)
+            })?;
+            fsutil::publish(&tmp, &path).map_err(io)
+        })
+        .await
+    }
+
+    async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
+        let path = self.aux_path(name)?;
+        let root = self.root.clone();
+        blocking(move || {
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(StorageError::from_io("delete", &path, e)),
+            }
+            fsutil::fsync_dir(&root).map_err(|e| StorageError::from_io("delete", &root, e))
+        })
+        .await
+    }
+}
+
+impl FileClient {
+    /// Path of an auxiliary object: a plain name at the root, never a path that leaves it.
+    fn aux_path(&self, name: &str) -> Result<PathBuf, StorageError> {
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(StorageError::Permanent {
+                op: "aux",
+                key: name.to_string(),
+                reason: "not a plain file name".into(),
+            });
+        }
+        Ok(self.root.join(name))
+    }
 }
 
 /// Runs blocking file work off the reactor.

@@ -3,7 +3,8 @@
 //! - `GET /metrics`: Prometheus text exposition of the Store's registry ([`Metrics::render`]).
 //! - `GET /healthz`: `200 ok` while the process runs.
 //! - `GET /readyz`: `200 ready` when every database has completed its first sync and every
-//!   replica is within `max-lag` (see [`readiness`]); otherwise `503` with one line per thing
+//!   replica is within `max-lag` and still holds its single-writer lease (see [`readiness`]);
+//!   otherwise `503` with one line per thing
 //!   that is not ready.
 //! - `GET /status`: JSON summary for `replicad status` (see [`Status::summary`]): per database
 //!   its path, TXID, idle flag, sync and sync-error counts, and per replica its remote TXID
@@ -94,6 +95,7 @@ impl Status {
                             "remote_txid": r.remote_txid.load(Ordering::Relaxed),
                             "lag_txids": lag.txids,
                             "lag_seconds": lag.seconds,
+                            "lease_lost": r.lease_lost.load(Ordering::Relaxed),
                         })
                     })
                     .collect();
@@ -132,6 +134,12 @@ pub fn readiness(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Result<(
         }
         let pos = *d.pos.borrow();
         for (name, r) in &d.replicas {
+            if r.lease_lost.load(Ordering::Relaxed) {
+                reasons.push(format!(
+                    "db {db}: replica {name}: stopped: another instance took its single-writer lease"
+                ));
+                continue;
+            }
             let lag = replica_lag(pos, r, since_ms);
             if lag.txids > 0 && lag.seconds >= max_lag.as_secs_f64() {
                 reasons.push(format!(

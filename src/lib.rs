@@ -35,6 +35,7 @@ pub mod file_client;
 pub mod follow;
 pub mod fsutil;
 pub mod http;
+pub mod lease;
 pub mod ltx;
 pub mod maintenance;
 pub mod metrics;

@@ -10,9 +10,13 @@
 //!   listing at start and tracked in memory afterwards.
 //! - The remote position advances by one TXID per acknowledged PUT, never past a failure.
 //! - An error streak is logged once when it starts and once when it ends, not per retry.
+//! - Nothing is written before the single-writer lease ([`crate::lease`]) is acquired; each
+//!   upload round first checks it (one GET), maintenance runs only while it is fresh, and a
+//!   replica whose lease was taken stops for good (logged as an error, shown by `/readyz`).
+//!   A clean shutdown releases it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -20,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::compaction::RemoteIndex;
 use crate::db::{DbPos, RemoteTip};
+use crate::lease::{Lease, LeaseError};
 use crate::ltx::{self, TxId};
 use crate::maintenance::{self, Maintenance, Schedule};
 use crate::metrics::{PHASES, Phase, ReplicaCounters};
@@ -36,6 +41,8 @@ pub struct ReplicaStats {
     pub remote_txid: Arc<AtomicU64>,
     /// Header timestamp (ms) of the newest uploaded segment.
     pub remote_timestamp_ms: Arc<AtomicU64>,
+    /// Set when another instance took this replica's lease: the replica stopped uploading.
+    pub lease_lost: Arc<AtomicBool>,
 }
 
 impl ReplicaStats {
@@ -45,6 +52,7 @@ impl ReplicaStats {
             counters,
             remote_txid: Arc::default(),
             remote_timestamp_ms: Arc::default(),
+            lease_lost: Arc::default(),
         }
     }
 
@@ -69,10 +77,13 @@ pub struct Replica {
     heartbeat: Duration,
     index: RemoteIndex,
     maint: Maintenance,
+    lease: Lease,
 }
 
 impl Replica {
-    /// A replica named `name` of database `db` (for logs), uploading from `staging`.
+    /// A replica named `name` of database `db` (for logs), uploading from `staging`, under
+    /// `lease`, which the caller has acquired.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         name: String,
         db: String,
@@ -81,9 +92,11 @@ impl Replica {
         heartbeat: Duration,
         counters: ReplicaCounters,
         maint: Maintenance,
+        lease: Lease,
     ) -> Replica {
         let (ack_tx, _) = watch::channel(TxId(0));
         Replica {
+            lease,
             name,
             db,
             client,
@@ -291,8 +304,15 @@ impl Replica {
         Ok(())
     }
 
+    /// Stops this replica for good after its lease was taken or removed.
+    fn lease_lost(&self, e: &LeaseError) {
+        tracing::error!(db = %self.db, replica = %self.name, error = %e, remote_txid = %self.remote, "single-writer lease lost; this replica stops uploading");
+        self.stats.lease_lost.store(true, Ordering::Relaxed);
+    }
+
     /// The upload task: runs until the database's position channel closes and everything is
-    /// uploaded (a clean shutdown), or until `abort` is cancelled.
+    /// uploaded (a clean shutdown, which releases the lease), until `abort` is cancelled, or
+    /// until the lease is lost.
     pub async fn run(mut self, mut pos_rx: watch::Receiver<DbPos>, abort: CancellationToken) {
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
         let mut streak: Option<(Instant, u32)> = None;
@@ -300,9 +320,19 @@ impl Replica {
         loop {
             let target = pos_rx.borrow_and_update().txid;
             let closed = pos_rx.has_changed().is_err();
+            // An upload round checks the lease first (one GET); an idle wake-up only
+            // refreshes it when half its TTL has passed.
+            let round = async {
+                if self.remote < target {
+                    self.lease.check(&self.stats.counters).await?;
+                } else {
+                    self.lease.refresh_if_due(&self.stats.counters).await?;
+                }
+                self.upload_until(target).await.map_err(RoundError::Storage)
+            };
             let result = tokio::select! {
                 _ = abort.cancelled() => return,
-                r = self.upload_until(target) => r,
+                r = round => r,
             };
             let retry = match result {
                 Ok(()) => {
@@ -311,9 +341,14 @@ impl Replica {
                     }
                     backoff.reset();
                     if closed {
+                        self.lease.release(&self.stats.counters).await;
                         return;
                     }
                     None
+                }
+                Err(RoundError::Lease(e)) if e.is_conflict() => {
+                    self.lease_lost(&e);
+                    return;
                 }
                 Err(e) => {
                     match &mut streak {
@@ -332,9 +367,13 @@ impl Replica {
                     _ = self.maintain(&mut schedule) => {}
                 }
             }
-            let wait = retry
-                .unwrap_or(self.heartbeat)
-                .min(schedule.until_next(Instant::now()));
+            // While retrying, the backoff alone paces requests (a failed refresh leaves the
+            // lease due, which must not turn into a busy loop).
+            let wait = match retry {
+                Some(delay) => delay,
+                None => self.heartbeat.min(self.lease.refresh_in()),
+            }
+            .min(schedule.until_next(Instant::now()));
             tokio::select! {
                 _ = abort.cancelled() => return,
                 _ = pos_rx.changed(), if retry.is_none() && !closed => {}
@@ -342,4 +381,15 @@ impl Replica {
             }
         }
     }
+}
+
+/// Why an upload round failed.
+#[derive(Debug, thiserror::Error)]
+enum RoundError {
+    /// The lease check or refresh.
+    #[error("{0}")]
+    Lease(#[from] LeaseError),
+    /// An upload.
+    #[error("{0}")]
+    Storage(StorageError),
 }

@@ -7,6 +7,10 @@
 //! - `open` of a missing object is [`StorageError::NotFound`], distinct from other failures.
 //! - `delete` of a missing object succeeds.
 //! - Errors say whether a retry may help ([`StorageError::is_retryable`]).
+//! - Auxiliary objects (`read_aux`, `write_aux`, `delete_aux`) live at the replica root, beside
+//!   the level directories and outside them, so neither replicad's nor Litestream's listings
+//!   ever see them. They are small, written whole (same atomicity as `put`), and are not
+//!   immutable: the single-writer lease ([`crate::lease`]) is rewritten in place.
 //!
 //! Backends are dispatched through the [`AnyClient`] enum rather than `dyn`, so their futures
 //! stay concrete (and `Send`) without boxing every call.
@@ -181,6 +185,23 @@ pub trait ReplicaClient {
         &self,
         files: &[LtxFileInfo],
     ) -> impl Future<Output = Result<(), StorageError>> + Send;
+
+    /// Reads the auxiliary object `name` (a plain file name) at the replica root; `None`
+    /// when it does not exist.
+    fn read_aux(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, StorageError>> + Send;
+
+    /// Writes the auxiliary object `name` whole, replacing any previous one.
+    fn write_aux(
+        &self,
+        name: &str,
+        data: Vec<u8>,
+    ) -> impl Future<Output = Result<(), StorageError>> + Send;
+
+    /// Deletes the auxiliary object `name`; a missing one is not an error.
+    fn delete_aux(&self, name: &str) -> impl Future<Output = Result<(), StorageError>> + Send;
 }
 
 /// Every backend, behind one type.
@@ -393,6 +414,33 @@ impl ReplicaClient for AnyClient {
             AnyClient::S3(c) => c.delete(files).await,
             AnyClient::Faulty(c) => c.delete(files).await,
             AnyClient::Age(c) => c.delete(files).await,
+        }
+    }
+
+    async fn read_aux(&self, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        match self {
+            AnyClient::File(c) => c.read_aux(name).await,
+            AnyClient::S3(c) => c.read_aux(name).await,
+            AnyClient::Faulty(c) => c.read_aux(name).await,
+            AnyClient::Age(c) => c.read_aux(name).await,
+        }
+    }
+
+    async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
+        match self {
+            AnyClient::File(c) => c.write_aux(name, data).await,
+            AnyClient::S3(c) => c.write_aux(name, data).await,
+            AnyClient::Faulty(c) => c.write_aux(name, data).await,
+            AnyClient::Age(c) => c.write_aux(name, data).await,
+        }
+    }
+
+    async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
+        match self {
+            AnyClient::File(c) => c.delete_aux(name).await,
+            AnyClient::S3(c) => c.delete_aux(name).await,
+            AnyClient::Faulty(c) => c.delete_aux(name).await,
+            AnyClient::Age(c) => c.delete_aux(name).await,
         }
     }
 }

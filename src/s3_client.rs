@@ -955,6 +955,62 @@ impl ReplicaClient for S3Client {
         }
         Ok(())
     }
+
+    async fn read_aux(&self, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        let key = format!("{}{name}", self.prefix());
+        let body = match self.get_from(&key, 0, None).await {
+            Ok(b) => b,
+            Err(StorageError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let data = body
+            .collect()
+            .await
+            .map_err(|e| transient("get", &key, e))?;
+        Ok(Some(data.into_bytes().to_vec()))
+    }
+
+    async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
+        let key = format!("{}{name}", self.prefix());
+        let c = self.client().await?;
+        let mut req = c
+            .put_object()
+            .bucket(&self.cfg.bucket)
+            .key(&key)
+            .content_length(data.len() as i64)
+            .body(ByteStream::from(data));
+        if let Some(kms) = &self.cfg.sse_kms_key_id {
+            req = req
+                .server_side_encryption("aws:kms".into())
+                .ssekms_key_id(kms);
+        }
+        if let Some((key_b64, md5)) = self.sse_c() {
+            req = req
+                .sse_customer_algorithm("AES256")
+                .sse_customer_key(key_b64)
+                .sse_customer_key_md5(md5);
+        }
+        req.send().await.map_err(|e| classify("put", &key, e))?;
+        Ok(())
+    }
+
+    async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
+        let key = format!("{}{name}", self.prefix());
+        let c = self.client().await?;
+        match c
+            .delete_object()
+            .bucket(&self.cfg.bucket)
+            .key(&key)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => match classify("delete", &key, e) {
+                StorageError::NotFound(_) => Ok(()),
+                e => Err(e),
+            },
+        }
+    }
 }
 
 #[cfg(test)]

@@ -40,6 +40,7 @@ use crate::compaction::RetentionPolicy;
 use crate::config::{Config, DbConfig};
 use crate::db::{Db, DbError, DbPos, DbStats, RemoteTip};
 use crate::discovery::Discovery;
+use crate::lease::Lease;
 use crate::ltx::TxId;
 use crate::maintenance::Maintenance;
 use crate::metrics::Metrics;
@@ -52,6 +53,8 @@ use crate::staging::Staging;
 /// Databases opened (replica listings, first sync) at the same time: thousands of databases
 /// must start without a thundering herd on the disk and the object store.
 const OPEN_CONCURRENCY: usize = 16;
+/// Attempts at taking a replica's lease when the replica fails transiently (about 30 s).
+const STARTUP_LEASE_ATTEMPTS: u32 = 10;
 
 /// What the outside world can see of one database.
 #[derive(Clone)]
@@ -129,6 +132,10 @@ pub enum StoreError {
     /// A local directory could not be prepared.
     #[error("{0}")]
     Io(String),
+    /// Another instance writes a replica (its single-writer lease is held), or the lease
+    /// could not be taken.
+    #[error("{0}")]
+    Lease(String),
 }
 
 /// The part of the Store that adds and removes databases while it runs (cheap to clone).
@@ -198,7 +205,9 @@ impl StoreCore {
                 },
             );
         }
-        let started = self.start_db(dbc, &token, &tasks).await;
+        // Boxed: a start nests leases, listings and every client wrapper; unboxed, the
+        // layout of the futures that await it exceeds the compiler's type query depth.
+        let started = Box::pin(self.start_db(dbc, &token, &tasks)).await;
         tasks.close();
         match started {
             // Removed while starting: its tasks are already stopping; never list it.
@@ -262,11 +271,10 @@ impl StoreCore {
             .meta_path
             .clone()
             .unwrap_or_else(|| crate::db::default_meta_path(&dbc.path));
-        let staging_dir = meta.join("ltx").join("0");
-        let staging = Staging::open(staging_dir.clone())
-            .map_err(|e| StoreError::Io(format!("open staging {}: {e}", staging_dir.display())))?;
-        let mut replicas = Vec::new();
-        let mut tip = RemoteTip::default();
+        // Every replica's lease comes first, before anything local or remote is touched: a
+        // second daemon for this database must not clean up the first one's staging or
+        // build files, and what is listed below is then ours alone to extend.
+        let mut leased: Vec<(_, AnyClient, _, Lease)> = Vec::with_capacity(dbc.replicas.len());
         for rc in &dbc.replicas {
             let client = rc.client().map_err(StoreError::Config)?;
             let client = match &core.wrap {
@@ -275,14 +283,45 @@ impl StoreCore {
             };
             // Every replica sees both plain and `.age` names, so a switch is never silent.
             let client = client.with_age(rc.age.clone().unwrap_or_default());
+            let counters = core.metrics.replica(&db_label, &rc.name);
+            let mut lease = Lease::new(client.clone(), &db_label, dbc.settings.lease_ttl);
+            let _permit = core
+                .permits
+                .acquire()
+                .await
+                .map_err(|e| StoreError::Io(e.to_string()))?;
+            if let Err(e) = lease
+                .acquire_with_retries(&counters, STARTUP_LEASE_ATTEMPTS)
+                .await
+            {
+                // Hand back what this database already took: the other instance may need
+                // those replicas too.
+                for (_, _, counters, mut lease) in leased {
+                    lease.release(&counters).await;
+                }
+                return Err(StoreError::Lease(format!(
+                    "replica {} of {}: {e}",
+                    rc.name,
+                    dbc.path.display()
+                )));
+            }
+            leased.push((rc, client, counters, lease));
+        }
+        let staging_dir = meta.join("ltx").join("0");
+        let staging = Staging::open(staging_dir.clone())
+            .map_err(|e| StoreError::Io(format!("open staging {}: {e}", staging_dir.display())))?;
+        let mut replicas = Vec::new();
+        let mut tip = RemoteTip::default();
+        for (rc, client, counters, lease) in leased {
             let mut r = Replica::new(
                 rc.name.clone(),
                 db_label.clone(),
                 client,
                 staging.clone(),
                 dbc.settings.heartbeat_interval,
-                core.metrics.replica(&db_label, &rc.name),
+                counters,
                 maintenance_of(&dbc.settings, meta.join("tmp").join(&rc.name)),
+                lease,
             );
             let _permit = core
                 .permits

@@ -479,6 +479,7 @@ async fn conformance(env: &Env<'_>) {
         large_object_round_trips,
         foreign_names_are_skipped,
         many_files_list_and_delete,
+        aux_objects_round_trip_beside_the_levels,
     );
     assert!(
         failed.is_empty(),
@@ -486,6 +487,41 @@ async fn conformance(env: &Env<'_>) {
         failed.len(),
         failed.join("\n")
     );
+}
+
+/// Auxiliary objects (the single-writer lease): missing reads as `None`, a write replaces the
+/// whole object, listings never show it, delete tolerates a missing one.
+async fn aux_objects_round_trip_beside_the_levels(b: &Backend<'_>) {
+    let name = b.name();
+    let c = &b.client;
+    assert_eq!(
+        c.read_aux("replicad.lease").await.unwrap(),
+        None,
+        "{name}: missing"
+    );
+    c.write_aux("replicad.lease", b"first, longer value".to_vec())
+        .await
+        .unwrap();
+    c.write_aux("replicad.lease", b"second".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(
+        c.read_aux("replicad.lease").await.unwrap().as_deref(),
+        Some(&b"second"[..]),
+        "{name}: a rewrite replaces the whole object"
+    );
+    assert_eq!(
+        c.list_all().await.unwrap(),
+        vec![],
+        "{name}: listed an aux object"
+    );
+    c.delete_aux("replicad.lease").await.unwrap();
+    assert_eq!(
+        c.read_aux("replicad.lease").await.unwrap(),
+        None,
+        "{name}: deleted"
+    );
+    c.delete_aux("replicad.lease").await.unwrap();
 }
 
 /// An empty replica: every level lists empty.

@@ -72,6 +72,7 @@ async fn idle_case(close_app_first: bool) {
     let syncs0 = h.stats.syncs.load(Ordering::Relaxed);
     let ops0 = rstats.total_ops();
     let puts0 = rstats.counters.ops[0].get();
+    let gets0 = rstats.counters.ops[1].get();
     let window = Duration::from_millis(1500);
     tokio::time::sleep(window).await;
     let skipped = h.stats.sync_skipped.load(Ordering::Relaxed) - skipped0;
@@ -90,7 +91,8 @@ async fn idle_case(close_app_first: bool) {
     assert_eq!(rstats.total_ops(), ops0, "idle replica made client calls");
     assert!(h.stats.idle.load(Ordering::Relaxed));
 
-    // One commit costs exactly one PUT.
+    // One commit costs exactly one PUT, plus the single-writer lease check of the upload
+    // round (one GET; the lease refresh is due only after half of `lease-ttl`, 5 min).
     conn.execute("INSERT INTO t(v) VALUES ('one more')", [])
         .unwrap();
     let before = h.stats.txid.load(Ordering::Relaxed);
@@ -101,10 +103,11 @@ async fn idle_case(close_app_first: bool) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         rstats.total_ops(),
-        ops0 + 1,
-        "one commit should cost one PUT"
+        ops0 + 2,
+        "one commit should cost one lease GET and one PUT"
     );
     assert_eq!(rstats.counters.ops[0].get(), puts0 + 1);
+    assert_eq!(rstats.counters.ops[1].get(), gets0 + 1);
 
     store.shutdown(std::future::pending()).await;
 }

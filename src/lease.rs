@@ -1,0 +1,404 @@
+//! Single writer per replica: a small lease object, `replicad.lease`, at the replica root.
+//!
+//! Two daemons writing one replica (the same path from two hosts, or two databases pointed at
+//! one place) would interleave TXIDs and corrupt the chain. The lease makes that visible on the
+//! replica itself, for every backend, through [`ReplicaClient`]'s auxiliary objects: it lies
+//! beside the level directories, where neither replicad's nor Litestream's listings look.
+//!
+//! Protocol (every step is one request):
+//! - **Acquire**, before the replica is listed at start: read the lease. If another instance
+//!   holds it and refreshed it less than *its* TTL ago, refuse (the daemon exits 1 with an
+//!   error naming the holder's host, pid and database). A lease left by a previous run of the
+//!   same database on the same host whose process is gone (or whose pid is ours: a container
+//!   restart) is taken over at once; any other lease only once it is older than its TTL.
+//!   Then write ours and read it back: when two instances start together, the last writer
+//!   wins and the other sees it and refuses.
+//! - **Check**, before each upload round: read the lease (one GET) and stop if it is not ours.
+//!   An idle replica sends nothing for this.
+//! - **Refresh**, when the lease is older than half its TTL (on the upload path or on an idle
+//!   wake-up): check, then rewrite it with a new timestamp. So an idle replica costs two
+//!   requests per TTL/2 (default 10 min: two requests every 5 min).
+//! - **Release** on a clean shutdown: delete it if it is still ours.
+//!
+//! Liveness compares the holder's wall-clock timestamp with the reader's clock: hosts writing
+//! one replica need clocks within a small fraction of the TTL (NTP; S3 itself refuses requests
+//! skewed by more than 15 minutes). A lease whose timestamp lies in the future counts as live.
+//!
+//! Invariant: a replica whose lease is lost (another instance took it, or it vanished) makes
+//! no further write: its upload task stops, loudly, and `/readyz` reports it.
+//! Residual window: a check and the PUTs of its round are not atomic; an instance that was
+//! paused for longer than the TTL between its check and its PUT can still write one round
+//! after a takeover. The next check stops it.
+
+use std::fmt;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::ReplicaCounters;
+use crate::replica_client::{AnyClient, ReplicaClient, StorageError};
+
+/// Name of the lease object at the replica root.
+pub const LEASE_NAME: &str = "replicad.lease";
+/// Default lease TTL (`lease-ttl`).
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(600);
+/// Smallest accepted TTL.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(1);
+
+/// What the lease object holds (JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    /// Random id of the daemon process that holds it.
+    pub instance: String,
+    /// Host name of that process.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// The database it replicates.
+    pub db: String,
+    /// Its TTL in milliseconds: others judge its liveness by the holder's TTL, not their own.
+    pub ttl_ms: u64,
+    /// Wall-clock time of the last write, milliseconds since the epoch.
+    pub refreshed_ms: i64,
+    /// replicad version.
+    pub version: String,
+}
+
+impl fmt::Display for LeaseRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "host {} pid {} (database {}, instance {})",
+            self.host, self.pid, self.db, self.instance
+        )
+    }
+}
+
+/// Why a replica may not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// Another live instance holds the lease.
+    #[error(
+        "replica {replica} is in use by another replicad: {holder}, lease refreshed {age_s}s ago \
+         (ttl {ttl_s}s); refusing to write to it. Stop that instance, or, if it crashed, wait \
+         for its lease to expire"
+    )]
+    Held {
+        /// Replica location.
+        replica: String,
+        /// The holder.
+        holder: Box<LeaseRecord>,
+        /// Seconds since its last refresh (negative: in the future).
+        age_s: i64,
+        /// Its TTL in seconds.
+        ttl_s: u64,
+    },
+    /// Our lease was replaced or removed while we ran.
+    #[error(
+        "lost the lease of replica {replica}: it is now held by {holder}; this replica stops \
+         uploading (restart this daemon once the other instance is gone)"
+    )]
+    Lost {
+        /// Replica location.
+        replica: String,
+        /// The new holder, or a description when there is none.
+        holder: String,
+    },
+    /// The lease object exists but is not a replicad lease.
+    #[error(
+        "replica {replica} has a {LEASE_NAME} that is not a replicad lease ({reason}); remove \
+         it if no other replicad writes there"
+    )]
+    Unreadable {
+        /// Replica location.
+        replica: String,
+        /// Parse error.
+        reason: String,
+    },
+    /// The replica could not be read or written.
+    #[error("lease of replica {replica}: {error}")]
+    Storage {
+        /// Replica location.
+        replica: String,
+        /// The failure.
+        error: StorageError,
+    },
+}
+
+impl LeaseError {
+    /// True if retrying later may succeed (storage hiccups only).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, LeaseError::Storage { error, .. } if error.is_retryable())
+    }
+
+    /// True if another writer is involved (held, lost or foreign lease), as opposed to a
+    /// failure to reach the replica, which is retried like any upload failure.
+    pub fn is_conflict(&self) -> bool {
+        !matches!(self, LeaseError::Storage { .. })
+    }
+}
+
+/// Random id of this process, shared by all its leases.
+fn instance_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        use rand::RngExt;
+        let bytes: [u8; 16] = rand::rng().random();
+        hex::encode(bytes)
+    })
+}
+
+/// This host's name (`uname -n`).
+fn host_name() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// True unless the process `pid` certainly does not exist on this host.
+fn pid_alive(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    !matches!(
+        rustix::process::test_kill_process(pid),
+        Err(rustix::io::Errno::SRCH)
+    )
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// The lease of one replica, as held by this process.
+pub struct Lease {
+    client: AnyClient,
+    me: LeaseRecord,
+    ttl: Duration,
+    /// When our lease was last written (monotonic).
+    written_at: Option<Instant>,
+}
+
+impl Lease {
+    /// The lease this process would hold on `client` for database `db`.
+    pub fn new(client: AnyClient, db: &str, ttl: Duration) -> Lease {
+        Lease {
+            client,
+            me: LeaseRecord {
+                instance: instance_id().to_string(),
+                host: host_name(),
+                pid: std::process::id(),
+                db: db.to_string(),
+                ttl_ms: ttl.as_millis() as u64,
+                refreshed_ms: 0,
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            },
+            ttl,
+            written_at: None,
+        }
+    }
+
+    fn storage(&self, error: StorageError) -> LeaseError {
+        LeaseError::Storage {
+            replica: self.client.location(),
+            error,
+        }
+    }
+
+    async fn read(&self, counters: &ReplicaCounters) -> Result<Option<LeaseRecord>, LeaseError> {
+        let started = Instant::now();
+        let r = self.client.read_aux(LEASE_NAME).await;
+        counters.observe(1, started, &r);
+        match r.map_err(|e| self.storage(e))? {
+            None => Ok(None),
+            Some(bytes) => {
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| LeaseError::Unreadable {
+                        replica: self.client.location(),
+                        reason: e.to_string(),
+                    })
+            }
+        }
+    }
+
+    async fn write(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        let at = Instant::now();
+        self.me.refreshed_ms = now_ms();
+        let body = serde_json::to_vec(&self.me).expect("a lease record always serialises");
+        let r = self.client.write_aux(LEASE_NAME, body).await;
+        counters.observe(0, at, &r);
+        r.map_err(|e| self.storage(e))?;
+        self.written_at = Some(at);
+        Ok(())
+    }
+
+    fn is_mine(&self, other: &LeaseRecord) -> bool {
+        other.instance == self.me.instance && other.db == self.me.db
+    }
+
+    /// A previous run of this database on this host that is gone: safe to take over at once.
+    fn is_my_predecessor(&self, other: &LeaseRecord) -> bool {
+        other.host == self.me.host
+            && other.db == self.me.db
+            && (other.pid == self.me.pid || !pid_alive(other.pid))
+    }
+
+    /// Takes the lease (see the module docs), or says who holds it.
+    pub async fn acquire(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        let replica = self.client.location();
+        if let Some(held) = self.read(counters).await? {
+            let age_ms = now_ms() - held.refreshed_ms;
+            if self.is_mine(&held) {
+                // Our own (a retried acquire): just refresh it.
+            } else if self.is_my_predecessor(&held) {
+                tracing::info!(%replica, previous = %held, "taking over the lease of a previous run of this database on this host");
+            } else if age_ms < 0 || (age_ms as u64) < held.ttl_ms {
+                return Err(LeaseError::Held {
+                    replica,
+                    age_s: age_ms / 1000,
+                    ttl_s: held.ttl_ms / 1000,
+                    holder: Box::new(held),
+                });
+            } else {
+                tracing::warn!(%replica, previous = %held, age_s = age_ms / 1000, "taking over an expired lease");
+            }
+        }
+        self.write(counters).await?;
+        match self.read(counters).await? {
+            Some(held) if self.is_mine(&held) => {
+                tracing::info!(replica = %replica, ttl = ?self.ttl, "single-writer lease acquired");
+                Ok(())
+            }
+            Some(held) => Err(LeaseError::Held {
+                replica,
+                age_s: (now_ms() - held.refreshed_ms) / 1000,
+                ttl_s: held.ttl_ms / 1000,
+                holder: Box::new(held),
+            }),
+            None => Err(LeaseError::Lost {
+                replica,
+                holder: "nobody (the lease vanished right after it was written)".into(),
+            }),
+        }
+    }
+
+    /// [`Lease::acquire`], retrying transient storage failures with backoff (a replica that
+    /// blinks at startup must not stop the daemon); a held lease or a permanent failure
+    /// returns at once.
+    pub async fn acquire_with_retries(
+        &mut self,
+        counters: &ReplicaCounters,
+        attempts: u32,
+    ) -> Result<(), LeaseError> {
+        let mut backoff =
+            crate::retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut attempt = 1;
+        loop {
+            match self.acquire(counters).await {
+                Err(e) if e.is_retryable() && attempt < attempts => {
+                    tracing::debug!(attempt, error = %e, "taking the lease failed; retrying");
+                    attempt += 1;
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Checks that the lease is still ours (one GET), and refreshes it when due.
+    pub async fn check(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        match self.read(counters).await? {
+            Some(held) if self.is_mine(&held) => {}
+            other => {
+                return Err(LeaseError::Lost {
+                    replica: self.client.location(),
+                    holder: other.map_or_else(
+                        || "nobody: the lease object was removed".to_string(),
+                        |h| h.to_string(),
+                    ),
+                });
+            }
+        }
+        if self.refresh_in().is_zero() {
+            self.write(counters).await?;
+        }
+        Ok(())
+    }
+
+    /// Refreshes the lease if half its TTL has passed since it was written (check + write);
+    /// otherwise sends nothing.
+    pub async fn refresh_if_due(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        if self.refresh_in().is_zero() {
+            self.check(counters).await
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Time until the next refresh is due (zero: now).
+    pub fn refresh_in(&self) -> Duration {
+        match self.written_at {
+            Some(at) => (self.ttl / 2).saturating_sub(at.elapsed()),
+            None => Duration::ZERO,
+        }
+    }
+
+    /// Deletes the lease if it is still ours (clean shutdown); failures are only logged.
+    pub async fn release(&mut self, counters: &ReplicaCounters) {
+        match self.read(counters).await {
+            Ok(Some(held)) if self.is_mine(&held) => {
+                let started = Instant::now();
+                let r = self.client.delete_aux(LEASE_NAME).await;
+                counters.observe(3, started, &r);
+                match r {
+                    Ok(()) => tracing::debug!(replica = %self.client.location(), "lease released"),
+                    Err(e) => {
+                        tracing::warn!(replica = %self.client.location(), error = %e, "could not release the lease; the next start on this host takes it over, another host after the TTL")
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the lease to release it")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_pid_counts_as_alive_and_a_dead_pid_does_not() {
+        assert!(pid_alive(std::process::id()));
+        // Beyond pid_max (at most 2^22 on Linux): no such process.
+        assert!(!pid_alive(1 << 30));
+        assert!(!pid_alive(0));
+    }
+
+    #[test]
+    fn record_round_trips_as_json_and_displays_the_holder() {
+        let lease = Lease::new(
+            AnyClient::from_url("/nonexistent-replica").expect("a plain path is a valid URL"),
+            "/data/a.db",
+            DEFAULT_LEASE_TTL,
+        );
+        let json = serde_json::to_string(&lease.me).expect("serialises");
+        let back: LeaseRecord = serde_json::from_str(&json).expect("parses");
+        assert_eq!(back, lease.me);
+        let shown = back.to_string();
+        assert!(
+            shown.contains(&format!("pid {}", std::process::id())),
+            "{shown}"
+        );
+        assert!(shown.contains("/data/a.db"), "{shown}");
+        assert_eq!(lease.refresh_in(), Duration::ZERO);
+    }
+}
