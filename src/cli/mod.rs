@@ -2,6 +2,7 @@
 //! (0 ok, 1 runtime failure, 2 usage or configuration error).
 
 mod databases;
+pub mod drill;
 pub mod golang_flags;
 mod ltx;
 pub mod replicate;
