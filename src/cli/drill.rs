@@ -56,6 +56,7 @@ pub fn parse(spec: &str) -> Result<Arc<Faults>, String> {
 }
 
 /// The client wrapper of the drill described by [`ENV`], or `None` when it is unset or empty.
+/// Must run inside the Tokio runtime (it starts a task that logs the injected count).
 pub fn wrapper_from_env() -> Result<Option<ClientWrapper>, String> {
     let spec = match std::env::var(ENV) {
         Ok(s) if !s.trim().is_empty() => s,
@@ -64,6 +65,19 @@ pub fn wrapper_from_env() -> Result<Option<ClientWrapper>, String> {
     };
     let faults = parse(&spec)?;
     tracing::warn!(faults = %spec, "failure drill: every replica client injects faults");
+    // The count is logged as it grows, so that a drill killed with SIGKILL still tells.
+    let counter = faults.clone();
+    tokio::spawn(async move {
+        let mut logged = 0;
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let n = counter.injected();
+            if n != logged {
+                tracing::info!(injected = n, "failure drill: faults injected so far");
+                logged = n;
+            }
+        }
+    });
     let wrap: ClientWrapper = Arc::new(move |_db: &str, _replica: &str, client: AnyClient| {
         AnyClient::Faulty(Box::new(FaultyClient::new(client, faults.clone())))
     });
@@ -82,7 +96,7 @@ mod tests {
             "fail-rate=2",
             "fail-rate=x",
             "latency=5",
-                        "nope=1",
+            "nope=1",
             "fail-first",
         ] {
             let e = parse(bad).err().unwrap_or_else(|| panic!("{bad} accepted"));
