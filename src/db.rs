@@ -121,6 +121,9 @@ pub struct RemoteTip {
     pub txid: TxId,
     /// That file's post-apply checksum (0 if unknown or absent).
     pub post_apply_checksum: u64,
+    /// That file's page size (0 if unknown): a database with another page size must not
+    /// continue this replica's chain.
+    pub page_size: u32,
 }
 
 /// Where the last segment ended in the WAL.
@@ -383,6 +386,16 @@ impl Db {
                     .clear()
                     .map_err(io_err("clear staging", &self.staging_dir))?;
             }
+        }
+        if self.remote_tip.page_size != 0 && self.remote_tip.page_size != page_size {
+            return Err(DbError::Unsupported(format!(
+                "a replica of {} holds a database with {}-byte pages up to TXID {}, but the \
+                 database has {page_size}-byte pages: the replica belongs to another database; \
+                 give this one its own replica path (nothing is written to the replica)",
+                self.path.display(),
+                self.remote_tip.page_size,
+                self.remote_tip.txid
+            )));
         }
         if self.remote_tip.txid > self.pos {
             self.pos = self.remote_tip.txid;
