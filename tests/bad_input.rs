@@ -237,3 +237,229 @@ fn daemon_refuses_a_replica_of_a_database_with_another_page_size() {
         "A's replica no longer restores A"
     );
 }
+
+/// The default meta directory of `db` (`<dir>/.<name>-replicad`), where staging lives.
+fn meta_dir(db: &Path) -> PathBuf {
+    let name = db.file_name().unwrap().to_string_lossy();
+    db.parent().unwrap().join(format!(".{name}-replicad"))
+}
+
+#[test]
+fn staging_directory_deleted_while_running_and_missing_at_start() {
+    let seed = seed("staging_directory_deleted");
+    let dir = TestDir::new("staging-gone");
+    fs::create_dir_all(dir.join("db")).unwrap();
+    let (db, replica) = (dir.join("db/app.db"), dir.join("replica"));
+    let meta = meta_dir(&db);
+    let mut w = Writer::open(&db, seed);
+    let args = [s(&db), s(&replica), "--monitor-interval", "50ms"];
+    let mut d = spawn_replicate(dir.path(), &args);
+    w.run(15);
+    assert!(wait_for_txid(&replica, 2, WAIT), "{}", dir.logs());
+    assert!(meta.join("ltx/0").is_dir());
+
+    // Deleted while the daemon runs: it must keep going and lose no transaction.
+    fs::remove_dir_all(&meta).unwrap();
+    w.run(25);
+    assert!(
+        d.running(),
+        "daemon exited after its staging was deleted; {}",
+        dir.logs()
+    );
+    d.stop_ok();
+    let out = dir.join("restored-1.db");
+    restore_ok(s(&replica), &out, None);
+    assert_same_content(&db, &out, "after staging was deleted under the daemon");
+
+    // Missing at start.
+    fs::remove_dir_all(&meta).unwrap();
+    let mut d = spawn_replicate(dir.path(), &args);
+    w.run(15);
+    assert!(
+        d.running(),
+        "daemon exited with no staging at start; {}",
+        dir.logs()
+    );
+    d.stop_ok();
+    assert_l0_contiguous(&replica);
+    let out = dir.join("restored-2.db");
+    restore_ok(s(&replica), &out, None);
+    assert_same_content(&db, &out, "after a start without staging");
+    assert!(!dir.logs().contains("panicked"), "{}", dir.logs());
+}
+
+/// A small tmpfs mounted at a path, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// `None` when this machine cannot mount one (not root, no CAP_SYS_ADMIN).
+    fn mount(at: &Path, size: &str) -> Option<Tmpfs> {
+        fs::create_dir_all(at).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", s(at)])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Fills the file system of `dir` with `dir/filler` until a write fails.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let p = dir.join("filler");
+    let mut f = fs::File::create(&p).unwrap();
+    let chunk = vec![0xa5u8; 64 * 1024];
+    while f.write_all(&chunk).is_ok() {}
+    // Byte by byte to the last one.
+    while f.write_all(&[0]).is_ok() {}
+    let _ = f.sync_all();
+    p
+}
+
+#[test]
+fn full_disk_during_staging_keeps_the_source_and_recovers_without_loss() {
+    let seed = seed("full_disk_during_staging");
+    let dir = TestDir::new("disk-full");
+    fs::create_dir_all(dir.join("db")).unwrap();
+    let (db, replica) = (dir.join("db/app.db"), dir.join("replica"));
+    let Some(_tmpfs) = Tmpfs::mount(&meta_dir(&db), "4m") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root and must be able to mount a tmpfs"
+        );
+        eprintln!("SKIPPED: cannot mount a tmpfs here (not root?)");
+        return;
+    };
+    let mut w = Writer::open(&db, seed);
+    let mut d = spawn_replicate(
+        dir.path(),
+        &[s(&db), s(&replica), "--monitor-interval", "50ms"],
+    );
+    w.run(10);
+    assert!(wait_for_txid(&replica, 2, WAIT), "{}", dir.logs());
+    let filler = fill(&meta_dir(&db));
+
+    // The disk is full: commits go on in the source; the daemon reports and waits.
+    let before_full = max_replica_txid(&replica);
+    for _ in 0..20 {
+        w.commit_txn();
+    }
+    let deadline = Instant::now() + WAIT;
+    while !d.log_text().contains("No space left on device") {
+        assert!(
+            Instant::now() < deadline,
+            "no ENOSPC reported; {}",
+            dir.logs()
+        );
+        sleep(Duration::from_millis(50));
+    }
+    assert!(d.running(), "daemon exited on a full disk; {}", dir.logs());
+    assert!(integrity_ok(&db), "the source is damaged");
+    let source_hash = content_hash(&db);
+    sleep(Duration::from_millis(500));
+    assert_eq!(
+        content_hash(&db),
+        source_hash,
+        "the daemon changed the source"
+    );
+    assert!(
+        max_replica_txid(&replica) <= before_full + 1,
+        "segments reached the replica while staging was full"
+    );
+
+    // Space is back: the daemon catches up without losing a transaction.
+    fs::remove_file(&filler).unwrap();
+    w.run(10);
+    assert!(d.running(), "{}", dir.logs());
+    d.stop_ok();
+    assert_l0_contiguous(&replica);
+    let out = dir.join("restored.db");
+    restore_ok(s(&replica), &out, None);
+    assert_same_content(&db, &out, "after the disk was full");
+    assert!(!dir.logs().contains("panicked"), "{}", dir.logs());
+}
+
+/// The daemon is given a database it cannot read: a clear error, and neither the path nor
+/// the replica changes.
+fn assert_unreadable_db_refused(name: &str, make: impl FnOnce(&Path)) {
+    let dir = TestDir::new(name);
+    fs::create_dir_all(dir.join("db")).unwrap();
+    let (db, replica) = (dir.join("db/app.db"), dir.join("replica"));
+    make(&db);
+    let before = if db.is_dir() {
+        snapshot_tree(&db)
+    } else {
+        BTreeMap::from([(PathBuf::new(), fs::read(&db).unwrap())])
+    };
+    let mut d = spawn_replicate(
+        dir.path(),
+        &[s(&db), s(&replica), "--monitor-interval", "50ms"],
+    );
+    let exited = wait_exit_or_running(&mut d, Duration::from_secs(2));
+    let log = d.log_text();
+    if exited.is_none() {
+        d.stop();
+    }
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(
+        log.contains(s(&db)) && (log.contains("ERROR") || log.contains("error")),
+        "{name}: no clear error naming the database; log:\n{log}"
+    );
+    let after = if db.is_dir() {
+        snapshot_tree(&db)
+    } else {
+        BTreeMap::from([(PathBuf::new(), fs::read(&db).unwrap())])
+    };
+    assert_eq!(before, after, "{name}: the database path changed");
+    assert_eq!(
+        max_replica_txid(&replica),
+        0,
+        "{name}: something was replicated"
+    );
+    for side in ["-wal", "-shm"] {
+        let p = PathBuf::from(format!("{}{side}", db.display()));
+        assert!(
+            !p.exists() || db.is_dir(),
+            "{name}: {} was created",
+            p.display()
+        );
+    }
+}
+
+#[test]
+fn unreadable_database_a_directory() {
+    assert_unreadable_db_refused("db-is-dir", |db| {
+        fs::create_dir_all(db).unwrap();
+        fs::write(db.join("inside"), b"keep me").unwrap();
+    });
+}
+
+#[test]
+fn unreadable_database_not_sqlite() {
+    assert_unreadable_db_refused("db-not-sqlite", |db| {
+        let junk: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        fs::write(db, junk).unwrap();
+    });
+}
+
+#[test]
+fn unreadable_database_no_permission() {
+    if rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: root reads a chmod 000 file anyway (the other unreadable cases run)");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    assert_unreadable_db_refused("db-chmod-000", |db| {
+        let c = rusqlite::Connection::open(db).unwrap();
+        c.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t (v); INSERT INTO t VALUES (1);")
+            .unwrap();
+        drop(c);
+        fs::set_permissions(db, fs::Permissions::from_mode(0o000)).unwrap();
+    });
+}

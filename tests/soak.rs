@@ -275,10 +275,29 @@ impl Cycle {
     /// The TXID the daemon holds for the quiet database once a sync that started after this
     /// call has completed: `replicad sync --wait` through the control socket (retried while
     /// the daemon starts). Its wait also covers the replicas, which may lag behind injected
-    /// faults or an outage: after `timeout` seconds the answer is a 504 that still carries
-    /// the database's TXID, taken after the sync (the sync of a quiet database of a few MB
-    /// takes far less than that).
+    /// faults or an outage; after `timeout` seconds the answer is a 504 carrying the
+    /// database's TXID at that moment, which is final only if no segment was still being
+    /// written (a full segment of a large database can take longer than the timeout in a
+    /// debug build on a busy machine). So a 504 is accepted only when no segment is in
+    /// progress in staging, staging ends at that TXID, and a second answer agrees.
     fn sync_txid(&self, timeout: u64) -> u64 {
+        let mut last_504 = None;
+        loop {
+            let (txid, complete) = self.sync_once(timeout);
+            if complete {
+                return txid;
+            }
+            let settled =
+                !has_tmp(&self.staging.join("ltx/0")) && max_txid_under(&self.staging) == txid;
+            if settled && last_504 == Some(txid) {
+                return txid;
+            }
+            last_504 = settled.then_some(txid);
+        }
+    }
+
+    /// One `replicad sync --wait`: (TXID, whether it completed rather than timed out).
+    fn sync_once(&self, timeout: u64) -> (u64, bool) {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let o = Command::new(bin())
@@ -292,16 +311,19 @@ impl Cycle {
                 String::from_utf8_lossy(&o.stderr),
             );
             let json = if o.status.success() {
-                Some(out.to_string())
+                Some((out.to_string(), true))
             } else if err.contains("timed out after") {
-                err.find('{').map(|i| err[i..].trim().to_string())
+                err.find('{').map(|i| (err[i..].trim().to_string(), false))
             } else {
                 None
             };
-            if let Some(json) = json {
+            if let Some((json, complete)) = json {
                 let v: serde_json::Value = serde_json::from_str(&json)
                     .unwrap_or_else(|e| panic!("replicad sync answered no JSON ({e}): {out}{err}"));
-                return v["txid"].as_u64().expect("txid in the sync answer");
+                return (
+                    v["txid"].as_u64().expect("txid in the sync answer"),
+                    complete,
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -311,6 +333,21 @@ impl Cycle {
             sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// Whether a `.tmp` file (a segment being written) is anywhere under `dir`.
+fn has_tmp(dir: &Path) -> bool {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return false;
+    };
+    rd.flatten().any(|e| {
+        let p = e.path();
+        if p.is_dir() {
+            has_tmp(&p)
+        } else {
+            e.file_name().to_string_lossy().ends_with(".tmp")
+        }
+    })
 }
 
 /// The highest TXID of any `<min>-<max>.ltx` file under `dir` (any depth); 0 if none.
