@@ -124,6 +124,9 @@ pub struct RemoteTip {
     /// Why the next segment must be a full one whatever the local state (a replica switched
     /// on or off age encryption: its new chain starts with a snapshot).
     pub full_reason: Option<&'static str>,
+    /// That file's page size (0 if unknown): a database with another page size must not
+    /// continue this replica's chain.
+    pub page_size: u32,
 }
 
 /// Where the last segment ended in the WAL.
@@ -323,6 +326,15 @@ impl Db {
         if self.open.is_none() && !self.init()? {
             return Ok(0);
         }
+        if self.staging.is_some() && !self.staging_dir.is_dir() {
+            // Deleted under us (an operator, a tmp cleaner): the position lives on in memory,
+            // so recreating the directory is enough to go on without losing a transaction.
+            // Segments staged but not yet uploaded are gone; a replica that needed them
+            // reports that it cannot catch up from staging.
+            tracing::warn!(db = %self.path.display(), dir = %self.staging_dir.display(), txid = %self.pos, "staging directory disappeared; recreating it");
+            fsutil::create_dir_all_durable(&self.staging_dir)
+                .map_err(io_err("recreate staging", &self.staging_dir))?;
+        }
         let mut written = 0;
         loop {
             let (wrote, limited) = self.sync_once()?;
@@ -386,6 +398,16 @@ impl Db {
                     .clear()
                     .map_err(io_err("clear staging", &self.staging_dir))?;
             }
+        }
+        if self.remote_tip.page_size != 0 && self.remote_tip.page_size != page_size {
+            return Err(DbError::Unsupported(format!(
+                "a replica of {} holds a database with {}-byte pages up to TXID {}, but the \
+                 database has {page_size}-byte pages: the replica belongs to another database; \
+                 give this one its own replica path (nothing is written to the replica)",
+                self.path.display(),
+                self.remote_tip.page_size,
+                self.remote_tip.txid
+            )));
         }
         if self.remote_tip.txid > self.pos {
             self.pos = self.remote_tip.txid;
@@ -781,22 +803,21 @@ impl Db {
         let built = Instant::now();
         let mut enc = Encoder::new(file, header, self.codec)?;
         let commit = header.commit;
-        let mut table = if full {
-            vec![0u64; commit as usize]
-        } else {
-            std::mem::take(&mut self.table)
-        };
+        // The checksum table changes only once the segment is published: a failed write
+        // (ENOSPC, EIO) must leave it exactly as it was, or the next segment's post-apply
+        // checksum would be computed from a table missing pages.
         let mut sum = if full {
             DbChecksum::default()
         } else {
             self.sum
         };
         if self.checksums && !full {
-            for p in (commit + 1)..=(table.len() as u32) {
-                sum.toggle(table[p as usize - 1]);
+            for p in (commit as usize + 1)..=self.table.len() {
+                sum.toggle(self.table[p - 1]);
             }
-            table.resize(commit as usize, 0);
         }
+        let mut updates: Vec<(u32, u64)> =
+            Vec::with_capacity(if self.checksums { pages.len() } else { 0 });
         let mut buf = std::mem::take(&mut self.page_buf);
         // Phase stats (three clock reads a page, no shared writes until the segment is done):
         // wal_read = read_page, compress = encode_page, encode = the rest of the build.
@@ -814,12 +835,17 @@ impl Db {
                 page_bytes += buf.len() as u64;
                 if self.checksums {
                     let c = page_checksum(pgno, &buf);
-                    let slot = &mut table[pgno as usize - 1];
-                    if *slot != 0 {
-                        sum.toggle(*slot);
+                    // Pages of one segment are distinct, so the old value is the table's.
+                    let old = if full || pgno > commit {
+                        0
+                    } else {
+                        self.table.get(pgno as usize - 1).copied().unwrap_or(0)
+                    };
+                    if old != 0 {
+                        sum.toggle(old);
                     }
                     sum.toggle(c);
-                    *slot = c;
+                    updates.push((pgno, c));
                 }
             }
             let post = if self.checksums { sum.value() } else { 0 };
@@ -849,7 +875,18 @@ impl Db {
             return Err(io_err("publish", &dest)(e));
         }
         PHASES.record(Phase::StageWrite, segment_bytes, staged.elapsed());
-        self.table = table;
+        if self.checksums {
+            let mut table = if full {
+                Vec::new()
+            } else {
+                std::mem::take(&mut self.table)
+            };
+            table.resize(commit as usize, 0);
+            for (pgno, c) in updates {
+                table[pgno as usize - 1] = c;
+            }
+            self.table = table;
+        }
         self.sum = sum;
         self.commit = commit;
         self.pos = header.max_txid;

@@ -172,6 +172,7 @@ impl Replica {
         }
         if let Some(f) = newest {
             tip.post_apply_checksum = self.read_post_apply(&f).await.unwrap_or(0);
+            tip.page_size = self.read_page_size(&f).await.unwrap_or(0);
             // Mtime (file) or upload time (S3): close to the segment's own timestamp, so lag
             // in seconds is meaningful right after a restart.
             let ms = f.created_at.timestamp_millis().max(0) as u64;
@@ -201,6 +202,27 @@ impl Replica {
                 reason: "file shorter than an LTX trailer".into(),
             })?;
         Ok(u64::from_be_bytes(b))
+    }
+
+    /// The page size in the header of `f` (0 when the header does not decode).
+    async fn read_page_size(
+        &self,
+        f: &crate::replica_client::LtxFileInfo,
+    ) -> Result<u32, StorageError> {
+        use tokio::io::AsyncReadExt;
+        let started = Instant::now();
+        let r = self.client.open(f.level, f.min_txid, f.max_txid, 0).await;
+        self.stats.counters.observe(1, started, &r);
+        let mut r = r?;
+        let mut b = [0u8; ltx::HEADER_SIZE];
+        r.read_exact(&mut b)
+            .await
+            .map_err(|e| StorageError::Transient {
+                op: "get",
+                key: ltx::format_filename(f.min_txid, f.max_txid),
+                reason: e.to_string(),
+            })?;
+        Ok(ltx::Header::decode(&b).map_or(0, |h| h.page_size))
     }
 
     /// Acknowledges what staging may drop: segments on the replica and, when levels are

@@ -3,6 +3,7 @@
 
 mod age_keygen;
 mod databases;
+pub mod drill;
 pub mod golang_flags;
 mod ltx;
 pub mod replicate;

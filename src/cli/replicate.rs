@@ -154,6 +154,8 @@ pub async fn run(args: ReplicateArgs) -> Result<(), CliError> {
 /// starts the shutdown. Either way a further signal during the drain aborts it. systemd is
 /// notified along the way when `NOTIFY_SOCKET` is set ([`crate::notify`]).
 pub async fn run_config(config: Config) -> Result<i32, CliError> {
+    // Read before anything binds: a malformed drill spec is a usage error.
+    let drill = super::drill::wrapper_from_env().map_err(CliError::Usage)?;
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| anyhow::anyhow!("install SIGTERM handler: {e}"))?;
     let mut int = signal(SignalKind::interrupt())
@@ -168,7 +170,9 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     } else {
         None
     };
-    let store = Store::open(&config).await.map_err(|e| anyhow::anyhow!(e))?;
+    let store = Store::open_with(&config, drill)
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
     let control_stop = tokio_util::sync::CancellationToken::new();
     let control_server = control_listener.map(|l| {
         tracing::info!(path = %config.socket.path.display(), "control socket: POST /sync");
