@@ -230,6 +230,64 @@ def idle_run(tool, n, s3, args, strace):
     return res
 
 
+# ----------------------------------------------------------------------------- scale
+
+def scale_run(tool, n, args):
+    """`n` databases in one process, file replicas: time until every database has its first
+    level-0 file on its replica, then idle CPU and RSS over the window. The databases are
+    copies of one small database (creating 10,000 with SQLite takes minutes)."""
+    name = f"scale-{tool}-{n}"
+    workdir = os.path.join(WORK, name)
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(os.path.join(workdir, "db"))
+    seed = make_small_dbs(os.path.join(workdir, "seed"), 1)[0]
+    dbs, reps = [], []
+    for i in range(n):
+        p = os.path.join(workdir, "db", f"db{i:05d}.db")
+        shutil.copyfile(seed, p)
+        dbs.append(p)
+        reps.append(os.path.join(workdir, "replica", f"r{i:05d}"))
+    cfg = os.path.join(workdir, f"{tool}.yml")
+    with open(cfg, "w") as f:
+        f.write("dbs:\n")
+        for db, rep in zip(dbs, reps):
+            f.write(f"  - path: {db}\n    replica:\n      type: file\n      path: {rep}\n")
+    os.sync()
+    log(f"{name}: starting")
+    t0 = time.monotonic()
+    proc, logf, logp = start(tool, cfg, workdir)
+    res = {"tool": tool, "dbs": n}
+    try:
+        pending = list(reps)
+        while pending and proc.poll() is None and time.monotonic() - t0 < args.scale_timeout:
+            pending = [r for r in pending if max_txid(os.path.join(r, "ltx", "0")) == 0
+                       and max_txid(os.path.join(r, "0000")) == 0]
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            res["error"] = f"exited with {proc.returncode} during start"
+        elif pending:
+            res["error"] = f"{len(pending)} of {n} databases had no L0 file after {args.scale_timeout} s"
+        if "error" in res:
+            log(f"  {res['error']}")
+            return res
+        res["start_s"] = round(time.monotonic() - t0, 1)
+        log(f"  all {n} databases replicated {res['start_s']} s after start; settling {args.settle} s")
+        time.sleep(args.settle)
+        a = proc_sample(proc.pid)
+        w0 = time.monotonic()
+        time.sleep(args.window)
+        b = proc_sample(proc.pid)
+        secs = time.monotonic() - w0
+        res.update(window_s=round(secs, 1), cpu_pct=round(100 * (b["cpu_s"] - a["cpu_s"]) / secs, 3),
+                   rss_mib=b["rss_mib"], hwm_mib=b["hwm_mib"], threads=b["threads"], fds=b["fds"])
+        log(f"  {name}: cpu {res['cpu_pct']}%  rss {res['rss_mib']} MiB  fds {res['fds']}")
+    finally:
+        res["exit_code"] = stop(proc, logf)
+        res["log_problems"] = h.problem_lines(logp)[:10]
+        shutil.rmtree(workdir, ignore_errors=True)
+    return res
+
+
 # ----------------------------------------------------------------------------- lag
 
 def lag_run(tool, s3, args):
@@ -370,13 +428,21 @@ def build_table(r):
         if "syscalls_per_db_tick" in rd or "syscalls_per_db_tick" in ls:
             add(f"syscalls per db per idle tick, {n} dbs", rd.get("syscalls_per_db_tick"),
                 ls.get("syscalls_per_db_tick"), "replicad <= 4")
+    sc = r.get("scale", {})
+    if sc:
+        rd, ls = sc.get("replicad", {}), sc.get("litestream", {})
+        n = rd.get("dbs")
+        add(f"{n} dbs: start s (all replicated)", rd.get("start_s", rd.get("error")),
+            ls.get("start_s", ls.get("error")), "replicad < 60 s")
+        add(f"{n} dbs: idle CPU % of a core", rd.get("cpu_pct"), ls.get("cpu_pct"), "replicad < 5")
+        add(f"{n} dbs: idle RSS MiB", rd.get("rss_mib"), ls.get("rss_mib"))
     lag = r.get("lag", {})
     for k in ("p50_ms", "p99_ms"):
         add(f"lag commit -> object {k[:3]} ms", lag.get("replicad", {}).get(k),
             lag.get("litestream", {}).get(k), "<= 1" if k == "p99_ms" else "")
     w = r.get("write", {})
     base = w.get("none", {}).get("rows_per_s")
-    add("app write rows/s (no replication: %s)" % base, w.get("replicad", {}).get("rows_per_s"),
+    add("app write rows/s (no replication: %s, mean of 2)" % base, w.get("replicad", {}).get("rows_per_s"),
         w.get("litestream", {}).get("rows_per_s"))
     add("app write throughput vs none", ratio(w.get("replicad", {}).get("rows_per_s"), base),
         ratio(w.get("litestream", {}).get("rows_per_s"), base), "replicad >= 0.95")
@@ -425,12 +491,18 @@ def main():
     p.add_argument("--write-seconds", type=float, default=15.0)
     p.add_argument("--batch", type=int, default=1000, help="rows per write transaction")
     p.add_argument("--size-mib", type=int, default=1024, help="snapshot/restore database size")
-    p.add_argument("--skip", default="", help="comma list of: idle,lag,write,snapshot,restore")
+    p.add_argument("--scale", type=int, default=10000,
+                   help="databases in one process for the scale figure (0: skip)")
+    p.add_argument("--scale-timeout", type=float, default=300.0)
+    p.add_argument("--scale-litestream", action="store_true",
+                   help="also try Litestream at --scale databases (it fails at 10,000 here)")
+    p.add_argument("--skip", default="", help="comma list of: idle,scale,lag,write,snapshot,restore")
     args = p.parse_args()
     if args.quick:  # shorter windows, unless given on the command line
         given = {a.split("=")[0] for a in sys.argv[1:] if a.startswith("--")}
         for key, val in (("window", 10.0), ("settle", 35.0), ("dbs", "1,100"), ("lag_seconds", 10.0),
-                         ("write_seconds", 5.0), ("strace_seconds", 5.0), ("size_mib", 64)):
+                         ("write_seconds", 5.0), ("strace_seconds", 5.0), ("size_mib", 64),
+                         ("scale", 1000)):
             if "--" + key.replace("_", "-") not in given:
                 setattr(args, key, val)
     skip = set(filter(None, args.skip.split(",")))
@@ -458,10 +530,25 @@ def main():
             for i, n in enumerate(r["idle_dbs"]):
                 for tool in (tools if i % 2 == 0 else tools[::-1]):
                     r["idle"][f"{tool}-{n}"] = idle_run(tool, n, s3, args, n in strace_n)
+        if "scale" not in skip and args.scale:
+            # About four descriptors a database (SQLite: database twice, WAL, shared memory).
+            fits = int((fd_limit - 500) / 4.2)
+            if args.scale > fits:
+                log(f"--scale {args.scale} needs ~{4.2 * args.scale + 500:.0f} open files; the hard "
+                    f"limit here is {fd_limit} and cannot be raised (no CAP_SYS_RESOURCE): using {fits}")
+                r["scale_capped_by_fd_limit"] = {"asked": args.scale, "used": fits}
+                args.scale = fits
+            r["scale"] = {"replicad": scale_run("replicad", args.scale, args)}
+            if args.scale_litestream:
+                r["scale"]["litestream"] = scale_run("litestream", args.scale, args)
         if "lag" not in skip:
             r["lag"] = {t: lag_run(t, s3, args) for t in tools[::-1]}
         if "write" not in skip:
-            r["write"] = {m: write_run(m, s3, args) for m in ("none", "litestream", "replicad", "none")}
+            runs = [write_run(m, s3, args) for m in ("none", "litestream", "replicad", "none")]
+            nones = [x["rows_per_s"] for x in runs if x["mode"] == "none"]
+            r["write"] = {x["mode"]: x for x in runs}
+            r["write"]["none"] = dict(runs[0], rows_per_s=round(sum(nones) / len(nones)),
+                                      runs_rows_per_s=nones)
         if "snapshot" not in skip:
             r["snapshot"], state = {}, {}
             for idx, (tool, codec) in enumerate([("litestream", "lz4"), ("replicad", "lz4"),

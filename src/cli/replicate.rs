@@ -170,6 +170,7 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     } else {
         None
     };
+    raise_fd_limit();
     let store = Store::open_with(&config, drill)
         .await
         .map_err(|e| anyhow::anyhow!(e))?;
@@ -297,5 +298,48 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
         (Some(code), _) => code,
         (None, Some(sig)) => 128 + sig,
         (None, None) => 1,
+    }
+}
+
+/// Raises the open-file limit: each database holds about four descriptors (database, WAL,
+/// shared memory, a replica connection or file), so 10,000 databases need 40,000, far above
+/// the usual soft limit of 1024. The soft limit goes to the hard one; with CAP_SYS_RESOURCE
+/// (root), both go to the kernel's per-process maximum (`fs.nr_open`). Go's runtime (so
+/// Litestream) raises only the soft limit.
+fn raise_fd_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let before = getrlimit(Resource::Nofile);
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let hard = before.maximum;
+    let wanted = match (nr_open, hard) {
+        (Some(n), Some(h)) if n > h => Some(n),
+        _ => hard,
+    };
+    let raised = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: wanted,
+            maximum: wanted,
+        },
+    )
+    .or_else(|_| {
+        setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: hard,
+                maximum: hard,
+            },
+        )
+    });
+    let after = getrlimit(Resource::Nofile);
+    match raised {
+        Ok(()) => {
+            tracing::debug!(soft = ?after.current, hard = ?after.maximum, "open-file limit raised")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, soft = ?before.current, "could not raise the open-file limit")
+        }
     }
 }
