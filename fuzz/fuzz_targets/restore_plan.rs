@@ -48,6 +48,7 @@ fuzz_target!(|input: Input| {
                 size: u64::from(f.size),
                 created_at: DateTime::<Utc>::from_timestamp_millis(i64::from(f.created_ms))
                     .unwrap_or_default(),
+                encrypted: false,
             }
         })
         .collect();
