@@ -185,9 +185,10 @@ def idle_run(tool, n, s3, args, strace):
             log(f"  {res['error']}")
             return res
         res["start_s"] = round(time.monotonic() - t0, 2)
-        # Settle past the first L1 compaction of both tools (replicad: 30 s after its start;
-        # Litestream: its 30 s tick, aligned to the wall clock), so only idle is measured.
-        time.sleep(max(0.0, args.settle - (time.monotonic() - t0)))
+        # Settle past the first L1 compaction of both tools (replicad: 30 s after each
+        # replica's start, which is spread over the start; Litestream: its 30 s tick, aligned
+        # to the wall clock), so that only idle is measured.
+        time.sleep(args.settle)
         segs0 = sum(max_txid(l0_dir(s3, p)) for p in prefixes)
         off0 = s3.log_offset()
         a = proc_sample(proc.pid)
@@ -483,7 +484,7 @@ def main():
     p.add_argument("--dbs", default="1,100,400", help="idle database counts")
     p.add_argument("--window", type=float, default=60.0, help="idle window, s")
     p.add_argument("--settle", type=float, default=40.0,
-                   help="s after start before the idle window (past the first L1 compaction)")
+                   help="s after every database has replicated, before the idle window (past the first L1 compaction)")
     p.add_argument("--strace-dbs", default="100", help="idle counts for which strace runs")
     p.add_argument("--strace-seconds", type=float, default=10.0)
     p.add_argument("--startup-timeout", type=float, default=180.0)
