@@ -254,8 +254,17 @@ fn staging_directory_deleted_while_running_and_missing_at_start() {
     let mut w = Writer::open(&db, seed);
     let args = [s(&db), s(&replica), "--monitor-interval", "50ms"];
     let mut d = spawn_replicate(dir.path(), &args);
+    // As above: TXID 2 only follows writes made after the first sync.
     w.run(15);
-    assert!(wait_for_txid(&replica, 2, WAIT), "{}", dir.logs());
+    assert!(wait_for_txid(&replica, 1, WAIT), "{}", dir.logs());
+    w.run(5);
+    // Everything staged is uploaded before staging goes (a deleted staged segment that never
+    // reached the replica is lost by definition).
+    assert!(
+        wait_stable_txid(&replica, 2, Duration::from_millis(500), WAIT).is_some(),
+        "{}",
+        dir.logs()
+    );
     assert!(meta.join("ltx/0").is_dir());
 
     // Deleted while the daemon runs: it must keep going and lose no transaction.
@@ -341,6 +350,10 @@ fn full_disk_during_staging_keeps_the_source_and_recovers_without_loss() {
         dir.path(),
         &[s(&db), s(&replica), "--monitor-interval", "50ms"],
     );
+    // The daemon's first sync may take everything written so far into one snapshot (TXID 1):
+    // write again after it, so that an incremental segment (TXID 2) is certain to follow.
+    w.run(10);
+    assert!(wait_for_txid(&replica, 1, WAIT), "{}", dir.logs());
     w.run(10);
     assert!(wait_for_txid(&replica, 2, WAIT), "{}", dir.logs());
     let filler = fill(&meta_dir(&db));
