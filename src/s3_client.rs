@@ -317,6 +317,48 @@ impl S3Client {
             .await
     }
 
+    /// Every object under `prefix` that `level_of` places in a level (given the key after the
+    /// prefix, it returns the level and the file name) and whose name is this view's LTX name.
+    async fn list_under(
+        &self,
+        prefix: &str,
+        level_of: impl Fn(&str) -> Option<(u8, &str)>,
+    ) -> Result<Vec<LtxFileInfo>, StorageError> {
+        let c = self.client().await?;
+        let mut pages = c
+            .list_objects_v2()
+            .bucket(&self.cfg.bucket)
+            .prefix(prefix)
+            .into_paginator()
+            .send();
+        let mut out = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| classify("list", prefix, e))?;
+            for obj in page.contents() {
+                let Some((level, name)) = obj
+                    .key()
+                    .and_then(|k| k.strip_prefix(prefix))
+                    .and_then(&level_of)
+                else {
+                    continue;
+                };
+                let Some((min, max)) = name.strip_suffix(self.suffix).and_then(ltx::parse_filename)
+                else {
+                    continue;
+                };
+                out.push(LtxFileInfo {
+                    level,
+                    min_txid: min,
+                    max_txid: max,
+                    size: obj.size().unwrap_or(0).max(0) as u64,
+                    created_at: from_smithy_time(obj.last_modified()),
+                    encrypted: !self.suffix.is_empty(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// Object key of one file.
     pub fn key(&self, level: u8, min: TxId, max: TxId) -> String {
         format!(
@@ -779,78 +821,27 @@ impl ReplicaClient for S3Client {
     }
 
     async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
-        let c = self.client().await?;
-        let prefix = format!("{}{level:04x}/", self.prefix());
-        let mut pages = c
-            .list_objects_v2()
-            .bucket(&self.cfg.bucket)
-            .prefix(&prefix)
-            .into_paginator()
-            .send();
-        let mut out = Vec::new();
-        while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| classify("list", &prefix, e))?;
-            for obj in page.contents() {
-                let Some(name) = obj.key().and_then(|k| k.strip_prefix(&prefix)) else {
-                    continue;
-                };
-                let Some((min, max)) = name.strip_suffix(self.suffix).and_then(ltx::parse_filename)
-                else {
-                    continue;
-                };
-                out.push(LtxFileInfo {
-                    level,
-                    min_txid: min,
-                    max_txid: max,
-                    size: obj.size().unwrap_or(0).max(0) as u64,
-                    created_at: from_smithy_time(obj.last_modified()),
-                    encrypted: !self.suffix.is_empty(),
-                });
-            }
-        }
+        let mut out = self
+            .list_under(&format!("{}{level:04x}/", self.prefix()), |rest| {
+                Some((level, rest))
+            })
+            .await?;
         out.sort_by_key(|f| (f.min_txid, f.max_txid));
         Ok(out)
     }
 
     async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
-        let c = self.client().await?;
-        let prefix = self.prefix();
-        let mut pages = c
-            .list_objects_v2()
-            .bucket(&self.cfg.bucket)
-            .prefix(&prefix)
-            .into_paginator()
-            .send();
-        let mut out = Vec::new();
-        while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| classify("list", &prefix, e))?;
-            for obj in page.contents() {
-                let Some(rest) = obj.key().and_then(|k| k.strip_prefix(&prefix)) else {
-                    continue;
-                };
+        let mut out = self
+            .list_under(&self.prefix(), |rest| {
                 // `<level %04x>/<min>-<max>.ltx`; anything else (deeper keys, foreign files,
                 // other levels' spellings) is not ours.
-                let Some((dir, name)) = rest.split_once('/') else {
-                    continue;
-                };
-                let level = match u8::from_str_radix(dir, 16) {
-                    Ok(l) if dir.len() == 4 && l <= SNAPSHOT_LEVEL => l,
-                    _ => continue,
-                };
-                let Some((min, max)) = name.strip_suffix(self.suffix).and_then(ltx::parse_filename)
-                else {
-                    continue;
-                };
-                out.push(LtxFileInfo {
-                    level,
-                    min_txid: min,
-                    max_txid: max,
-                    size: obj.size().unwrap_or(0).max(0) as u64,
-                    created_at: from_smithy_time(obj.last_modified()),
-                    encrypted: !self.suffix.is_empty(),
-                });
-            }
-        }
+                let (dir, name) = rest.split_once('/')?;
+                match u8::from_str_radix(dir, 16) {
+                    Ok(l) if dir.len() == 4 && l <= SNAPSHOT_LEVEL => Some((l, name)),
+                    _ => None,
+                }
+            })
+            .await?;
         out.sort_by_key(|f| (f.level, f.min_txid, f.max_txid));
         Ok(out)
     }
