@@ -48,7 +48,7 @@
 //!   `config /etc/replicad.yml: line 7: unknown key `retention-foo` in dbs[0] (...)`.
 //! - Setting keys (`monitor-interval`, `checkpoint-interval`, `min-checkpoint-page-count`,
 //!   `truncate-page-n`, `full-verify-interval`, `compression`, `heartbeat-interval`,
-//!   `verify-interval`, `lease-ttl`) may appear
+//!   `verify-interval`, `lease-ttl`, `dormant-after`, `dormant-max-size`) may appear
 //!   at the top level and in each database; the effective value is the database's key, else the
 //!   top-level key, else the default ([`DbSettings::default`]).
 //! - Compaction, snapshot and retention keys are **top level only, as in Litestream** (one
@@ -392,6 +392,13 @@ pub struct DbSettings {
     /// replica stays valid without a refresh ([`crate::lease`]); it is refreshed every half
     /// of it. Another instance takes over a replica whose lease is older than this.
     pub lease_ttl: Duration,
+    /// Key `dormant-after` (default 30s; `0s` = never): a database whose WAL has not changed
+    /// for this long releases its SQLite connection (and its read transaction, descriptors
+    /// and shared-memory mapping) until it changes again; see [`crate::db`] on dormancy.
+    pub dormant_after: Duration,
+    /// Key `dormant-max-size` (default 64MiB): only databases up to this size go dormant, as
+    /// waking one after the application restarted the WAL costs a full segment.
+    pub dormant_max_size: u64,
     /// Key `levels` (top level only; default 30s, 5m, 1h): the compaction intervals of levels
     /// L1..Ln, `levels[0]` being L1. Every `levels[i]`, the files of the level below are
     /// compacted into one file of level i+1. 1 to [`MAX_LEVELS`] entries, each > 0.
@@ -426,6 +433,8 @@ impl Default for DbSettings {
             compression: Codec::Zstd(crate::ltx::codec::DEFAULT_ZSTD_LEVEL),
             heartbeat_interval: Duration::from_secs(60),
             lease_ttl: crate::lease::DEFAULT_LEASE_TTL,
+            dormant_after: Duration::from_secs(30),
+            dormant_max_size: 64 * 1024 * 1024,
             levels: DEFAULT_LEVELS.to_vec(),
             snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
             snapshot_retention: DEFAULT_SNAPSHOT_RETENTION,
@@ -945,7 +954,7 @@ fn file_url(path: &Path) -> String {
 // ---------------------------------------------------------------------------------------------
 // YAML reading.
 
-const SETTING_KEYS: [&str; 9] = [
+const SETTING_KEYS: [&str; 11] = [
     "monitor-interval",
     "checkpoint-interval",
     "min-checkpoint-page-count",
@@ -955,6 +964,8 @@ const SETTING_KEYS: [&str; 9] = [
     "heartbeat-interval",
     "verify-interval",
     "lease-ttl",
+    "dormant-after",
+    "dormant-max-size",
 ];
 /// Keys of the top level that are errors in a database map ("top-level only").
 const TOP_ONLY_KEYS: [&str; 11] = [
@@ -992,6 +1003,8 @@ const ROOT_KEYS: &[&str] = &[
     SETTING_KEYS[6],
     SETTING_KEYS[7],
     SETTING_KEYS[8],
+    SETTING_KEYS[9],
+    SETTING_KEYS[10],
     // Global replica defaults (see `S3_GLOBAL_KEYS`).
     S3_KEYS[0],
     S3_KEYS[1],
@@ -1024,6 +1037,8 @@ const DB_KEYS: &[&str] = &[
     SETTING_KEYS[6],
     SETTING_KEYS[7],
     SETTING_KEYS[8],
+    SETTING_KEYS[9],
+    SETTING_KEYS[10],
 ];
 /// Keys of one `levels` entry.
 const LEVEL_KEYS: &[&str] = &["interval"];
@@ -1299,6 +1314,17 @@ fn bucket(s: Scalar<'_>) -> Result<String, String> {
     Ok(b)
 }
 
+/// Bytes, as an integer or with a unit (`64MiB`).
+fn byte_size(s: Scalar<'_>) -> Result<u64, String> {
+    match s {
+        Scalar::Str(v) => parse_size(v),
+        Scalar::Int(i) => u64::try_from(i).map_err(|_| format!("{i} is not a size in bytes")),
+        other => Err(format!(
+            "expected a size in bytes such as 64MiB or 67108864, found {other}"
+        )),
+    }
+}
+
 /// `part-size`: bytes, as an integer or with a unit (`10MiB`), within S3's part size limits.
 fn part_size(s: Scalar<'_>) -> Result<u64, String> {
     let n = match s {
@@ -1472,6 +1498,8 @@ struct RawSettings {
     heartbeat_interval: Option<Duration>,
     verify_interval: Option<Duration>,
     lease_ttl: Option<Duration>,
+    dormant_after: Option<Duration>,
+    dormant_max_size: Option<u64>,
 }
 
 impl RawSettings {
@@ -1529,6 +1557,13 @@ impl RawSettings {
             "lease-ttl" => {
                 self.lease_ttl = Some(map.next_value_seed(seed(ctx, key, place, &lease_ttl))?)
             }
+            "dormant-after" => {
+                self.dormant_after = Some(map.next_value_seed(seed(ctx, key, place, &duration))?)
+            }
+            "dormant-max-size" => {
+                self.dormant_max_size =
+                    Some(map.next_value_seed(seed(ctx, key, place, &byte_size))?)
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -1574,6 +1609,14 @@ impl RawSettings {
                 .or(global.heartbeat_interval)
                 .unwrap_or(d.heartbeat_interval),
             lease_ttl: self.lease_ttl.or(global.lease_ttl).unwrap_or(d.lease_ttl),
+            dormant_after: self
+                .dormant_after
+                .or(global.dormant_after)
+                .unwrap_or(d.dormant_after),
+            dormant_max_size: self
+                .dormant_max_size
+                .or(global.dormant_max_size)
+                .unwrap_or(d.dormant_max_size),
             // The top-level-only keys are set by `RawCompaction::apply`.
             ..d
         }

@@ -17,13 +17,27 @@
 //! 4. Segments carry real pre/post-apply database checksums when the codec is not
 //!    Litestream's (`lz4`): the per-page checksum table is kept in memory (8 bytes a page).
 //! 5. A failed fsync poisons the Db: it stops syncing until the process restarts.
+//!
+//! Dormancy (`dormant-after`, `dormant-max-size`): a small database whose WAL has not changed
+//! for a while closes its connection, so an idle database costs no descriptor, no shared-memory
+//! mapping and no SQLite memory. It is caught up when it goes dormant, and it records the
+//! database file's stat (size, mtime, ctime, inode), taken only when the file's mtime is older
+//! than the coarse clock's granularity, so that any later write changes it. Without the read
+//! transaction the application may checkpoint and restart the WAL, so on waking:
+//! - WAL salts unchanged: no restart happened, every frame past the mark is new (as at start);
+//! - the database file unchanged: nothing was checkpointed, so no frame was lost; the whole
+//!   current WAL (one restart at most, since a second needs a checkpoint) is new;
+//! - otherwise frames may have been checkpointed and overwritten: a full segment keeps the
+//!   chain unbroken (invariant 1). That is the price the size cap bounds.
+//! While dormant the idle check also stats the database file whenever the WAL is missing or
+//! empty, since an application closing its last connection checkpoints and deletes the WAL.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::watch;
@@ -77,6 +91,10 @@ pub struct DbStats {
     pub idle: AtomicBool,
     /// Current TXID.
     pub txid: AtomicU64,
+    /// 1 while the database is dormant (connection closed until its files change).
+    pub dormant: AtomicBool,
+    /// Times the database woke from dormancy.
+    pub wakes: AtomicU64,
 }
 
 /// Why a sync failed.
@@ -138,6 +156,43 @@ struct WalMark {
     offset: u64,
 }
 
+/// The database file's identity and last change, as stat reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    ino: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> std::io::Result<FileStamp> {
+        let m = std::fs::metadata(path)?;
+        Ok(FileStamp {
+            len: m.len(),
+            ino: m.ino(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    /// The last change is older than `margin` (so a write now would get another mtime).
+    fn settled(&self, margin: Duration) -> bool {
+        let changed = UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(self.mtime.0.max(self.ctime.0)).unwrap_or(0),
+                u32::try_from(self.mtime.1.max(self.ctime.1)).unwrap_or(0),
+            );
+        SystemTime::now()
+            .duration_since(changed)
+            .is_ok_and(|age| age >= margin)
+    }
+}
+
+/// How old the database file's last change must be before it is stamped for dormancy: well
+/// above the kernel's coarse timestamp granularity (one jiffy, 1-10 ms).
+const STAMP_MARGIN: Duration = Duration::from_millis(50);
+
 struct Open {
     conn: Connection,
     db_file: File,
@@ -176,6 +231,13 @@ pub struct Db {
     last_checkpoint: Instant,
     dirty_since_checkpoint: bool,
     poisoned: Option<String>,
+    /// Start of the current run of idle ticks.
+    idle_since: Option<Instant>,
+    /// Set while dormant: the database file's stamp when the connection was closed.
+    dormant: Option<FileStamp>,
+    /// Set by a wake that found the database file untouched since dormancy (see the module
+    /// doc); consumed by the first sync after it.
+    woke_unchanged: bool,
     pos_tx: watch::Sender<DbPos>,
     stats: Arc<DbStats>,
     page_buf: Vec<u8>,
@@ -220,6 +282,9 @@ impl Db {
             last_checkpoint: now,
             dirty_since_checkpoint: false,
             poisoned: None,
+            idle_since: None,
+            dormant: None,
+            woke_unchanged: false,
             pos_tx,
             stats: Arc::new(DbStats::default()),
             page_buf: Vec::new(),
@@ -259,18 +324,32 @@ impl Db {
     ///
     /// This runs on the async worker on purpose: four syscalls on local metadata cost less
     /// than a hop to the blocking pool, and the path allocates nothing.
+    ///
+    /// A dormant database skips the full verification (it holds no state to verify) and stats
+    /// the database file when the WAL is missing or empty: five syscalls at most.
     pub fn fast_path_skip(&mut self, now: Instant) -> bool {
+        if self.dormant.is_none() {
+            if now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval
+                || self.dormancy_due(now)
+            {
+                return false;
+            }
+        }
+        self.unchanged_since_sync() && self.skip_tick(now)
+    }
+
+    /// The WAL (and, while dormant, the database file) is as the last sync left it.
+    fn unchanged_since_sync(&self) -> bool {
         let Some((size, salt1, salt2)) = self.fast else {
             return false;
         };
-        if now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval {
-            return false;
-        }
         let f = match File::open(&self.wal_path) {
             Ok(f) => f,
-            // No WAL and none expected: nothing was committed (a commit creates the WAL).
+            // No WAL and none expected: nothing was committed (a commit creates the WAL),
+            // unless, dormant, an application closed its last connection since (which
+            // checkpoints and deletes the WAL).
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && size == 0 => {
-                return self.skip_tick(now);
+                return self.db_file_unchanged();
             }
             Err(_) => return false,
         };
@@ -279,7 +358,7 @@ impl Db {
             return false;
         }
         if size == 0 {
-            return self.skip_tick(now);
+            return self.db_file_unchanged();
         }
         let mut h = [0u8; 32];
         if f.read_exact_at(&mut h, 0).is_err() {
@@ -287,17 +366,95 @@ impl Db {
         }
         let s1 = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
         let s2 = u32::from_be_bytes([h[20], h[21], h[22], h[23]]);
-        s1 == salt1 && s2 == salt2 && self.skip_tick(now)
+        s1 == salt1 && s2 == salt2
+    }
+
+    /// Awake, the read transaction guarantees it; dormant, the stamp must match.
+    fn db_file_unchanged(&self) -> bool {
+        match &self.dormant {
+            None => true,
+            Some(stamp) => FileStamp::of(&self.path).is_ok_and(|now| now == *stamp),
+        }
     }
 
     /// Counts a skipped tick, unless a time-based checkpoint is due (then the tick must run).
-    fn skip_tick(&self, now: Instant) -> bool {
+    fn skip_tick(&mut self, now: Instant) -> bool {
         if self.checkpoint_due(now) {
             return false;
         }
         self.stats.sync_skipped.fetch_add(1, Ordering::Relaxed);
         self.stats.idle.store(true, Ordering::Relaxed);
+        self.idle_since.get_or_insert(now);
         true
+    }
+
+    /// Time to close the connection: idle long enough, small enough, and nothing pending.
+    fn dormancy_due(&self, now: Instant) -> bool {
+        let after = self.settings.dormant_after;
+        let Some(open) = &self.open else { return false };
+        !after.is_zero()
+            && self.continuous
+            && self.poisoned.is_none()
+            && self
+                .idle_since
+                .is_some_and(|t| now.duration_since(t) >= after)
+            && u64::from(self.commit) * u64::from(open.page_size) <= self.settings.dormant_max_size
+            && !self.checkpoint_due(now)
+    }
+
+    /// Closes the connection if the database is exactly caught up and its file settled.
+    fn go_dormant(&mut self) -> Result<(), DbError> {
+        self.refresh_fast_cache();
+        if self.fast.is_none() {
+            return Ok(());
+        }
+        let stamp = FileStamp::of(&self.path).map_err(io_err("stat", &self.path))?;
+        if !stamp.settled(STAMP_MARGIN) {
+            return Ok(());
+        }
+        // Dropping the connection ends the read transaction and closes every descriptor and
+        // the shared-memory mapping (no checkpoint: SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE).
+        self.open = None;
+        self.continuous = false;
+        self.dormant = Some(stamp);
+        self.dirty_since_checkpoint = false;
+        self.stats.dormant.store(true, Ordering::Relaxed);
+        tracing::debug!(db = %self.path.display(), txid = %self.pos, "dormant");
+        Ok(())
+    }
+
+    /// Reopens a dormant database: the connection and read transaction first, then the stamp
+    /// comparison (a checkpoint after this point can only move frames we will read).
+    fn wake(&mut self, stamp: FileStamp) -> Result<(), DbError> {
+        let (conn, page_size) = open_pinned(&self.path)?;
+        if page_size != self.page_size_or(page_size) {
+            return Err(DbError::Unsupported(format!(
+                "page size of {} changed from {} to {page_size}; replicate it to a new replica path",
+                self.path.display(),
+                self.page_size_or(page_size)
+            )));
+        }
+        let db_file = File::open(&self.path).map_err(io_err("open", &self.path))?;
+        self.woke_unchanged = FileStamp::of(&self.path).is_ok_and(|now| now == stamp);
+        self.open = Some(Open {
+            conn,
+            db_file,
+            page_size,
+        });
+        self.dormant = None;
+        self.continuous = false;
+        self.stats.dormant.store(false, Ordering::Relaxed);
+        self.stats.wakes.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(db = %self.path.display(), unchanged = self.woke_unchanged, "woke");
+        Ok(())
+    }
+
+    fn page_size_or(&self, default: u32) -> u32 {
+        if self.page_buf.is_empty() {
+            default
+        } else {
+            self.page_buf.len() as u32
+        }
     }
 
     /// Syncs every committed frame into segments, then checkpoints if the policy says so.
@@ -323,6 +480,12 @@ impl Db {
     }
 
     fn sync_inner(&mut self, allow_checkpoint: bool) -> Result<usize, DbError> {
+        if let Some(stamp) = self.dormant {
+            if !self.path.exists() {
+                return Ok(0);
+            }
+            self.wake(stamp)?;
+        }
         if self.open.is_none() && !self.init()? {
             return Ok(0);
         }
@@ -349,6 +512,15 @@ impl Db {
         }
         self.refresh_fast_cache();
         self.stats.idle.store(written == 0, Ordering::Relaxed);
+        let now = Instant::now();
+        if written > 0 {
+            self.idle_since = None;
+        } else {
+            self.idle_since.get_or_insert(now);
+            if self.dormancy_due(now) {
+                self.go_dormant()?;
+            }
+        }
         Ok(written)
     }
 
@@ -358,17 +530,7 @@ impl Db {
         if !self.path.exists() {
             return Ok(false);
         }
-        let conn = open_connection(&self.path)?;
-        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(DbError::Unsupported(format!(
-                "{} cannot be switched to WAL mode (journal_mode is {mode})",
-                self.path.display()
-            )));
-        }
-        conn.execute_batch("PRAGMA wal_autocheckpoint=0;")?;
-        let page_size: u32 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
-        begin_read(&conn)?;
+        let (conn, page_size) = open_pinned(&self.path)?;
         let db_file = File::open(&self.path).map_err(io_err("open", &self.path))?;
         let staging = Staging::open(self.staging_dir.clone())
             .map_err(io_err("open staging", &self.staging_dir))?;
@@ -505,9 +667,26 @@ impl Db {
             _ => None,
         };
         let forced = self.remote_tip.full_reason.take();
+        let woke_unchanged = std::mem::take(&mut self.woke_unchanged);
+        let same_wal = |m: WalMark, s: &wal::WalScan| {
+            (s.header.salt1, s.header.salt2) == (m.salt1, m.salt2)
+                && wal_len >= m.offset
+                && s.end_offset >= m.offset
+        };
         let reason = match (self.pos.0, self.mark, &scan) {
             _ if forced.is_some() => forced,
             (0, _, _) => Some("initial snapshot"),
+            (_, Some(m), Some(s)) if same_wal(m, s) => None,
+            // Woken with the database file untouched: nothing was checkpointed while dormant,
+            // so the current WAL, if any, holds every change since the mark (module doc).
+            (_, _, None) if woke_unchanged => {
+                self.continuous = true;
+                return Ok((false, false));
+            }
+            (_, _, Some(_)) if woke_unchanged => {
+                self.mark = None;
+                None
+            }
             (_, None, _) => Some("local position unknown"),
             (_, Some(_), None) => Some("wal missing or empty after restart"),
             (_, Some(m), Some(s)) => {
@@ -1025,7 +1204,11 @@ impl Db {
     }
 
     /// Final sync before shutdown (no checkpoint: the next start continues from the WAL).
+    /// A dormant database that did not change stays closed.
     pub fn final_sync(&mut self) -> Result<usize, DbError> {
+        if self.dormant.is_some() && self.unchanged_since_sync() {
+            return Ok(0);
+        }
         self.sync(false)
     }
 
@@ -1095,6 +1278,22 @@ fn open_connection(path: &Path) -> Result<Connection, DbError> {
     )?;
     conn.execute_batch("PRAGMA cache_size=-256;")?;
     Ok(conn)
+}
+
+/// Opens our connection in WAL mode and starts the read transaction. Returns the page size.
+fn open_pinned(path: &Path) -> Result<(Connection, u32), DbError> {
+    let conn = open_connection(path)?;
+    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(DbError::Unsupported(format!(
+            "{} cannot be switched to WAL mode (journal_mode is {mode})",
+            path.display()
+        )));
+    }
+    conn.execute_batch("PRAGMA wal_autocheckpoint=0;")?;
+    let page_size: u32 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    begin_read(&conn)?;
+    Ok((conn, page_size))
 }
 
 /// Starts the long-running read transaction that pins the WAL.

@@ -278,7 +278,7 @@ fn load(a: &std::sync::atomic::AtomicU64) -> f64 {
     a.load(Ordering::Relaxed) as f64
 }
 
-const DB_METRICS: [DbMetric; 12] = [
+const DB_METRICS: [DbMetric; 14] = [
     (
         "replicad_db_txid",
         "Current TXID of the database (last segment staged locally).",
@@ -350,6 +350,18 @@ const DB_METRICS: [DbMetric; 12] = [
         "1 while the last tick found nothing new.",
         MetricType::GAUGE,
         |d| f64::from(u8::from(d.stats.idle.load(Ordering::Relaxed))),
+    ),
+    (
+        "replicad_db_dormant",
+        "1 while the database is dormant (its SQLite connection closed until it changes).",
+        MetricType::GAUGE,
+        |d| f64::from(u8::from(d.stats.dormant.load(Ordering::Relaxed))),
+    ),
+    (
+        "replicad_db_wakes_total",
+        "Times the database woke from dormancy.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.wakes),
     ),
 ];
 

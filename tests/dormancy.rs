@@ -1,0 +1,222 @@
+//! Dormancy: an idle database closes its SQLite connection (no descriptor, no shared memory),
+//! and every way the application can change it meanwhile is caught on waking, without a lost
+//! transaction: a plain commit (continued incrementally), a checkpoint that restarted the WAL,
+//! and a last connection closing (which checkpoints and deletes the WAL).
+//!
+//! The Db is driven directly, so the test decides when ticks happen and the application's
+//! actions land exactly while the database is dormant.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::*;
+use replicad::config::DbSettings;
+use replicad::db::{Db, DbStats, RemoteTip};
+use rusqlite::Connection;
+
+fn settings(codec: &str) -> DbSettings {
+    DbSettings {
+        dormant_after: Duration::from_millis(1),
+        compression: codec.parse().unwrap(),
+        ..DbSettings::default()
+    }
+}
+
+/// Descriptors of this process open on the database or its WAL/shm.
+fn open_fds(db: &Path) -> Vec<String> {
+    // Tests run in parallel in this process: match the whole path, not the file name.
+    let prefix = db.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|t| t.to_string_lossy().into_owned())
+        .filter(|t| t.starts_with(&prefix))
+        .collect()
+}
+
+fn stat(s: &DbStats) -> (u64, u64, u64, bool) {
+    (
+        s.segments.load(Ordering::Relaxed),
+        s.full_segments.load(Ordering::Relaxed),
+        s.wakes.load(Ordering::Relaxed),
+        s.dormant.load(Ordering::Relaxed),
+    )
+}
+
+/// Syncs until the database is dormant (the stamp needs the file's mtime 50 ms old).
+fn put_to_sleep(db: &mut Db) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !db.stats().dormant.load(Ordering::Relaxed) {
+        assert!(Instant::now() < deadline, "database never went dormant");
+        db.sync(true).unwrap();
+        sleep(Duration::from_millis(20));
+    }
+    assert!(
+        db.fast_path_skip(Instant::now()),
+        "a dormant, unchanged database takes the fast path"
+    );
+}
+
+/// The replica (the staging directory) restores to exactly the source.
+fn assert_restores(meta: &Path, source: &Path, tag: &str) {
+    let out = meta.parent().unwrap().join(format!("restored-{tag}.db"));
+    restore_ok(s(meta), &out, None);
+    assert_same_content(source, &out, tag);
+    assert!(integrity_ok(&out), "{tag}: integrity_check failed");
+}
+
+fn app(path: &Path) -> Connection {
+    let c = Connection::open(path).unwrap();
+    c.busy_timeout(Duration::from_secs(5)).unwrap();
+    c
+}
+
+fn insert(c: &Connection, n: usize, tag: &str) {
+    c.execute_batch("BEGIN").unwrap();
+    for i in 0..n {
+        c.execute(
+            "INSERT INTO t (v) VALUES (?1)",
+            [format!("{tag}-{i}-{}", "x".repeat(300))],
+        )
+        .unwrap();
+    }
+    c.execute_batch("COMMIT").unwrap();
+}
+
+fn dormancy_case(codec: &str) {
+    let dir = TestDir::new(&format!("dormancy-{}", codec.replace(':', "")));
+    let path = dir.join("app.db");
+    let meta = dir.join("meta");
+    {
+        let c = app(&path);
+        c.execute_batch(
+            "PRAGMA journal_mode=WAL; CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);",
+        )
+        .unwrap();
+        insert(&c, 50, "seed");
+    } // the last connection closes: SQLite checkpoints and deletes the WAL
+    let mut db = Db::new(
+        path.clone(),
+        Some(meta.clone()),
+        settings(codec),
+        RemoteTip::default(),
+    );
+    let stats = db.stats();
+    db.sync(true).unwrap();
+    assert!(
+        !open_fds(&path).is_empty(),
+        "awake, the connection holds descriptors"
+    );
+
+    // 1. Dormant: nothing of the database stays open.
+    put_to_sleep(&mut db);
+    assert_eq!(
+        open_fds(&path),
+        Vec::<String>::new(),
+        "dormant, no descriptor stays open"
+    );
+    let (segs, fulls, wakes, _) = stat(&stats);
+
+    // 2. A plain commit by an application that keeps its connection: continued incrementally.
+    let keep = app(&path);
+    insert(&keep, 10, "plain");
+    assert!(
+        !db.fast_path_skip(Instant::now()),
+        "a commit wakes the database"
+    );
+    db.sync(true).unwrap();
+    assert_eq!(
+        stat(&stats),
+        (segs + 1, fulls, wakes + 1, false),
+        "one incremental segment"
+    );
+    assert_restores(&meta, &path, "plain-commit");
+
+    // 3. While dormant, the application checkpoints (TRUNCATE) and commits again: the WAL
+    //    restarted over frames replicad never held a lock on, and the database file changed.
+    put_to_sleep(&mut db);
+    let (segs, fulls, wakes, _) = stat(&stats);
+    insert(&keep, 20, "before-truncate");
+    keep.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    insert(&keep, 5, "after-truncate");
+    assert!(!db.fast_path_skip(Instant::now()));
+    db.sync(true).unwrap();
+    let (segs2, fulls2, wakes2, dormant) = stat(&stats);
+    assert_eq!(
+        (segs2, fulls2, wakes2, dormant),
+        (segs + 1, fulls + 1, wakes + 1, false),
+        "a restarted WAL with a changed database file costs one full segment"
+    );
+    assert_restores(&meta, &path, "wal-restarted");
+
+    // 4. While dormant, the application commits and closes its last connection, which
+    //    checkpoints and deletes the WAL: only the database file's stamp shows the change.
+    put_to_sleep(&mut db);
+    let (segs, fulls, wakes, _) = stat(&stats);
+    insert(&keep, 7, "then-close");
+    drop(keep);
+    assert!(
+        !dir.join("app.db-wal").exists(),
+        "SQLite deleted the WAL on the last close"
+    );
+    assert!(
+        !db.fast_path_skip(Instant::now()),
+        "a changed database file wakes it"
+    );
+    db.sync(true).unwrap();
+    assert_eq!(stat(&stats), (segs + 1, fulls + 1, wakes + 1, false));
+    assert_restores(&meta, &path, "wal-deleted");
+
+    // 5. Shutdown of a dormant, unchanged database writes nothing and stays closed.
+    put_to_sleep(&mut db);
+    let before = stat(&stats);
+    assert_eq!(db.final_sync().unwrap(), 0);
+    assert_eq!(stat(&stats), before);
+    assert_eq!(open_fds(&path), Vec::<String>::new());
+}
+
+#[test]
+fn dormant_database_wakes_on_every_kind_of_change_zstd() {
+    dormancy_case("zstd:3");
+}
+
+/// The Litestream-compatible codec keeps no checksum table: the same cases must hold.
+#[test]
+fn dormant_database_wakes_on_every_kind_of_change_lz4() {
+    dormancy_case("lz4");
+}
+
+/// `dormant-after: 0s` keeps the connection open however long the database idles.
+#[test]
+fn dormancy_can_be_switched_off() {
+    let dir = TestDir::new("dormancy-off");
+    let path = dir.join("app.db");
+    {
+        let c = app(&path);
+        c.execute_batch(
+            "PRAGMA journal_mode=WAL; CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);",
+        )
+        .unwrap();
+        insert(&c, 5, "seed");
+    }
+    let mut db = Db::new(
+        path.clone(),
+        Some(dir.join("meta")),
+        DbSettings {
+            dormant_after: Duration::ZERO,
+            ..DbSettings::default()
+        },
+        RemoteTip::default(),
+    );
+    for _ in 0..10 {
+        db.sync(true).unwrap();
+        sleep(Duration::from_millis(20));
+    }
+    assert!(!db.stats().dormant.load(Ordering::Relaxed));
+    assert!(!open_fds(&path).is_empty());
+}
