@@ -29,6 +29,7 @@
 //!   current WAL (one restart at most, since a second needs a checkpoint) is new;
 //! - otherwise frames may have been checkpointed and overwritten: a full segment keeps the
 //!   chain unbroken (invariant 1). That is the price the size cap bounds.
+//!
 //! While dormant the idle check also stats the database file whenever the WAL is missing or
 //! empty, since an application closing its last connection checkpoints and deletes the WAL.
 
@@ -328,12 +329,11 @@ impl Db {
     /// A dormant database skips the full verification (it holds no state to verify) and stats
     /// the database file when the WAL is missing or empty: five syscalls at most.
     pub fn fast_path_skip(&mut self, now: Instant) -> bool {
-        if self.dormant.is_none() {
-            if now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval
-                || self.dormancy_due(now)
-            {
-                return false;
-            }
+        if self.dormant.is_none()
+            && (now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval
+                || self.dormancy_due(now))
+        {
+            return false;
         }
         self.unchanged_since_sync() && self.skip_tick(now)
     }
