@@ -1127,13 +1127,17 @@ impl Db {
     fn checkpoint(&mut self) -> Result<usize, DbError> {
         let truncate = self.wal_pages() >= u64::from(self.settings.truncate_page_n);
         let barrier = open_connection(&self.path)?;
+        let mut written = if truncate {
+            0
+        } else {
+            self.backfill_ahead(&barrier)?
+        };
         // The barrier: holding SQLite's write lock, no commit can land between the seal and
         // the checkpoint, so every frame the checkpoint moves is already in a segment.
         if let Err(e) = barrier.execute_batch("BEGIN IMMEDIATE") {
             tracing::debug!(db = %self.path.display(), error = %e, "checkpoint skipped: write lock busy");
-            return Ok(0);
+            return Ok(written);
         }
-        let mut written = 0;
         let sealed = (|| {
             loop {
                 let (wrote, limited) = self.sync_once()?;
@@ -1200,6 +1204,60 @@ impl Db {
         }
         // Our own restart write is not new application data.
         self.dirty_since_checkpoint = false;
+        Ok(written)
+    }
+
+    /// The first two phases of a PASSIVE checkpoint, so that the application waits on the
+    /// barrier only for what it commits meanwhile, not for a whole interval's frames:
+    /// 1. under the write lock for a moment, seal (copy what is new) and move our read
+    ///    transaction to the end of the WAL, which is now all in segments;
+    /// 2. without any lock, a PASSIVE checkpoint copies those frames into the database file
+    ///    while the application keeps committing. It stops at our read mark, and the WAL
+    ///    cannot restart while we read, so no frame is lost (invariants 2 and 3 hold: the
+    ///    frames it moves stay in the WAL until the barrier's phase allows a restart).
+    ///
+    /// Returns segments written.
+    fn backfill_ahead(&mut self, barrier: &Connection) -> Result<usize, DbError> {
+        if barrier.execute_batch("BEGIN IMMEDIATE").is_err() {
+            return Ok(0);
+        }
+        let mut written = 0;
+        let mut released = false;
+        let moved = (|| {
+            loop {
+                let (wrote, limited) = self.sync_once()?;
+                written += usize::from(wrote);
+                if !limited {
+                    break;
+                }
+            }
+            let conn = &self
+                .open
+                .as_ref()
+                .ok_or_else(|| DbError::Unsupported("database not open".into()))?
+                .conn;
+            conn.execute_batch("COMMIT")?;
+            released = true;
+            // Nobody can commit while the barrier holds the write lock: the new read mark
+            // is exactly the end of what was just sealed.
+            begin_read(conn)?;
+            Ok::<_, DbError>(())
+        })();
+        if !barrier.is_autocommit() {
+            barrier.execute_batch("ROLLBACK")?;
+        }
+        if let Err(e) = moved {
+            if released {
+                // Without our read transaction the WAL may restart behind us: reopen from
+                // the staged position on the next sync (a full segment if continuity is lost).
+                self.open = None;
+                self.continuous = false;
+            }
+            return Err(e);
+        }
+        let _: (i64, i64, i64) = barrier.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
         Ok(written)
     }
 

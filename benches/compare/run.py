@@ -72,15 +72,15 @@ def tool_env(tool):
     return env
 
 
-def s3_block(prefix, s3, indent):
+def s3_block(prefix, s3, indent, bucket=h.BUCKET):
     pad = " " * indent
-    return (f"{pad}type: s3\n{pad}bucket: {h.BUCKET}\n{pad}path: {prefix}\n"
+    return (f"{pad}type: s3\n{pad}bucket: {bucket}\n{pad}path: {prefix}\n"
             f"{pad}endpoint: {s3.endpoint}\n{pad}region: {h.REGION}\n"
             f"{pad}force-path-style: true\n{pad}access-key-id: {h.ACCESS_KEY}\n"
             f"{pad}secret-access-key: {h.SECRET_KEY}\n")
 
 
-def write_config(tool, path, dbs, prefixes, s3, codec=None):
+def write_config(tool, path, dbs, prefixes, s3, codec=None, bucket=h.BUCKET):
     """Both tools read the same shape; replicad gets `compression:` when asked."""
     with open(path, "w") as f:
         f.write("dbs:\n")
@@ -88,7 +88,7 @@ def write_config(tool, path, dbs, prefixes, s3, codec=None):
             f.write(f"  - path: {db}\n")
             if tool == "replicad" and codec:
                 f.write(f"    compression: {codec}\n")
-            f.write("    replica:\n" + s3_block(prefix, s3, 6))
+            f.write("    replica:\n" + s3_block(prefix, s3, 6, bucket))
 
 
 def start(tool, cfg, workdir):
@@ -114,8 +114,8 @@ def stop(proc, logf):
     return proc.returncode
 
 
-def l0_dir(s3, prefix):
-    return os.path.join(s3.root, h.BUCKET, prefix, "0000")
+def l0_dir(s3, prefix, bucket=h.BUCKET):
+    return os.path.join(s3.root, bucket, prefix, "0000")
 
 
 def max_txid(d):
@@ -149,6 +149,7 @@ def make_small_dbs(root, n):
         p = os.path.join(root, f"db{i:04d}.db")
         con = sqlite3.connect(p)
         con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=OFF")  # the caller runs os.sync() once
         con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT, val REAL, note TEXT)")
         con.executemany("INSERT INTO t (name, val, note) VALUES (?, ?, ?)",
                         [(f"name-{j}", j * 1.5, "x" * 40) for j in range(100)])
@@ -160,75 +161,142 @@ def make_small_dbs(root, n):
 
 # ----------------------------------------------------------------------------- idle
 
-def idle_run(tool, n, s3, args, strace):
-    name = f"idle-{tool}-{n}"
-    workdir = os.path.join(WORK, name)
-    shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir)
-    shutil.rmtree(os.path.join(s3.root, h.BUCKET, name), ignore_errors=True)
-    dbs = make_small_dbs(os.path.join(workdir, "db"), n)
-    prefixes = [f"{name}/db{i:04d}" for i in range(n)]
-    cfg = os.path.join(workdir, f"{tool}.yml")
-    write_config(tool, cfg, dbs, prefixes, s3)
+BUCKET_ROUTE = re.compile(r'resolved route, op: (\w+), s3_path: (?:Bucket|Object) \{ bucket: "([^"]*)"')
+
+
+def requests_by_bucket(s3, start, end):
+    """S3 requests the server logged between two log offsets: {bucket: {op: count}}. Every
+    route line names the bucket (ListObjectsV2 names nothing else), so one bucket per
+    process attributes every request exactly."""
+    with open(s3.log_path, "rb") as f:
+        f.seek(start)
+        text = h.ANSI.sub("", f.read(end - start).decode("utf-8", "replace"))
+    out = {}
+    for m in BUCKET_ROUTE.finditer(text):
+        ops = out.setdefault(m.group(2), {})
+        ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    return {b: dict(sorted(o.items())) for b, o in out.items()}
+
+
+def load_strace():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "idle_measure", os.path.join(REPO, "benches", "idle", "measure.py"))
+    im = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(im)
+    return im
+
+
+def idle_set(tool, ns, s3, args, strace_ns):
+    """One process per database count in `ns`, all of `tool`, started together; each with its
+    own work directory, databases, config and S3 bucket (bench-idle-<n>, prefixes
+    idle-<tool>-<n>/dbNNNN). Once every database of every process has its first L0 object:
+    one settle, then one window in which every process is sampled (CPU, RSS, threads, fds,
+    its bucket's requests), then strace of the processes in `strace_ns`, one after the other.
+    Returns {n: result} with the fields of one run per process."""
+    procs = []  # dicts: n, name, bucket, prefixes, proc, logf, logp, t0, res
+    for n in ns:
+        name = f"idle-{tool}-{n}"
+        bucket = f"bench-idle-{n}"
+        workdir = os.path.join(WORK, name)
+        shutil.rmtree(workdir, ignore_errors=True)
+        os.makedirs(workdir)
+        shutil.rmtree(os.path.join(s3.root, bucket, name), ignore_errors=True)
+        os.makedirs(os.path.join(s3.root, bucket), exist_ok=True)  # s3s-fs: a bucket is a directory
+        dbs = make_small_dbs(os.path.join(workdir, "db"), n)
+        prefixes = [f"{name}/db{i:04d}" for i in range(n)]
+        cfg = os.path.join(workdir, f"{tool}.yml")
+        write_config(tool, cfg, dbs, prefixes, s3, bucket=bucket)
+        procs.append({"n": n, "name": name, "bucket": bucket, "prefixes": prefixes, "cfg": cfg,
+                      "workdir": workdir, "res": {"tool": tool, "dbs": n, "bucket": bucket}})
     os.sync()
-    log(f"{name}: starting")
-    t0 = time.monotonic()
-    proc, logf, logp = start(tool, cfg, workdir)
-    res = {"tool": tool, "dbs": n}
+    log(f"idle {tool}: starting {', '.join(str(n) for n in ns)} databases, one process each")
+    for p in procs:
+        p["t0"] = time.monotonic()
+        p["proc"], p["logf"], p["logp"] = start(tool, p["cfg"], p["workdir"])
     try:
-        pending = set(prefixes)
-        while pending and time.monotonic() - t0 < args.startup_timeout and proc.poll() is None:
-            pending = {p for p in pending if max_txid(l0_dir(s3, p)) == 0}
+        pending = {p["name"]: set(p["prefixes"]) for p in procs}
+        t0 = min(p["t0"] for p in procs)
+        while any(pending.values()) and time.monotonic() - t0 < args.startup_timeout:
+            for p in procs:
+                left = pending[p["name"]]
+                if not left or p["proc"].poll() is not None:
+                    continue
+                left -= {x for x in left if max_txid(l0_dir(s3, x, p["bucket"])) > 0}
+                if not left:
+                    p["res"]["start_s"] = round(time.monotonic() - p["t0"], 2)
+            if all(p["proc"].poll() is not None for p in procs if pending[p["name"]]):
+                break
             time.sleep(0.1)
-        if pending:
-            res["error"] = f"{len(pending)} databases had no L0 file after the startup timeout"
-            log(f"  {res['error']}")
-            return res
-        res["start_s"] = round(time.monotonic() - t0, 2)
+        bad = [p for p in procs if pending[p["name"]]]
+        for p in bad:
+            p["res"]["error"] = (f"{len(pending[p['name']])} databases had no L0 file after the "
+                                 f"startup timeout (exit code {p['proc'].poll()})")
+            log(f"  {p['name']}: {p['res']['error']}")
+        live = [p for p in procs if p not in bad]
+        if not live:
+            return {p["n"]: p["res"] for p in procs}
+        starts = ", ".join(f"{p['n']}: {p['res']['start_s']} s" for p in live)
+        log(f"  all replicated ({starts}); settling {args.settle:.0f} s")
         # Settle past the first L1 compaction of both tools (replicad: 30 s after each
-        # replica's start, which is spread over the start; Litestream: its 30 s tick, aligned
-        # to the wall clock), so that only idle is measured.
+        # replica's start; Litestream: its 30 s tick, aligned to the wall clock), counted from
+        # the last process's last first segment, so that only idle is measured.
         time.sleep(args.settle)
-        segs0 = sum(max_txid(l0_dir(s3, p)) for p in prefixes)
         off0 = s3.log_offset()
-        a = proc_sample(proc.pid)
-        w0 = time.monotonic()
-        threads = {a["threads"]}
+        for p in live:
+            p["segs0"] = sum(max_txid(l0_dir(s3, x, p["bucket"])) for x in p["prefixes"])
+            p["a"], p["w0"] = proc_sample(p["proc"].pid), time.monotonic()
+            p["threads"] = {p["a"]["threads"]}
+        w0 = min(p["w0"] for p in live)
         while time.monotonic() - w0 < args.window:
             time.sleep(1)
-            threads.add(h.proc_stats(proc.pid).get("Threads"))
-        b = proc_sample(proc.pid)
-        secs = time.monotonic() - w0
-        ops, _ = s3.requests_between(off0, s3.log_offset())
-        res.update(
-            window_s=round(secs, 1),
-            cpu_pct=round(100 * (b["cpu_s"] - a["cpu_s"]) / secs, 3),
-            rss_mib=b["rss_mib"], hwm_mib=b["hwm_mib"],
-            threads=f"{min(threads)}-{max(threads)}" if len(threads) > 1 else str(b["threads"]),
-            fds=b["fds"], requests_in_window=ops,
-            requests_per_db_hour=round(sum(ops.values()) * 3600 / secs / n, 2),
-            new_l0_in_window=sum(max_txid(l0_dir(s3, p)) for p in prefixes) - segs0)
-        log(f"  cpu {res['cpu_pct']}%  rss {res['rss_mib']} MiB  threads {res['threads']}  "
-            f"fds {res['fds']}  requests {ops}")
-        if strace:
-            out = os.path.join(workdir, "strace.txt")
-            import importlib.util
-            spec = importlib.util.spec_from_file_location(
-                "idle_measure", os.path.join(REPO, "benches", "idle", "measure.py"))
-            im = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(im)
-            rows, elapsed, _, _ = im.run_strace(proc.pid, args.strace_seconds, out)
+            for p in live:
+                p["threads"].add(h.proc_stats(p["proc"].pid).get("Threads"))
+        for p in live:
+            p["b"], p["secs"] = proc_sample(p["proc"].pid), time.monotonic() - p["w0"]
+        by_bucket = requests_by_bucket(s3, off0, s3.log_offset())
+        for p in live:
+            a, b, secs, res, n = p["a"], p["b"], p["secs"], p["res"], p["n"]
+            ops = by_bucket.get(p["bucket"], {})
+            threads = {t for t in p["threads"] if t is not None}
+            res.update(
+                window_s=round(secs, 1),
+                cpu_pct=round(100 * (b["cpu_s"] - a["cpu_s"]) / secs, 3),
+                rss_mib=b["rss_mib"], hwm_mib=b["hwm_mib"],
+                threads=(f"{min(threads)}-{max(threads)}" if len(threads) > 1
+                         else str(b["threads"])),
+                fds=b["fds"], requests_in_window=ops,
+                requests_per_db_hour=round(sum(ops.values()) * 3600 / secs / n, 2),
+                new_l0_in_window=sum(max_txid(l0_dir(s3, x, p["bucket"])) for x in p["prefixes"])
+                - p["segs0"],
+                concurrent_with=[q["n"] for q in live if q is not p])
+            log(f"  {p['name']}: cpu {res['cpu_pct']}%  rss {res['rss_mib']} MiB  threads "
+                f"{res['threads']}  fds {res['fds']}  requests {ops}")
+        other = {b: o for b, o in by_bucket.items() if b not in {p["bucket"] for p in live}}
+        if other:
+            log(f"  requests to other buckets in the window: {other}")
+        for p in live:
+            if p["n"] not in strace_ns:
+                continue
+            im = load_strace()
+            out = os.path.join(p["workdir"], "strace.txt")
+            rows, elapsed, _, _ = im.run_strace(p["proc"].pid, args.strace_seconds, out)
             rows.pop("total", None)
             total = sum(r["calls"] for r in rows.values())
-            ticks = n * elapsed / 1.0  # both tools: 1 s monitor interval
+            ticks = p["n"] * elapsed / 1.0  # both tools: 1 s monitor interval
             top = sorted(rows.items(), key=lambda kv: -kv[1]["calls"])[:8]
-            res["syscalls_per_db_tick"] = round(total / ticks, 2)
-            res["syscalls_top"] = {k: round(v["calls"] / ticks, 3) for k, v in top}
-            log(f"  syscalls per db per tick {res['syscalls_per_db_tick']}: {res['syscalls_top']}")
+            p["res"]["syscalls_per_db_tick"] = round(total / ticks, 2)
+            p["res"]["syscalls_top"] = {k: round(v["calls"] / ticks, 3) for k, v in top}
+            log(f"  {p['name']}: syscalls per db per tick {p['res']['syscalls_per_db_tick']}: "
+                f"{p['res']['syscalls_top']}")
     finally:
-        res["exit_code"] = stop(proc, logf)
-        res["log_problems"] = h.problem_lines(logp)[:10]
-    return res
+        for p in procs:  # SIGTERM to all first: they shut down in parallel
+            if p["proc"].poll() is None:
+                p["proc"].send_signal(signal.SIGTERM)
+        for p in procs:
+            p["res"]["exit_code"] = stop(p["proc"], p["logf"])
+            p["res"]["log_problems"] = h.problem_lines(p["logp"])[:10]
+    return {p["n"]: p["res"] for p in procs}
 
 
 # ----------------------------------------------------------------------------- scale
@@ -510,27 +578,48 @@ def main():
     started = time.monotonic()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
+    phase_s, setup_s = {}, {}
+    t = time.monotonic()
     ensure_system_tools()
+    setup_s["apt"] = round(time.monotonic() - t, 1)
     fd_limit = raise_fd_limit()
-    h.ensure_tools(not args.no_build)
+    setup_s.update(h.ensure_tools(not args.no_build))
     os.makedirs(WORK, exist_ok=True)
     r = {"started_utc": stamp, "args": vars(args), "fd_limit": fd_limit,
          "versions": {"replicad": h.version_of([h.REPLICAD_BIN, "--version"]),
                       "litestream": h.version_of([h.LITESTREAM_BIN, "version"])},
          "git_head": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                                     capture_output=True, text=True).stdout.strip(),
-         "cpus": os.cpu_count(), "idle": {}, "idle_dbs": [int(x) for x in args.dbs.split(",")]}
+         "cpus": os.cpu_count(), "idle": {}, "idle_dbs": [int(x) for x in args.dbs.split(",")],
+         "phase_s": phase_s, "setup_s": setup_s}
     source = meta = None
     if not {"snapshot", "restore"} <= skip:
+        t = time.monotonic()
         source, meta = h.ensure_db(args.size_mib)
+        setup_s["database"] = round(time.monotonic() - t, 1)
+        r["database"] = dict(meta, path=os.path.relpath(source, REPO))
+    phase_s["setup"] = round(time.monotonic() - started, 1)
+    log(f"setup took {phase_s['setup']} s: {setup_s}")
+
+    def timed(name, fn):
+        t = time.monotonic()
+        try:
+            return fn()
+        finally:
+            phase_s[name] = round(time.monotonic() - t, 1)
+            log(f"phase {name} took {phase_s[name]} s")
+
     s3 = h.S3Server()
     try:
         tools = ["replicad", "litestream"]
         if "idle" not in skip:
             strace_n = {int(x) for x in args.strace_dbs.split(",") if x}
-            for i, n in enumerate(r["idle_dbs"]):
-                for tool in (tools if i % 2 == 0 else tools[::-1]):
-                    r["idle"][f"{tool}-{n}"] = idle_run(tool, n, s3, args, n in strace_n)
+
+            def idle():
+                for tool in tools:
+                    for n, res in idle_set(tool, r["idle_dbs"], s3, args, strace_n).items():
+                        r["idle"][f"{tool}-{n}"] = res
+            timed("idle", idle)
         if "scale" not in skip and args.scale:
             # About four descriptors a database (SQLite: database twice, WAL, shared memory).
             fits = int((fd_limit - 500) / 4.2)
@@ -539,31 +628,41 @@ def main():
                     f"limit here is {fd_limit} and cannot be raised (no CAP_SYS_RESOURCE): using {fits}")
                 r["scale_capped_by_fd_limit"] = {"asked": args.scale, "used": fits}
                 args.scale = fits
-            r["scale"] = {"replicad": scale_run("replicad", args.scale, args)}
-            if args.scale_litestream:
-                r["scale"]["litestream"] = scale_run("litestream", args.scale, args)
+
+            def scale():
+                r["scale"] = {"replicad": scale_run("replicad", args.scale, args)}
+                if args.scale_litestream:
+                    r["scale"]["litestream"] = scale_run("litestream", args.scale, args)
+            timed("scale", scale)
         if "lag" not in skip:
-            r["lag"] = {t: lag_run(t, s3, args) for t in tools[::-1]}
+            r["lag"] = timed("lag", lambda: {t: lag_run(t, s3, args) for t in tools[::-1]})
         if "write" not in skip:
-            runs = [write_run(m, s3, args) for m in ("none", "litestream", "replicad", "none")]
+            runs = timed("write", lambda: [write_run(m, s3, args)
+                                           for m in ("none", "litestream", "replicad", "none")])
             nones = [x["rows_per_s"] for x in runs if x["mode"] == "none"]
             r["write"] = {x["mode"]: x for x in runs}
             r["write"]["none"] = dict(runs[0], rows_per_s=round(sum(nones) / len(nones)),
                                       runs_rows_per_s=nones)
         if "snapshot" not in skip:
             r["snapshot"], state = {}, {}
-            for idx, (tool, codec) in enumerate([("litestream", "lz4"), ("replicad", "lz4"),
-                                                 ("replicad", "zstd:3")], start=1):
-                r["snapshot"][f"{tool}-{codec}"] = h.one_run(
-                    idx, tool, codec, source, meta["bytes"], s3, 600, 0, state)
+
+            def snapshot():
+                for idx, (tool, codec) in enumerate([("litestream", "lz4"), ("replicad", "lz4"),
+                                                     ("replicad", "zstd:3")], start=1):
+                    r["snapshot"][f"{tool}-{codec}"] = h.one_run(
+                        idx, tool, codec, source, meta["bytes"], s3, 600, 0, state)
+            timed("snapshot", snapshot)
         if "restore" not in skip and "snapshot" not in skip:
             r["restore"], verifier = {}, rst.Verifier()
-            for idx, tool in enumerate(["replicad", "litestream"], start=1):
-                made = r["snapshot"][f"{tool}-lz4"]
-                rep = {"name": made["prefix"], "tool": tool, "codec": "lz4", "kind": "s3",
-                       "root": os.path.join(s3.root, h.BUCKET, made["prefix"]),
-                       "prefix": made["prefix"], "db_bytes": meta["bytes"], "rows": meta["rows"]}
-                r["restore"][tool] = rst.run_case(1, idx, "s3", tool, rep, False, s3, verifier)
+
+            def restore():
+                for idx, tool in enumerate(["replicad", "litestream"], start=1):
+                    made = r["snapshot"][f"{tool}-lz4"]
+                    rep = {"name": made["prefix"], "tool": tool, "codec": "lz4", "kind": "s3",
+                           "root": os.path.join(s3.root, h.BUCKET, made["prefix"]),
+                           "prefix": made["prefix"], "db_bytes": meta["bytes"], "rows": meta["rows"]}
+                    r["restore"][tool] = rst.run_case(1, idx, "s3", tool, rep, False, s3, verifier)
+            timed("restore", restore)
     finally:
         s3.stop()
     r["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -575,6 +674,10 @@ def main():
     print(f"\nreplicad {r['versions']['replicad']} vs Litestream {r['versions']['litestream']}, "
           f"{r['cpus']} CPUs, {r['elapsed_s']} s in all\n")
     print_table(table)
+    print("\nwall time by phase, s: " + ", ".join(f"{k} {v}" for k, v in phase_s.items())
+          + f"; total {r['elapsed_s']}")
+    if setup_s:
+        print("setup steps, s: " + ", ".join(f"{k} {v}" for k, v in setup_s.items()))
     print(f"\nJSON: {os.path.relpath(out, REPO)}")
 
 
