@@ -30,14 +30,16 @@
 //! - otherwise frames may have been checkpointed and overwritten: a full segment keeps the
 //!   chain unbroken (invariant 1). That is the price the size cap bounds.
 //!
-//! While dormant the idle check also stats the database file whenever the WAL is missing or
-//! empty, since an application closing its last connection checkpoints and deletes the WAL.
+//! While dormant the idle check compares stats instead of salts: the WAL's (size, mtime, ctime,
+//! inode; open + fstat + close) when there was one at dormancy, else the database file's (a
+//! failed open + stat), since an application closing its last connection checkpoints and
+//! deletes the WAL, and a TRUNCATE checkpoint empties it; any of that changes a stamp.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
@@ -168,13 +170,16 @@ struct FileStamp {
 
 impl FileStamp {
     fn of(path: &Path) -> std::io::Result<FileStamp> {
-        let m = std::fs::metadata(path)?;
-        Ok(FileStamp {
+        Ok(FileStamp::from_meta(&std::fs::metadata(path)?))
+    }
+
+    fn from_meta(m: &std::fs::Metadata) -> FileStamp {
+        FileStamp {
             len: m.len(),
             ino: m.ino(),
             mtime: (m.mtime(), m.mtime_nsec()),
             ctime: (m.ctime(), m.ctime_nsec()),
-        })
+        }
     }
 
     /// The last change is older than `margin` (so a write now would get another mtime).
@@ -188,6 +193,14 @@ impl FileStamp {
             .duration_since(changed)
             .is_ok_and(|age| age >= margin)
     }
+}
+
+/// What a dormant database compares on each tick.
+#[derive(Debug, Clone, Copy)]
+struct Dormant {
+    db: FileStamp,
+    /// None: there was no WAL file.
+    wal: Option<FileStamp>,
 }
 
 /// How old the database file's last change must be before it is stamped for dormancy: well
@@ -205,6 +218,163 @@ struct Open {
 enum PageSrc {
     Wal(u64),
     DbFile,
+}
+
+/// Reads pages of the current state: from a WAL frame or from the database file.
+#[derive(Clone, Copy)]
+struct PageReader<'a> {
+    db_file: &'a File,
+    wal_file: Option<&'a File>,
+    page_size: u32,
+    path: &'a Path,
+}
+
+impl PageReader<'_> {
+    fn read(&self, src: PageSrc, pgno: u32, buf: &mut [u8]) -> Result<(), DbError> {
+        match (src, self.wal_file) {
+            (PageSrc::Wal(off), Some(f)) => Ok(wal::read_page(f, off, buf)?),
+            _ => {
+                let at = u64::from(pgno - 1) * u64::from(self.page_size);
+                // Past the end of the file SQLite reads zeros; so do we.
+                let mut done = 0;
+                while done < buf.len() {
+                    match self.db_file.read_at(&mut buf[done..], at + done as u64) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(io_err("read", self.path)(e)),
+                    }
+                }
+                buf[done..].fill(0);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Databases with an open connection, process-wide (each holds about four descriptors).
+static AWAKE: AtomicUsize = AtomicUsize::new(0);
+/// Above this many open connections, idle databases go dormant at once instead of after
+/// `dormant-after`, so that thousands of databases fit the open-file limit.
+static AWAKE_BUDGET: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Sets the number of databases that may keep a connection open before idle ones go dormant
+/// early: `replicate` derives it from its open-file limit.
+pub fn set_awake_budget(databases: usize) {
+    AWAKE_BUDGET.store(databases, Ordering::Relaxed);
+}
+
+/// Databases with an open SQLite connection in this process.
+pub fn awake_count() -> usize {
+    AWAKE.load(Ordering::Relaxed)
+}
+
+/// Pages per batch of the parallel segment encoder.
+const BATCH_PAGES: usize = 256;
+/// Segments with fewer pages are encoded on the calling thread.
+const PARALLEL_MIN_PAGES: usize = 8 * BATCH_PAGES;
+
+/// Pages read, compressed and checksummed by one encoder worker, in segment order.
+struct PageBatch {
+    data: Vec<u8>,
+    comp: Vec<u8>,
+    ends: Vec<usize>,
+    sums: Vec<u64>,
+    read_nanos: u64,
+    compress_nanos: u64,
+}
+
+fn encode_batch(
+    reader: &PageReader<'_>,
+    codec: Codec,
+    checksums: bool,
+    chunk: &[(u32, PageSrc)],
+) -> Result<PageBatch, DbError> {
+    let ps = reader.page_size as usize;
+    let mut b = PageBatch {
+        data: vec![0u8; chunk.len() * ps],
+        comp: Vec::with_capacity(chunk.len() * ps / 2),
+        ends: Vec::with_capacity(chunk.len()),
+        sums: Vec::with_capacity(if checksums { chunk.len() } else { 0 }),
+        read_nanos: 0,
+        compress_nanos: 0,
+    };
+    let mut scratch = Vec::new();
+    for (k, &(pgno, src)) in chunk.iter().enumerate() {
+        let buf = &mut b.data[k * ps..(k + 1) * ps];
+        let t0 = Instant::now();
+        reader.read(src, pgno, buf)?;
+        let t1 = Instant::now();
+        codec.compress(buf, &mut scratch)?;
+        b.comp.extend_from_slice(&scratch);
+        b.ends.push(b.comp.len());
+        if checksums {
+            b.sums.push(page_checksum(pgno, buf));
+        }
+        b.read_nanos += duration_nanos(t1 - t0);
+        b.compress_nanos += duration_nanos(t1.elapsed());
+    }
+    Ok(b)
+}
+
+/// Reads, compresses and checksums `pages` on `workers` threads, and hands each page to `sink`
+/// in segment order on the calling thread (which owns the encoder and its file checksum).
+/// Memory is bounded: each worker keeps at most three batches in flight. Returns the read and
+/// compress nanoseconds summed over the workers.
+fn encode_parallel(
+    reader: PageReader<'_>,
+    codec: Codec,
+    checksums: bool,
+    pages: &[(u32, PageSrc)],
+    workers: usize,
+    mut sink: impl FnMut(u32, &[u8], &[u8], u64) -> Result<(), DbError>,
+) -> Result<(u64, u64), DbError> {
+    let ps = reader.page_size as usize;
+    let chunks: Vec<&[(u32, PageSrc)]> = pages.chunks(BATCH_PAGES).collect();
+    std::thread::scope(|scope| {
+        let mut rxs = Vec::with_capacity(workers);
+        for w in 0..workers {
+            let (tx, rx) = std::sync::mpsc::sync_channel(2);
+            rxs.push(rx);
+            let chunks = &chunks;
+            scope.spawn(move || {
+                for chunk in chunks.iter().skip(w).step_by(workers) {
+                    let batch = encode_batch(&reader, codec, checksums, chunk);
+                    let failed = batch.is_err();
+                    // A closed channel means the writer stopped on an error: stop too.
+                    if tx.send(batch).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+        }
+        let (mut read_nanos, mut compress_nanos) = (0, 0);
+        for (i, chunk) in chunks.iter().enumerate() {
+            let batch = rxs[i % workers]
+                .recv()
+                .map_err(|_| DbError::Unsupported("a segment encoder thread stopped".into()))??;
+            read_nanos += batch.read_nanos;
+            compress_nanos += batch.compress_nanos;
+            let mut start = 0;
+            for (k, &(pgno, _)) in chunk.iter().enumerate() {
+                let end = batch.ends[k];
+                let sum = batch.sums.get(k).copied().unwrap_or(0);
+                sink(
+                    pgno,
+                    &batch.data[k * ps..(k + 1) * ps],
+                    &batch.comp[start..end],
+                    sum,
+                )?;
+                start = end;
+            }
+        }
+        Ok((read_nanos, compress_nanos))
+    })
+}
+
+/// Threads for encoding a large segment: every core.
+fn encode_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// One replicated database.
@@ -234,8 +404,8 @@ pub struct Db {
     poisoned: Option<String>,
     /// Start of the current run of idle ticks.
     idle_since: Option<Instant>,
-    /// Set while dormant: the database file's stamp when the connection was closed.
-    dormant: Option<FileStamp>,
+    /// Set while dormant: the stamps when the connection was closed.
+    dormant: Option<Dormant>,
     /// Set by a wake that found the database file untouched since dormancy (see the module
     /// doc); consumed by the first sync after it.
     woke_unchanged: bool,
@@ -326,8 +496,8 @@ impl Db {
     /// This runs on the async worker on purpose: four syscalls on local metadata cost less
     /// than a hop to the blocking pool, and the path allocates nothing.
     ///
-    /// A dormant database skips the full verification (it holds no state to verify) and stats
-    /// the database file when the WAL is missing or empty: five syscalls at most.
+    /// A dormant database skips the full verification (it holds no state to verify) and
+    /// compares stamps instead (module doc): open + fstat + close, or a failed open + stat.
     pub fn fast_path_skip(&mut self, now: Instant) -> bool {
         if self.dormant.is_none()
             && (now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval
@@ -340,17 +510,23 @@ impl Db {
 
     /// The WAL (and, while dormant, the database file) is as the last sync left it.
     fn unchanged_since_sync(&self) -> bool {
+        if let Some(d) = &self.dormant {
+            return match (File::open(&self.wal_path), d.wal) {
+                (Ok(f), Some(wal)) => f.metadata().is_ok_and(|m| FileStamp::from_meta(&m) == wal),
+                (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => {
+                    FileStamp::of(&self.path).is_ok_and(|now| now == d.db)
+                }
+                _ => false,
+            };
+        }
         let Some((size, salt1, salt2)) = self.fast else {
             return false;
         };
         let f = match File::open(&self.wal_path) {
             Ok(f) => f,
-            // No WAL and none expected: nothing was committed (a commit creates the WAL),
-            // unless, dormant, an application closed its last connection since (which
-            // checkpoints and deletes the WAL).
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && size == 0 => {
-                return self.db_file_unchanged();
-            }
+            // No WAL and none expected: nothing was committed (a commit creates the WAL, and
+            // our read transaction keeps a closing application from deleting it).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && size == 0 => return true,
             Err(_) => return false,
         };
         let Ok(meta) = f.metadata() else { return false };
@@ -358,7 +534,7 @@ impl Db {
             return false;
         }
         if size == 0 {
-            return self.db_file_unchanged();
+            return true;
         }
         let mut h = [0u8; 32];
         if f.read_exact_at(&mut h, 0).is_err() {
@@ -367,14 +543,6 @@ impl Db {
         let s1 = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
         let s2 = u32::from_be_bytes([h[20], h[21], h[22], h[23]]);
         s1 == salt1 && s2 == salt2
-    }
-
-    /// Awake, the read transaction guarantees it; dormant, the stamp must match.
-    fn db_file_unchanged(&self) -> bool {
-        match &self.dormant {
-            None => true,
-            Some(stamp) => FileStamp::of(&self.path).is_ok_and(|now| now == *stamp),
-        }
     }
 
     /// Counts a skipped tick, unless a time-based checkpoint is due (then the tick must run).
@@ -388,16 +556,32 @@ impl Db {
         true
     }
 
-    /// Time to close the connection: idle long enough, small enough, and nothing pending.
+    /// Installs or drops the connection, keeping the process-wide count of open ones.
+    fn set_open(&mut self, open: Option<Open>) {
+        match (self.open.is_some(), open.is_some()) {
+            (false, true) => {
+                AWAKE.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                AWAKE.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        self.open = open;
+    }
+
+    /// Time to close the connection: idle long enough (at once when open connections exceed
+    /// the descriptor budget), small enough, and nothing pending.
     fn dormancy_due(&self, now: Instant) -> bool {
         let after = self.settings.dormant_after;
         let Some(open) = &self.open else { return false };
+        let pressed = AWAKE.load(Ordering::Relaxed) > AWAKE_BUDGET.load(Ordering::Relaxed);
         !after.is_zero()
             && self.continuous
             && self.poisoned.is_none()
             && self
                 .idle_since
-                .is_some_and(|t| now.duration_since(t) >= after)
+                .is_some_and(|t| pressed || now.duration_since(t) >= after)
             && u64::from(self.commit) * u64::from(open.page_size) <= self.settings.dormant_max_size
             && !self.checkpoint_due(now)
     }
@@ -408,15 +592,20 @@ impl Db {
         if self.fast.is_none() {
             return Ok(());
         }
-        let stamp = FileStamp::of(&self.path).map_err(io_err("stat", &self.path))?;
-        if !stamp.settled(STAMP_MARGIN) {
+        let db = FileStamp::of(&self.path).map_err(io_err("stat", &self.path))?;
+        let wal = match FileStamp::of(&self.wal_path) {
+            Ok(s) => Some(s),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err("stat", &self.wal_path)(e)),
+        };
+        if !db.settled(STAMP_MARGIN) || wal.is_some_and(|w| !w.settled(STAMP_MARGIN)) {
             return Ok(());
         }
         // Dropping the connection ends the read transaction and closes every descriptor and
         // the shared-memory mapping (no checkpoint: SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE).
-        self.open = None;
+        self.set_open(None);
         self.continuous = false;
-        self.dormant = Some(stamp);
+        self.dormant = Some(Dormant { db, wal });
         self.dirty_since_checkpoint = false;
         self.stats.dormant.store(true, Ordering::Relaxed);
         tracing::debug!(db = %self.path.display(), txid = %self.pos, "dormant");
@@ -436,11 +625,11 @@ impl Db {
         }
         let db_file = File::open(&self.path).map_err(io_err("open", &self.path))?;
         self.woke_unchanged = FileStamp::of(&self.path).is_ok_and(|now| now == stamp);
-        self.open = Some(Open {
+        self.set_open(Some(Open {
             conn,
             db_file,
             page_size,
-        });
+        }));
         self.dormant = None;
         self.continuous = false;
         self.stats.dormant.store(false, Ordering::Relaxed);
@@ -480,11 +669,11 @@ impl Db {
     }
 
     fn sync_inner(&mut self, allow_checkpoint: bool) -> Result<usize, DbError> {
-        if let Some(stamp) = self.dormant {
+        if let Some(d) = self.dormant {
             if !self.path.exists() {
                 return Ok(0);
             }
-            self.wake(stamp)?;
+            self.wake(d.db)?;
         }
         if self.open.is_none() && !self.init()? {
             return Ok(0);
@@ -579,11 +768,11 @@ impl Db {
         }
         self.continuous = false;
         self.page_buf = vec![0u8; page_size as usize];
-        self.open = Some(Open {
+        self.set_open(Some(Open {
             conn,
             db_file,
             page_size,
-        });
+        }));
         self.staging = Some(staging);
         Ok(true)
     }
@@ -807,28 +996,20 @@ impl Db {
         pgno: u32,
         buf: &mut [u8],
     ) -> Result<(), DbError> {
-        match (src, wal_file) {
-            (PageSrc::Wal(off), Some(f)) => Ok(wal::read_page(f, off, buf)?),
-            _ => {
-                let open = self
-                    .open
-                    .as_ref()
-                    .ok_or_else(|| DbError::Unsupported("database not open".into()))?;
-                let at = u64::from(pgno - 1) * u64::from(open.page_size);
-                // Past the end of the file SQLite reads zeros; so do we.
-                let mut done = 0;
-                while done < buf.len() {
-                    match open.db_file.read_at(&mut buf[done..], at + done as u64) {
-                        Ok(0) => break,
-                        Ok(n) => done += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(io_err("read", &self.path)(e)),
-                    }
-                }
-                buf[done..].fill(0);
-                Ok(())
-            }
-        }
+        self.page_reader(wal_file)?.read(src, pgno, buf)
+    }
+
+    fn page_reader<'a>(&'a self, wal_file: Option<&'a File>) -> Result<PageReader<'a>, DbError> {
+        let open = self
+            .open
+            .as_ref()
+            .ok_or_else(|| DbError::Unsupported("database not open".into()))?;
+        Ok(PageReader {
+            db_file: &open.db_file,
+            wal_file,
+            page_size: open.page_size,
+            path: &self.path,
+        })
     }
 
     /// Writes a segment with the pages of `scan` whose newest frame is at or after `from`
@@ -1002,35 +1183,64 @@ impl Db {
         // wal_read = read_page, compress = encode_page, encode = the rest of the build.
         let (mut read_nanos, mut compress_nanos) = (0u64, 0u64);
         let mut page_bytes = 0u64;
-        let result = (|| {
-            for &(pgno, src) in pages {
-                let t0 = Instant::now();
-                self.read_page(wal_file, src, pgno, &mut buf)?;
-                let t1 = Instant::now();
-                enc.encode_page(pgno, &buf)?;
-                let t2 = Instant::now();
-                read_nanos += duration_nanos(t1 - t0);
-                compress_nanos += duration_nanos(t2 - t1);
-                page_bytes += buf.len() as u64;
-                if self.checksums {
-                    let c = page_checksum(pgno, &buf);
-                    // Pages of one segment are distinct, so the old value is the table's.
-                    let old = if full || pgno > commit {
-                        0
-                    } else {
-                        self.table.get(pgno as usize - 1).copied().unwrap_or(0)
-                    };
-                    if old != 0 {
-                        sum.toggle(old);
+        let checksums = self.checksums;
+        let table = &self.table;
+        // Pages of one segment are distinct, so the old value is the table's.
+        let mut account = |pgno: u32, c: u64| {
+            let old = if full || pgno > commit {
+                0
+            } else {
+                table.get(pgno as usize - 1).copied().unwrap_or(0)
+            };
+            if old != 0 {
+                sum.toggle(old);
+            }
+            sum.toggle(c);
+            updates.push((pgno, c));
+        };
+        let workers = encode_workers();
+        let encoded = (|| {
+            if pages.len() >= PARALLEL_MIN_PAGES && workers > 1 {
+                let reader = self.page_reader(wal_file)?;
+                let (r, c) = encode_parallel(
+                    reader,
+                    self.codec,
+                    checksums,
+                    pages,
+                    workers,
+                    |pgno, data, comp, c| {
+                        enc.encode_compressed_page(pgno, comp, data)?;
+                        page_bytes += data.len() as u64;
+                        if checksums {
+                            account(pgno, c);
+                        }
+                        Ok(())
+                    },
+                )?;
+                read_nanos += r;
+                compress_nanos += c;
+            } else {
+                for &(pgno, src) in pages {
+                    let t0 = Instant::now();
+                    self.read_page(wal_file, src, pgno, &mut buf)?;
+                    let t1 = Instant::now();
+                    enc.encode_page(pgno, &buf)?;
+                    let t2 = Instant::now();
+                    read_nanos += duration_nanos(t1 - t0);
+                    compress_nanos += duration_nanos(t2 - t1);
+                    page_bytes += buf.len() as u64;
+                    if checksums {
+                        account(pgno, page_checksum(pgno, &buf));
                     }
-                    sum.toggle(c);
-                    updates.push((pgno, c));
                 }
             }
-            let post = if self.checksums { sum.value() } else { 0 };
+            Ok::<_, DbError>(())
+        })();
+        let result = encoded.and_then(|()| {
+            let post = if checksums { sum.value() } else { 0 };
             let (file, _) = enc.finish(post)?;
             Ok::<_, DbError>((file, post))
-        })();
+        });
         self.page_buf = buf;
         let build_nanos = duration_nanos(built.elapsed());
         PHASES.record_nanos(Phase::WalRead, page_bytes, read_nanos);
@@ -1250,7 +1460,7 @@ impl Db {
             if released {
                 // Without our read transaction the WAL may restart behind us: reopen from
                 // the staged position on the next sync (a full segment if continuity is lost).
-                self.open = None;
+                self.set_open(None);
                 self.continuous = false;
             }
             return Err(e);
@@ -1281,6 +1491,12 @@ impl Db {
             self.stats.staging_bytes.store(bytes, Ordering::Relaxed);
         }
         Ok(removed)
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        self.set_open(None);
     }
 }
 

@@ -220,3 +220,39 @@ fn dormancy_can_be_switched_off() {
     assert!(!db.stats().dormant.load(Ordering::Relaxed));
     assert!(!open_fds(&path).is_empty());
 }
+
+/// With more open connections than the descriptor budget `replicate` derives from its
+/// open-file limit, an idle database goes dormant at its next idle sync, not after
+/// `dormant-after` (here an hour): this is what lets 10,000 databases fit 20,000 descriptors.
+#[test]
+fn descriptor_pressure_makes_idle_databases_dormant_at_once() {
+    let dir = TestDir::new("dormancy-pressure");
+    let path = dir.join("app.db");
+    {
+        let c = app(&path);
+        c.execute_batch(
+            "PRAGMA journal_mode=WAL; CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);",
+        )
+        .unwrap();
+        insert(&c, 5, "seed");
+    }
+    let mut db = Db::new(
+        path.clone(),
+        Some(dir.join("meta")),
+        DbSettings {
+            dormant_after: Duration::from_secs(3600),
+            ..DbSettings::default()
+        },
+        RemoteTip::default(),
+    );
+    db.sync(true).unwrap();
+    db.sync(true).unwrap();
+    assert!(
+        !db.stats().dormant.load(Ordering::Relaxed),
+        "no pressure: awake"
+    );
+    replicad::db::set_awake_budget(0);
+    put_to_sleep(&mut db);
+    replicad::db::set_awake_budget(usize::MAX);
+    assert!(open_fds(&path).is_empty());
+}

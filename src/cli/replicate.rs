@@ -170,7 +170,13 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     } else {
         None
     };
-    raise_fd_limit();
+    let fd_limit = raise_fd_limit();
+    // About four descriptors per open database (SQLite keeps the file twice, the WAL and the
+    // shared memory) plus headroom for staging writes, sockets and replicas: past that,
+    // idle databases go dormant at once rather than after `dormant-after`.
+    if let Some(limit) = fd_limit {
+        crate::db::set_awake_budget((limit.saturating_sub(1024) / 5) as usize);
+    }
     let store = Store::open_with(&config, drill)
         .await
         .map_err(|e| anyhow::anyhow!(e))?;
@@ -306,7 +312,8 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
 /// the usual soft limit of 1024. The soft limit goes to the hard one; with CAP_SYS_RESOURCE
 /// (root), both go to the kernel's per-process maximum (`fs.nr_open`). Go's runtime (so
 /// Litestream) raises only the soft limit.
-fn raise_fd_limit() {
+/// Returns the soft limit in force afterwards (None: unlimited).
+fn raise_fd_limit() -> Option<u64> {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let before = getrlimit(Resource::Nofile);
     let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
@@ -342,4 +349,5 @@ fn raise_fd_limit() {
             tracing::warn!(error = %e, soft = ?before.current, "could not raise the open-file limit")
         }
     }
+    after.current
 }
