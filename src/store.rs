@@ -492,7 +492,8 @@ fn maintenance_of(s: &crate::config::DbSettings, tmp_dir: std::path::PathBuf) ->
 }
 
 /// The monitor task of one database: ticks, runs the idle fast path, and syncs when the WAL
-/// changed. The first tick fires after exactly one interval, then on the database's
+/// changed. The first tick fires at once (a new database's initial snapshot starts without
+/// waiting; the start permits bound how many run together), then on the database's
 /// [`TickGrid`] (a random slot, every interval).
 /// A [`SyncTrigger::request`] starts a tick at once, without the idle fast path.
 async fn monitor(
@@ -504,7 +505,7 @@ async fn monitor(
     trigger: Arc<SyncTrigger>,
 ) {
     let grid = TickGrid::new(interval);
-    let mut next = tokio::time::Instant::now() + interval;
+    let mut next = tokio::time::Instant::now();
     let mut backoff = Backoff::new(
         interval.max(Duration::from_millis(100)),
         Duration::from_secs(300),

@@ -77,9 +77,10 @@ fn caught_up(h: &DbHandle) -> bool {
 async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("app.db");
-    let _conn = make_db(&db);
     let replica = dir.path().join("secret-free-replica");
-    // A long first tick: the Store is open but has not synced yet.
+    // Something that is not a database sits at the path: the first sync fails (and retries),
+    // so the Store is open but not ready.
+    std::fs::create_dir(&db).unwrap();
     let config = Config::single(
         db.clone(),
         &[replica.display().to_string()],
@@ -98,6 +99,8 @@ async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
     assert_eq!(get(a, "/nope").await.0, 404);
     assert_eq!(get(a, "/metrics/x").await.0, 404);
 
+    std::fs::remove_dir(&db).unwrap();
+    let _conn = make_db(&db);
     let h = store.dbs()[0].clone();
     wait_until("caught up", async || caught_up(&h)).await;
     wait_until("ready", async || get(a, "/readyz").await.0 == 200).await;
