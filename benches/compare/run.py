@@ -3,13 +3,15 @@
 
 Usage (from anywhere; paths are relative to the repository root):
 
-    python3 benches/compare/run.py            # everything, ~20 min on 2 cores once tools are built
-    python3 benches/compare/run.py --quick    # shorter windows (~8 min), for a smoke run
+    python3 benches/compare/run.py            # everything, ~12 min on 2 cores once tools are built
+    python3 benches/compare/run.py --quick    # shorter windows (~4 min), for a smoke run
 
 Both tools run alternately (the order flips from one figure to the next) against the same
-loopback S3 server (s3s-fs) and the same generated databases. Prints one table, each figure
-for both tools and the ratio replicad / Litestream, and writes
-benches/compare/results-compare-<UTC time>.json with every raw figure.
+loopback S3 server (s3s-fs) and the same generated databases. The idle figures of one tool
+come from one window in which its 1-, 100- and 400-database processes run side by side.
+Prints one table, each figure for both tools and the ratio replicad / Litestream, then the
+wall time of each phase, and writes benches/compare/results-compare-<UTC time>.json with
+every raw figure (phase_s and setup_s: the wall times).
 
 Figures: idle CPU / RSS / threads / fds at 1, 100 and 400 databases, syscalls per idle tick
 per database (strace -c -f), S3 requests per database per idle hour, lag commit -> object
@@ -102,9 +104,12 @@ def start(tool, cfg, workdir):
     return proc, logf, logp
 
 
-def stop(proc, logf):
+def stop(proc, logf, signalled=False):
+    """SIGTERM (unless `signalled`: a second signal makes both tools skip their shutdown
+    sync), then up to 60 s for the exit, then SIGKILL."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        if not signalled:
+            proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
@@ -161,21 +166,30 @@ def make_small_dbs(root, n):
 
 # ----------------------------------------------------------------------------- idle
 
-BUCKET_ROUTE = re.compile(r'resolved route, op: (\w+), s3_path: (?:Bucket|Object) \{ bucket: "([^"]*)"')
+BUCKET_ROUTE = re.compile(r'resolved route, op: (\w+), s3_path: (?:Bucket \{ bucket: "([^"]*)"'
+                          r'|Object \{ bucket: "([^"]*)", key: "([^"]*)")')
 
 
 def requests_by_bucket(s3, start, end):
-    """S3 requests the server logged between two log offsets: {bucket: {op: count}}. Every
-    route line names the bucket (ListObjectsV2 names nothing else), so one bucket per
-    process attributes every request exactly."""
+    """S3 requests the server logged between two log offsets: {bucket: {op: count}}, and
+    {bucket: {level directory: PutObject count}} (keys <prefix>/dbNNNN/<level>/<file>; other
+    keys count as "other"). Every route line names the bucket (ListObjectsV2 names nothing
+    else), so one bucket per process attributes every request exactly."""
     with open(s3.log_path, "rb") as f:
         f.seek(start)
         text = h.ANSI.sub("", f.read(end - start).decode("utf-8", "replace"))
-    out = {}
+    ops_by, puts_by = {}, {}
     for m in BUCKET_ROUTE.finditer(text):
-        ops = out.setdefault(m.group(2), {})
-        ops[m.group(1)] = ops.get(m.group(1), 0) + 1
-    return {b: dict(sorted(o.items())) for b, o in out.items()}
+        op, bucket, key = m.group(1), m.group(2) or m.group(3), m.group(4)
+        ops = ops_by.setdefault(bucket, {})
+        ops[op] = ops.get(op, 0) + 1
+        if op == "PutObject" and key is not None:
+            parts = key.split("/")
+            level = parts[2] if len(parts) >= 4 else "other"
+            lv = puts_by.setdefault(bucket, {})
+            lv[level] = lv.get(level, 0) + 1
+    return ({b: dict(sorted(o.items())) for b, o in ops_by.items()},
+            {b: dict(sorted(o.items())) for b, o in puts_by.items()})
 
 
 def load_strace():
@@ -187,12 +201,17 @@ def load_strace():
     return im
 
 
-def idle_set(tool, ns, s3, args, strace_ns):
+def idle_set(tool, ns, s3, args, strace_ns, scale=None):
     """One process per database count in `ns`, all of `tool`, started together; each with its
     own work directory, databases, config and S3 bucket (bench-idle-<n>, prefixes
     idle-<tool>-<n>/dbNNNN). Once every database of every process has its first L0 object:
     one settle, then one window in which every process is sampled (CPU, RSS, threads, fds,
     its bucket's requests), then strace of the processes in `strace_ns`, one after the other.
+
+    `scale` (from scale_prepare, same tool): that process is started first, alone, and timed
+    until all its databases are replicated (its start_s); then the idle processes start and
+    it is sampled over the same window as they are.
+
     Returns {n: result} with the fields of one run per process."""
     procs = []  # dicts: n, name, bucket, prefixes, proc, logf, logp, t0, res
     for n in ns:
@@ -210,11 +229,17 @@ def idle_set(tool, ns, s3, args, strace_ns):
         procs.append({"n": n, "name": name, "bucket": bucket, "prefixes": prefixes, "cfg": cfg,
                       "workdir": workdir, "res": {"tool": tool, "dbs": n, "bucket": bucket}})
     os.sync()
-    log(f"idle {tool}: starting {', '.join(str(n) for n in ns)} databases, one process each")
-    for p in procs:
-        p["t0"] = time.monotonic()
-        p["proc"], p["logf"], p["logp"] = start(tool, p["cfg"], p["workdir"])
+    live = []
     try:
+        if scale is not None:
+            if scale_start(scale, args):
+                live.append(scale)
+            else:
+                scale_finish(scale)
+        log(f"idle {tool}: starting {', '.join(str(n) for n in ns)} databases, one process each")
+        for p in procs:
+            p["t0"] = time.monotonic()
+            p["proc"], p["logf"], p["logp"] = start(tool, p["cfg"], p["workdir"])
         pending = {p["name"]: set(p["prefixes"]) for p in procs}
         t0 = min(p["t0"] for p in procs)
         while any(pending.values()) and time.monotonic() - t0 < args.startup_timeout:
@@ -233,10 +258,10 @@ def idle_set(tool, ns, s3, args, strace_ns):
             p["res"]["error"] = (f"{len(pending[p['name']])} databases had no L0 file after the "
                                  f"startup timeout (exit code {p['proc'].poll()})")
             log(f"  {p['name']}: {p['res']['error']}")
-        live = [p for p in procs if p not in bad]
+        live += [p for p in procs if p not in bad]
         if not live:
             return {p["n"]: p["res"] for p in procs}
-        starts = ", ".join(f"{p['n']}: {p['res']['start_s']} s" for p in live)
+        starts = ", ".join(f"{p['n']}: {p['res']['start_s']} s" for p in procs if p not in bad)
         log(f"  all replicated ({starts}); settling {args.settle:.0f} s")
         # Settle past the first L1 compaction of both tools (replicad: 30 s after each
         # replica's start; Litestream: its 30 s tick, aligned to the wall clock), counted from
@@ -244,7 +269,8 @@ def idle_set(tool, ns, s3, args, strace_ns):
         time.sleep(args.settle)
         off0 = s3.log_offset()
         for p in live:
-            p["segs0"] = sum(max_txid(l0_dir(s3, x, p["bucket"])) for x in p["prefixes"])
+            if "prefixes" in p:
+                p["segs0"] = sum(max_txid(l0_dir(s3, x, p["bucket"])) for x in p["prefixes"])
             p["a"], p["w0"] = proc_sample(p["proc"].pid), time.monotonic()
             p["threads"] = {p["a"]["threads"]}
         w0 = min(p["w0"] for p in live)
@@ -254,29 +280,35 @@ def idle_set(tool, ns, s3, args, strace_ns):
                 p["threads"].add(h.proc_stats(p["proc"].pid).get("Threads"))
         for p in live:
             p["b"], p["secs"] = proc_sample(p["proc"].pid), time.monotonic() - p["w0"]
-        by_bucket = requests_by_bucket(s3, off0, s3.log_offset())
+        by_bucket, puts_by_bucket = requests_by_bucket(s3, off0, s3.log_offset())
         for p in live:
             a, b, secs, res, n = p["a"], p["b"], p["secs"], p["res"], p["n"]
+            res.update(window_s=round(secs, 1),
+                       cpu_pct=round(100 * (b["cpu_s"] - a["cpu_s"]) / secs, 3),
+                       rss_mib=b["rss_mib"], hwm_mib=b["hwm_mib"], fds=b["fds"],
+                       concurrent_with=[q["n"] for q in live if q is not p])
+            if p is scale:
+                res.update(threads=b["threads"], settle_s=round(p["w0"] - p["replicated_at"], 1))
+                log(f"  {p['name']}: cpu {res['cpu_pct']}%  rss {res['rss_mib']} MiB  "
+                    f"fds {res['fds']}")
+                continue
             ops = by_bucket.get(p["bucket"], {})
             threads = {t for t in p["threads"] if t is not None}
             res.update(
-                window_s=round(secs, 1),
-                cpu_pct=round(100 * (b["cpu_s"] - a["cpu_s"]) / secs, 3),
-                rss_mib=b["rss_mib"], hwm_mib=b["hwm_mib"],
                 threads=(f"{min(threads)}-{max(threads)}" if len(threads) > 1
                          else str(b["threads"])),
-                fds=b["fds"], requests_in_window=ops,
+                requests_in_window=ops,
+                puts_in_window_by_level=puts_by_bucket.get(p["bucket"], {}),
                 requests_per_db_hour=round(sum(ops.values()) * 3600 / secs / n, 2),
                 new_l0_in_window=sum(max_txid(l0_dir(s3, x, p["bucket"])) for x in p["prefixes"])
-                - p["segs0"],
-                concurrent_with=[q["n"] for q in live if q is not p])
+                - p["segs0"])
             log(f"  {p['name']}: cpu {res['cpu_pct']}%  rss {res['rss_mib']} MiB  threads "
                 f"{res['threads']}  fds {res['fds']}  requests {ops}")
-        other = {b: o for b, o in by_bucket.items() if b not in {p["bucket"] for p in live}}
+        other = {b: o for b, o in by_bucket.items() if b not in {p.get("bucket") for p in live}}
         if other:
             log(f"  requests to other buckets in the window: {other}")
         for p in live:
-            if p["n"] not in strace_ns:
+            if p is scale or p["n"] not in strace_ns:
                 continue
             im = load_strace()
             out = os.path.join(p["workdir"], "strace.txt")
@@ -290,21 +322,25 @@ def idle_set(tool, ns, s3, args, strace_ns):
             log(f"  {p['name']}: syscalls per db per tick {p['res']['syscalls_per_db_tick']}: "
                 f"{p['res']['syscalls_top']}")
     finally:
-        for p in procs:  # SIGTERM to all first: they shut down in parallel
-            if p["proc"].poll() is None:
+        # SIGTERM to all first: they shut down in parallel.
+        for p in procs + ([scale] if scale is not None and "proc" in scale else []):
+            if "proc" in p and p["proc"].poll() is None:
                 p["proc"].send_signal(signal.SIGTERM)
         for p in procs:
-            p["res"]["exit_code"] = stop(p["proc"], p["logf"])
-            p["res"]["log_problems"] = h.problem_lines(p["logp"])[:10]
+            if "proc" in p:
+                p["res"]["exit_code"] = stop(p["proc"], p["logf"], signalled=True)
+                p["res"]["log_problems"] = h.problem_lines(p["logp"])[:10]
+        if scale is not None:
+            scale_finish(scale, signalled=True)
     return {p["n"]: p["res"] for p in procs}
 
 
 # ----------------------------------------------------------------------------- scale
 
-def scale_run(tool, n, args):
-    """`n` databases in one process, file replicas: time until every database has its first
-    level-0 file on its replica, then idle CPU and RSS over the window. The databases are
-    copies of one small database (creating 10,000 with SQLite takes minutes)."""
+def scale_prepare(tool, n):
+    """`n` databases for one process, file replicas, and its config. The databases are copies
+    of one small database (creating 10,000 with SQLite takes minutes)."""
+    t = time.monotonic()
     name = f"scale-{tool}-{n}"
     workdir = os.path.join(WORK, name)
     shutil.rmtree(workdir, ignore_errors=True)
@@ -321,39 +357,77 @@ def scale_run(tool, n, args):
         f.write("dbs:\n")
         for db, rep in zip(dbs, reps):
             f.write(f"  - path: {db}\n    replica:\n      type: file\n      path: {rep}\n")
+    return {"n": n, "name": name, "workdir": workdir, "cfg": cfg, "reps": reps,
+            "res": {"tool": tool, "dbs": n}, "harness_s": time.monotonic() - t}
+
+
+def scale_start(sc, args):
+    """Starts the process and waits until every database has its first level-0 file on its
+    replica (start_s). True when it got there."""
+    t = time.monotonic()
+    res, n, tool = sc["res"], sc["n"], sc["res"]["tool"]
+    log(f"{sc['name']}: starting")
+    sc["t0"] = time.monotonic()
+    sc["proc"], sc["logf"], sc["logp"] = start(tool, sc["cfg"], sc["workdir"])
+    proc = sc["proc"]
+    pending = list(sc["reps"])
+    while pending and proc.poll() is None and time.monotonic() - sc["t0"] < args.scale_timeout:
+        pending = [r for r in pending if max_txid(os.path.join(r, "ltx", "0")) == 0
+                   and max_txid(os.path.join(r, "0000")) == 0]
+        time.sleep(0.5)
+    if proc.poll() is not None:
+        res["error"] = f"exited with {proc.returncode} during start"
+    elif pending:
+        res["error"] = f"{len(pending)} of {n} databases had no L0 file after {args.scale_timeout} s"
+    else:
+        sc["replicated_at"] = time.monotonic()
+        res["start_s"] = round(sc["replicated_at"] - sc["t0"], 1)
+        log(f"  all {n} databases replicated {res['start_s']} s after start")
+    if "error" in res:
+        log(f"  {res['error']}")
+    sc["harness_s"] += time.monotonic() - t
+    return "error" not in res
+
+
+def scale_finish(sc, signalled=False):
+    if sc.get("finished"):
+        return
+    sc["finished"] = True
+    t = time.monotonic()
+    if "proc" in sc:
+        sc["res"]["exit_code"] = stop(sc["proc"], sc["logf"], signalled)
+        sc["res"]["stop_s"] = round(time.monotonic() - t, 1)
+        sc["res"]["log_problems"] = h.problem_lines(sc["logp"])[:10]
+        keep = os.path.join(WORK, f"{sc['name']}.log")  # the work directory goes, the log stays
+        shutil.move(sc["logp"], keep)
+        sc["res"]["log"] = os.path.relpath(keep, REPO)
+    shutil.rmtree(sc["workdir"], ignore_errors=True)
+    sc["harness_s"] += time.monotonic() - t
+
+
+def scale_run(tool, n, args):
+    """The scale figure on its own (with --skip idle, --scale-apart or --scale-litestream):
+    start, then --settle s, then idle CPU and RSS over the window."""
+    sc = scale_prepare(tool, n)
     os.sync()
-    log(f"{name}: starting")
-    t0 = time.monotonic()
-    proc, logf, logp = start(tool, cfg, workdir)
-    res = {"tool": tool, "dbs": n}
+    res = sc["res"]
     try:
-        pending = list(reps)
-        while pending and proc.poll() is None and time.monotonic() - t0 < args.scale_timeout:
-            pending = [r for r in pending if max_txid(os.path.join(r, "ltx", "0")) == 0
-                       and max_txid(os.path.join(r, "0000")) == 0]
-            time.sleep(0.5)
-        if proc.poll() is not None:
-            res["error"] = f"exited with {proc.returncode} during start"
-        elif pending:
-            res["error"] = f"{len(pending)} of {n} databases had no L0 file after {args.scale_timeout} s"
-        if "error" in res:
-            log(f"  {res['error']}")
-            return res
-        res["start_s"] = round(time.monotonic() - t0, 1)
-        log(f"  all {n} databases replicated {res['start_s']} s after start; settling {args.settle} s")
-        time.sleep(args.settle)
-        a = proc_sample(proc.pid)
-        w0 = time.monotonic()
-        time.sleep(args.window)
-        b = proc_sample(proc.pid)
-        secs = time.monotonic() - w0
-        res.update(window_s=round(secs, 1), cpu_pct=round(100 * (b["cpu_s"] - a["cpu_s"]) / secs, 3),
-                   rss_mib=b["rss_mib"], hwm_mib=b["hwm_mib"], threads=b["threads"], fds=b["fds"])
-        log(f"  {name}: cpu {res['cpu_pct']}%  rss {res['rss_mib']} MiB  fds {res['fds']}")
+        if scale_start(sc, args):
+            log(f"  settling {args.settle} s")
+            time.sleep(args.settle)
+            proc = sc["proc"]
+            a = proc_sample(proc.pid)
+            w0 = time.monotonic()
+            time.sleep(args.window)
+            b = proc_sample(proc.pid)
+            secs = time.monotonic() - w0
+            res.update(window_s=round(secs, 1), settle_s=round(w0 - sc["replicated_at"], 1),
+                       cpu_pct=round(100 * (b["cpu_s"] - a["cpu_s"]) / secs, 3),
+                       rss_mib=b["rss_mib"], hwm_mib=b["hwm_mib"], threads=b["threads"],
+                       fds=b["fds"])
+            log(f"  {sc['name']}: cpu {res['cpu_pct']}%  rss {res['rss_mib']} MiB  fds {res['fds']}")
     finally:
-        res["exit_code"] = stop(proc, logf)
-        res["log_problems"] = h.problem_lines(logp)[:10]
-        shutil.rmtree(workdir, ignore_errors=True)
+        scale_finish(sc)
     return res
 
 
@@ -464,8 +538,12 @@ def write_run(mode, s3, args):
     res = {"mode": mode, "rows": rows, "batches": batches, "seconds": round(secs, 2),
            "rows_per_s": round(rows / secs)}
     if proc is not None:
-        # The replica must hold every row written: wait for the tool to catch up.
+        # Nothing after the window is measured: SIGKILL rather than SIGTERM, which would have
+        # the tool ship its backlog first (15-20 s of uploads at 15 s of writes). The
+        # directories and the S3 prefix are fresh for each run.
+        proc.kill()
         res["exit_code"] = stop(proc, logf)
+        res["stopped"] = "SIGKILL after the window"
     log(f"  {name}: {res}")
     return res
 
@@ -565,6 +643,9 @@ def main():
     p.add_argument("--scale-timeout", type=float, default=300.0)
     p.add_argument("--scale-litestream", action="store_true",
                    help="also try Litestream at --scale databases (it fails at 10,000 here)")
+    p.add_argument("--scale-apart", action="store_true",
+                   help="run the scale process on its own (start, --settle, window) instead of "
+                        "within replicad's idle set")
     p.add_argument("--skip", default="", help="comma list of: idle,scale,lag,write,snapshot,restore")
     args = p.parse_args()
     if args.quick:  # shorter windows, unless given on the command line
@@ -598,8 +679,6 @@ def main():
         source, meta = h.ensure_db(args.size_mib)
         setup_s["database"] = round(time.monotonic() - t, 1)
         r["database"] = dict(meta, path=os.path.relpath(source, REPO))
-    phase_s["setup"] = round(time.monotonic() - started, 1)
-    log(f"setup took {phase_s['setup']} s: {setup_s}")
 
     def timed(name, fn):
         t = time.monotonic()
@@ -609,18 +688,18 @@ def main():
             phase_s[name] = round(time.monotonic() - t, 1)
             log(f"phase {name} took {phase_s[name]} s")
 
-    s3 = h.S3Server()
+    t = time.monotonic()
+    s3 = h.S3Server()  # waits while another benchmark run holds the lock; wipes the old root
+    setup_s["s3 server start"] = round(time.monotonic() - t, 1)
+    phase_s["setup"] = round(time.monotonic() - started, 1)
+    log(f"setup took {phase_s['setup']} s: {setup_s}")
     try:
         tools = ["replicad", "litestream"]
-        if "idle" not in skip:
-            strace_n = {int(x) for x in args.strace_dbs.split(",") if x}
-
-            def idle():
-                for tool in tools:
-                    for n, res in idle_set(tool, r["idle_dbs"], s3, args, strace_n).items():
-                        r["idle"][f"{tool}-{n}"] = res
-            timed("idle", idle)
-        if "scale" not in skip and args.scale:
+        # The scale process (replicad, default) runs within replicad's idle set: started
+        # first and alone (its start time is measured alone), then sampled over the same
+        # window as the idle processes. With --skip idle or --scale-apart it runs on its own.
+        want_scale = "scale" not in skip and args.scale
+        if want_scale:
             # About four descriptors a database (SQLite: database twice, WAL, shared memory).
             fits = int((fd_limit - 500) / 4.2)
             if args.scale > fits:
@@ -628,12 +707,31 @@ def main():
                     f"limit here is {fd_limit} and cannot be raised (no CAP_SYS_RESOURCE): using {fits}")
                 r["scale_capped_by_fd_limit"] = {"asked": args.scale, "used": fits}
                 args.scale = fits
-
+        scale_apart = want_scale and ("idle" in skip or args.scale_apart)
+        if "idle" not in skip:
+            strace_n = {int(x) for x in args.strace_dbs.split(",") if x}
+            t = time.monotonic()
+            sc = scale_prepare("replicad", args.scale) if want_scale and not scale_apart else None
+            for tool in tools:
+                for n, res in idle_set(tool, r["idle_dbs"], s3, args, strace_n,
+                                       sc if tool == "replicad" else None).items():
+                    r["idle"][f"{tool}-{n}"] = res
+            # The scale process's own share of the wall time: making its databases, waiting
+            # for its start, its shutdown (the window is the idle set's).
+            scale_s = round(sc["harness_s"], 1) if sc is not None else 0
+            phase_s["idle"] = round(time.monotonic() - t - scale_s, 1)
+            if sc is not None:
+                r["scale"] = {"replicad": dict(sc["res"], with_idle_set=True)}
+                phase_s["scale"] = scale_s
+            log(f"phase idle took {phase_s['idle']} s"
+                + (f" (+ {scale_s} s for the scale process)" if sc is not None else ""))
+        if scale_apart or (want_scale and args.scale_litestream):
             def scale():
-                r["scale"] = {"replicad": scale_run("replicad", args.scale, args)}
+                if scale_apart:
+                    r["scale"] = {"replicad": scale_run("replicad", args.scale, args)}
                 if args.scale_litestream:
-                    r["scale"]["litestream"] = scale_run("litestream", args.scale, args)
-            timed("scale", scale)
+                    r.setdefault("scale", {})["litestream"] = scale_run("litestream", args.scale, args)
+            timed("scale" if scale_apart else "scale_litestream", scale)
         if "lag" not in skip:
             r["lag"] = timed("lag", lambda: {t: lag_run(t, s3, args) for t in tools[::-1]})
         if "write" not in skip:

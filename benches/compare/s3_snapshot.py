@@ -338,7 +338,28 @@ def free_port():
 
 
 class S3Server:
+    """The loopback s3s-fs of one benchmark run. Runs take turns: the server's root and log
+    are fixed paths (wiped at start) and two runs at once would also distort each other's
+    figures, so the constructor waits for target/bench-data/.bench.lock (flock), held until
+    stop()."""
+
     def __init__(self):
+        import fcntl
+        os.makedirs(DATA, exist_ok=True)
+        self.lockf = open(os.path.join(DATA, ".bench.lock"), "a+")
+        try:
+            fcntl.flock(self.lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.lockf.seek(0)
+            log(f"another benchmark run holds {self.lockf.name} ({self.lockf.read().strip()}): "
+                f"waiting for it to finish")
+            t = time.monotonic()
+            fcntl.flock(self.lockf, fcntl.LOCK_EX)
+            log(f"  waited {time.monotonic() - t:.0f} s")
+        self.lockf.seek(0)
+        self.lockf.truncate()
+        self.lockf.write(f"pid {os.getpid()}: {' '.join(sys.argv)}\n")
+        self.lockf.flush()
         self.root = os.path.join(DATA, "s3root")
         self.log_path = os.path.join(DATA, "s3s-fs.log")
         shutil.rmtree(self.root, ignore_errors=True)
@@ -389,6 +410,7 @@ class S3Server:
                 self.proc.kill()
                 self.proc.wait()
         self.logf.close()
+        self.lockf.close()  # releases the flock
 
 
 # ----------------------------------------------------------------------------- one run
