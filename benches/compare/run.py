@@ -3,8 +3,8 @@
 
 Usage (from anywhere; paths are relative to the repository root):
 
-    python3 benches/compare/run.py            # everything, ~12 min on 2 cores once tools are built
-    python3 benches/compare/run.py --quick    # shorter windows (~4 min), for a smoke run
+    python3 benches/compare/run.py            # everything, ~9 min on 2 cores once tools are built
+    python3 benches/compare/run.py --quick    # shorter windows (~3.5 min), for a smoke run
 
 Both tools run alternately (the order flips from one figure to the next) against the same
 loopback S3 server (s3s-fs) and the same generated databases. The idle figures of one tool
