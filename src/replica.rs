@@ -399,7 +399,7 @@ impl Replica {
             tokio::select! {
                 _ = abort.cancelled() => return,
                 _ = pos_rx.changed(), if retry.is_none() && !closed => {}
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep_until(crate::store::coarse_deadline(wait)) => {}
             }
         }
     }

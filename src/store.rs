@@ -627,6 +627,21 @@ struct TickGrid {
 
 static TICK_EPOCH: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
 
+/// Long waits (heartbeats, maintenance, lease refreshes: 10 s and more) end on whole seconds of
+/// the tick grid's epoch: the idle wake-ups of hundreds of replica tasks then share the
+/// runtime wake-ups of the monitors' first slot instead of each costing its own. A wait grows
+/// by less than a second; shorter waits are left exact.
+pub(crate) fn coarse_deadline(wait: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    if wait < Duration::from_secs(10) {
+        return now + wait;
+    }
+    let epoch = *TICK_EPOCH.get_or_init(tokio::time::Instant::now);
+    let at = (now + wait).duration_since(epoch);
+    let whole = Duration::from_secs(at.as_secs() + u64::from(at.subsec_nanos() > 0));
+    epoch + whole
+}
+
 impl TickGrid {
     fn new(interval: Duration) -> TickGrid {
         let interval = interval.max(Duration::from_millis(1));
@@ -675,6 +690,24 @@ mod tests {
                 assert_eq!(g.after(next - Duration::from_nanos(1)), next);
             }
         }
+        // Long waits end on whole seconds of the epoch, less than a second late; short ones
+        // are exact.
+        for secs in [10.0, 30.0, 59.999, 300.5] {
+            let wait = Duration::from_secs_f64(secs);
+            let before = tokio::time::Instant::now();
+            let d = coarse_deadline(wait);
+            assert!(
+                d >= before + wait
+                    && d < tokio::time::Instant::now() + wait + Duration::from_secs(1)
+            );
+            assert_eq!((d - epoch).subsec_nanos(), 0, "{secs} s: on a whole second");
+        }
+        let before = tokio::time::Instant::now();
+        let short = coarse_deadline(Duration::from_millis(50));
+        assert!(
+            short >= before + Duration::from_millis(50)
+                && short < before + Duration::from_millis(60)
+        );
         // 200 databases over 10 slots: every slot used (a miss has odds of 0.9^200).
         assert_eq!(phases.len(), TICK_SLOTS as usize, "{phases:?}");
     }
