@@ -31,8 +31,8 @@
 //!   chain unbroken (invariant 1). That is the price the size cap bounds.
 //!
 //! While dormant the idle check compares stats instead of salts: the WAL's (size, mtime, ctime,
-//! inode; open + fstat + close) when there was one at dormancy, else the database file's (a
-//! failed open + stat), since an application closing its last connection checkpoints and
+//! inode; one `statx`) when there was one at dormancy, else the database file's (a failed
+//! `statx` + one more), since an application closing its last connection checkpoints and
 //! deletes the WAL, and a TRUNCATE checkpoint empties it; any of that changes a stamp.
 
 use std::fs::File;
@@ -497,7 +497,7 @@ impl Db {
     /// than a hop to the blocking pool, and the path allocates nothing.
     ///
     /// A dormant database skips the full verification (it holds no state to verify) and
-    /// compares stamps instead (module doc): open + fstat + close, or a failed open + stat.
+    /// compares stamps instead (module doc): one `statx` of the WAL, or two when it is missing.
     pub fn fast_path_skip(&mut self, now: Instant) -> bool {
         if self.dormant.is_none()
             && (now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval
@@ -511,8 +511,8 @@ impl Db {
     /// The WAL (and, while dormant, the database file) is as the last sync left it.
     fn unchanged_since_sync(&self) -> bool {
         if let Some(d) = &self.dormant {
-            return match (File::open(&self.wal_path), d.wal) {
-                (Ok(f), Some(wal)) => f.metadata().is_ok_and(|m| FileStamp::from_meta(&m) == wal),
+            return match (FileStamp::of(&self.wal_path), d.wal) {
+                (Ok(now), Some(wal)) => now == wal,
                 (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => {
                     FileStamp::of(&self.path).is_ok_and(|now| now == d.db)
                 }

@@ -704,8 +704,11 @@ def main():
         # first and alone (its start time is measured alone), then sampled over the same
         # window as the idle processes. With --skip idle or --scale-apart it runs on its own.
         want_scale = "scale" not in skip and args.scale
-        if want_scale:
-            # About four descriptors a database (SQLite: database twice, WAL, shared memory).
+        if want_scale and args.scale_litestream:
+            # Litestream keeps about four descriptors a database (SQLite: database twice, WAL,
+            # shared memory) and has no budget: cap the count for it. replicad is not capped:
+            # idle databases go dormant (no descriptor) when open ones near a fifth of its
+            # open-file limit (README, "dormant").
             fits = int((fd_limit - 500) / 4.2)
             if args.scale > fits:
                 log(f"--scale {args.scale} needs ~{4.2 * args.scale + 500:.0f} open files; the hard "
