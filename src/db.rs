@@ -1349,19 +1349,8 @@ impl Db {
             return Ok(written);
         }
         let sealed = (|| {
-            loop {
-                let (wrote, limited) = self.sync_once()?;
-                written += usize::from(wrote);
-                if !limited {
-                    break;
-                }
-            }
-            let conn = &self
-                .open
-                .as_ref()
-                .ok_or_else(|| DbError::Unsupported("database not open".into()))?
-                .conn;
-            conn.execute_batch("COMMIT")?;
+            written += self.seal()?;
+            let conn = self.end_read()?;
             let mode = if truncate { "TRUNCATE" } else { "PASSIVE" };
             // TRUNCATE needs the write lock itself: give it up first (the WAL is synced).
             if truncate {
@@ -1434,19 +1423,8 @@ impl Db {
         let mut written = 0;
         let mut released = false;
         let moved = (|| {
-            loop {
-                let (wrote, limited) = self.sync_once()?;
-                written += usize::from(wrote);
-                if !limited {
-                    break;
-                }
-            }
-            let conn = &self
-                .open
-                .as_ref()
-                .ok_or_else(|| DbError::Unsupported("database not open".into()))?
-                .conn;
-            conn.execute_batch("COMMIT")?;
+            written += self.seal()?;
+            let conn = self.end_read()?;
             released = true;
             // Nobody can commit while the barrier holds the write lock: the new read mark
             // is exactly the end of what was just sealed.
@@ -1469,6 +1447,29 @@ impl Db {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })?;
         Ok(written)
+    }
+
+    /// Copies every committed frame into segments (under the barrier: nothing new can land).
+    fn seal(&mut self) -> Result<usize, DbError> {
+        let mut written = 0;
+        loop {
+            let (wrote, limited) = self.sync_once()?;
+            written += usize::from(wrote);
+            if !limited {
+                return Ok(written);
+            }
+        }
+    }
+
+    /// Ends our read transaction (only under the barrier); returns the connection.
+    fn end_read(&self) -> Result<&Connection, DbError> {
+        let conn = &self
+            .open
+            .as_ref()
+            .ok_or_else(|| DbError::Unsupported("database not open".into()))?
+            .conn;
+        conn.execute_batch("COMMIT")?;
+        Ok(conn)
     }
 
     /// Final sync before shutdown (no checkpoint: the next start continues from the WAL).

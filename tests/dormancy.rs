@@ -191,10 +191,9 @@ fn dormant_database_wakes_on_every_kind_of_change_lz4() {
     dormancy_case("lz4");
 }
 
-/// `dormant-after: 0s` keeps the connection open however long the database idles.
-#[test]
-fn dormancy_can_be_switched_off() {
-    let dir = TestDir::new("dormancy-off");
+/// A small database (the application's connection closed) and its Db.
+fn seeded(name: &str, dormant_after: Duration) -> (TestDir, std::path::PathBuf, Db) {
+    let dir = TestDir::new(name);
     let path = dir.join("app.db");
     {
         let c = app(&path);
@@ -204,15 +203,22 @@ fn dormancy_can_be_switched_off() {
         .unwrap();
         insert(&c, 5, "seed");
     }
-    let mut db = Db::new(
+    let db = Db::new(
         path.clone(),
         Some(dir.join("meta")),
         DbSettings {
-            dormant_after: Duration::ZERO,
+            dormant_after,
             ..DbSettings::default()
         },
         RemoteTip::default(),
     );
+    (dir, path, db)
+}
+
+/// `dormant-after: 0s` keeps the connection open however long the database idles.
+#[test]
+fn dormancy_can_be_switched_off() {
+    let (_dir, path, mut db) = seeded("dormancy-off", Duration::ZERO);
     for _ in 0..10 {
         db.sync(true).unwrap();
         sleep(Duration::from_millis(20));
@@ -226,25 +232,7 @@ fn dormancy_can_be_switched_off() {
 /// `dormant-after` (here an hour): this is what lets 10,000 databases fit 20,000 descriptors.
 #[test]
 fn descriptor_pressure_makes_idle_databases_dormant_at_once() {
-    let dir = TestDir::new("dormancy-pressure");
-    let path = dir.join("app.db");
-    {
-        let c = app(&path);
-        c.execute_batch(
-            "PRAGMA journal_mode=WAL; CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);",
-        )
-        .unwrap();
-        insert(&c, 5, "seed");
-    }
-    let mut db = Db::new(
-        path.clone(),
-        Some(dir.join("meta")),
-        DbSettings {
-            dormant_after: Duration::from_secs(3600),
-            ..DbSettings::default()
-        },
-        RemoteTip::default(),
-    );
+    let (_dir, path, mut db) = seeded("dormancy-pressure", Duration::from_secs(3600));
     db.sync(true).unwrap();
     db.sync(true).unwrap();
     assert!(
