@@ -264,11 +264,6 @@ pub fn set_awake_budget(databases: usize) {
     AWAKE_BUDGET.store(databases, Ordering::Relaxed);
 }
 
-/// Databases with an open SQLite connection in this process.
-pub fn awake_count() -> usize {
-    AWAKE.load(Ordering::Relaxed)
-}
-
 /// Pages per batch of the parallel segment encoder.
 const BATCH_PAGES: usize = 256;
 /// Segments with fewer pages are encoded on the calling thread.
