@@ -88,23 +88,11 @@ fn insert(c: &Connection, n: usize, tag: &str) {
 }
 
 fn dormancy_case(codec: &str) {
-    let dir = TestDir::new(&format!("dormancy-{}", codec.replace(':', "")));
-    let path = dir.join("app.db");
-    let meta = dir.join("meta");
-    {
-        let c = app(&path);
-        c.execute_batch(
-            "PRAGMA journal_mode=WAL; CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);",
-        )
-        .unwrap();
-        insert(&c, 50, "seed");
-    } // the last connection closes: SQLite checkpoints and deletes the WAL
-    let mut db = Db::new(
-        path.clone(),
-        Some(meta.clone()),
+    let (dir, path, mut db) = seeded(
+        &format!("dormancy-{}", codec.replace(':', "")),
         settings(codec),
-        RemoteTip::default(),
     );
+    let meta = dir.join("meta");
     let stats = db.stats();
     db.sync(true).unwrap();
     assert!(
@@ -191,8 +179,9 @@ fn dormant_database_wakes_on_every_kind_of_change_lz4() {
     dormancy_case("lz4");
 }
 
-/// A small database (the application's connection closed) and its Db.
-fn seeded(name: &str, dormant_after: Duration) -> (TestDir, std::path::PathBuf, Db) {
+/// A small database whose application closed its last connection (SQLite checkpointed and
+/// deleted the WAL), and its Db staging under `<dir>/meta`.
+fn seeded(name: &str, settings: DbSettings) -> (TestDir, std::path::PathBuf, Db) {
     let dir = TestDir::new(name);
     let path = dir.join("app.db");
     {
@@ -206,10 +195,7 @@ fn seeded(name: &str, dormant_after: Duration) -> (TestDir, std::path::PathBuf, 
     let db = Db::new(
         path.clone(),
         Some(dir.join("meta")),
-        DbSettings {
-            dormant_after,
-            ..DbSettings::default()
-        },
+        settings,
         RemoteTip::default(),
     );
     (dir, path, db)
@@ -218,7 +204,13 @@ fn seeded(name: &str, dormant_after: Duration) -> (TestDir, std::path::PathBuf, 
 /// `dormant-after: 0s` keeps the connection open however long the database idles.
 #[test]
 fn dormancy_can_be_switched_off() {
-    let (_dir, path, mut db) = seeded("dormancy-off", Duration::ZERO);
+    let (_dir, path, mut db) = seeded(
+        "dormancy-off",
+        DbSettings {
+            dormant_after: Duration::ZERO,
+            ..DbSettings::default()
+        },
+    );
     for _ in 0..10 {
         db.sync(true).unwrap();
         sleep(Duration::from_millis(20));
@@ -232,7 +224,13 @@ fn dormancy_can_be_switched_off() {
 /// `dormant-after` (here an hour): this is what lets 10,000 databases fit 20,000 descriptors.
 #[test]
 fn descriptor_pressure_makes_idle_databases_dormant_at_once() {
-    let (_dir, path, mut db) = seeded("dormancy-pressure", Duration::from_secs(3600));
+    let (_dir, path, mut db) = seeded(
+        "dormancy-pressure",
+        DbSettings {
+            dormant_after: Duration::from_secs(3600),
+            ..DbSettings::default()
+        },
+    );
     db.sync(true).unwrap();
     db.sync(true).unwrap();
     assert!(
