@@ -33,7 +33,9 @@
 //! While dormant the idle check compares stats instead of salts: the WAL's (size, mtime, ctime,
 //! inode; one `statx`) when there was one at dormancy, else the database file's (a failed
 //! `statx` + one more), since an application closing its last connection checkpoints and
-//! deletes the WAL, and a TRUNCATE checkpoint empties it; any of that changes a stamp.
+//! deletes the WAL, and a TRUNCATE checkpoint empties it; any of that changes a stamp. The
+//! monitor of a dormant database hands that check ([`DormantProbe`]) to
+//! [`crate::dormant_watch`], which runs it for every parked database of a tick slot at once.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -52,6 +54,7 @@ use crate::ltx::{
     self, CHECKSUM_FLAG, Codec, Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId, lock_pgno,
 };
 use crate::metrics::{PHASES, Phase, duration_nanos};
+use crate::segment_feed::{GrowingSegment, SegmentFeed, Tap};
 use crate::staging::Staging;
 use crate::wal::{self, WAL_HEADER_SIZE, WalError, WalHeader};
 
@@ -203,6 +206,41 @@ struct Dormant {
     wal: Option<FileStamp>,
 }
 
+impl Dormant {
+    /// The files are as they were at dormancy: one `statx` of the WAL, or two when there was
+    /// none (then the database file's stamp decides).
+    fn unchanged(&self, db_path: &Path, wal_path: &Path) -> bool {
+        match (FileStamp::of(wal_path), self.wal) {
+            (Ok(now), Some(wal)) => now == wal,
+            (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => {
+                FileStamp::of(db_path).is_ok_and(|now| now == self.db)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The idle check of a dormant database, apart from its Db: what
+/// [`crate::dormant_watch`] runs for a parked monitor.
+#[derive(Debug)]
+pub struct DormantProbe {
+    path: PathBuf,
+    wal_path: PathBuf,
+    stamps: Dormant,
+    stats: Arc<DbStats>,
+}
+
+impl DormantProbe {
+    /// The files are as they were at dormancy; counts a skipped tick when they are.
+    pub fn unchanged(&self) -> bool {
+        let same = self.stamps.unchanged(&self.path, &self.wal_path);
+        if same {
+            self.stats.sync_skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        same
+    }
+}
+
 /// How old the database file's last change must be before it is stamped for dormancy: well
 /// above the kernel's coarse timestamp granularity (one jiffy, 1-10 ms).
 const STAMP_MARGIN: Duration = Duration::from_millis(50);
@@ -268,6 +306,9 @@ pub fn set_awake_budget(databases: usize) {
 const BATCH_PAGES: usize = 256;
 /// Segments with fewer pages are encoded on the calling thread.
 const PARALLEL_MIN_PAGES: usize = 8 * BATCH_PAGES;
+/// Full segments of at least this many page bytes are announced on the segment feed while
+/// they are written (smaller ones upload in a blink once staged).
+const STREAM_MIN_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Pages read, compressed and checksummed by one encoder worker, in segment order.
 struct PageBatch {
@@ -405,6 +446,7 @@ pub struct Db {
     /// doc); consumed by the first sync after it.
     woke_unchanged: bool,
     pos_tx: watch::Sender<DbPos>,
+    feed: SegmentFeed,
     stats: Arc<DbStats>,
     page_buf: Vec<u8>,
 }
@@ -452,6 +494,7 @@ impl Db {
             dormant: None,
             woke_unchanged: false,
             pos_tx,
+            feed: SegmentFeed::default(),
             stats: Arc::new(DbStats::default()),
             page_buf: Vec::new(),
         }
@@ -470,6 +513,12 @@ impl Db {
     /// Subscribes to position updates.
     pub fn subscribe(&self) -> watch::Receiver<DbPos> {
         self.pos_tx.subscribe()
+    }
+
+    /// Follows the full segments being staged (see [`crate::segment_feed`]): for replicas
+    /// that upload a large segment while it is written.
+    pub fn segment_feed(&self) -> watch::Receiver<Option<Arc<GrowingSegment>>> {
+        self.feed.subscribe()
     }
 
     /// Counters.
@@ -503,16 +552,25 @@ impl Db {
         self.unchanged_since_sync() && self.skip_tick(now)
     }
 
+    /// While dormant and healthy: its idle check, to run away from the Db (its skipped ticks
+    /// are counted on this Db's stats).
+    pub fn dormant_probe(&self) -> Option<DormantProbe> {
+        let stamps = *self.dormant.as_ref()?;
+        if self.poisoned.is_some() {
+            return None;
+        }
+        Some(DormantProbe {
+            path: self.path.clone(),
+            wal_path: self.wal_path.clone(),
+            stamps,
+            stats: self.stats.clone(),
+        })
+    }
+
     /// The WAL (and, while dormant, the database file) is as the last sync left it.
     fn unchanged_since_sync(&self) -> bool {
         if let Some(d) = &self.dormant {
-            return match (FileStamp::of(&self.wal_path), d.wal) {
-                (Ok(now), Some(wal)) => now == wal,
-                (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => {
-                    FileStamp::of(&self.path).is_ok_and(|now| now == d.db)
-                }
-                _ => false,
-            };
+            return d.unchanged(&self.path, &self.wal_path);
         }
         let Some((size, salt1, salt2)) = self.fast else {
             return false;
@@ -1156,7 +1214,17 @@ impl Db {
         let tmp = fsutil::tmp_path(&dest);
         let file = File::create(&tmp).map_err(io_err("create", &tmp))?;
         let built = Instant::now();
-        let mut enc = Encoder::new(file, header, self.codec)?;
+        let announced = (full
+            && self.feed.followed()
+            && pages.len() as u64 * u64::from(header.page_size) >= STREAM_MIN_BYTES)
+            .then(|| File::open(&tmp).ok())
+            .flatten()
+            .map(|r| {
+                self.feed
+                    .announce(GrowingSegment::new(header.max_txid, header.timestamp, r))
+            });
+        let tap = Tap::new(file, announced.as_ref().map(|a| a.segment().clone()));
+        let mut enc = Encoder::new(tap, header, self.codec)?;
         let commit = header.commit;
         // The checksum table changes only once the segment is published: a failed write
         // (ENOSPC, EIO) must leave it exactly as it was, or the next segment's post-apply
@@ -1233,8 +1301,8 @@ impl Db {
         })();
         let result = encoded.and_then(|()| {
             let post = if checksums { sum.value() } else { 0 };
-            let (file, _) = enc.finish(post)?;
-            Ok::<_, DbError>((file, post))
+            let (tap, _) = enc.finish(post)?;
+            Ok::<_, DbError>((tap.into_inner(), post))
         });
         self.page_buf = buf;
         let build_nanos = duration_nanos(built.elapsed());
@@ -1283,6 +1351,9 @@ impl Db {
                 .fetch_add(meta.len(), Ordering::Relaxed);
         }
         self.publish(header.timestamp);
+        if let Some(a) = announced {
+            a.published(segment_bytes);
+        }
         Ok(())
     }
 
@@ -1331,7 +1402,16 @@ impl Db {
     /// TRUNCATE above `truncate-page-n`. Never RESTART. Returns segments written.
     fn checkpoint(&mut self) -> Result<usize, DbError> {
         let truncate = self.wal_pages() >= u64::from(self.settings.truncate_page_n);
-        let barrier = open_connection(&self.path)?;
+        let mut barrier = open_connection(&self.path)?;
+        // Politely while the WAL is small: a busy write lock skips this checkpoint until a
+        // later tick, without holding up the monitor. Insistently past a quarter of the
+        // TRUNCATE threshold, so that a writer that never pauses gets one short stall of a
+        // PASSIVE checkpoint instead of a TRUNCATE's long one followed by a full segment.
+        if self.wal_pages() >= u64::from(self.settings.truncate_page_n / 4) {
+            barrier.busy_handler(Some(barrier_busy))?;
+        } else {
+            barrier.busy_timeout(Duration::from_millis(10))?;
+        }
         let mut written = if truncate {
             0
         } else {
@@ -1534,6 +1614,20 @@ pub fn configure_sqlite_memory() {
         );
     }
 }
+
+/// Busy handler of the checkpoint barrier's `BEGIN IMMEDIATE` once the WAL is large. An
+/// application that commits back to back frees the write lock only for microseconds between
+/// its transactions, which SQLite's default handler (sleeps of 1 to 100 ms) almost never hits:
+/// the checkpoint was skipped again and again until the WAL reached `truncate-page-n`, and the
+/// TRUNCATE then stalled the application for seconds (3-7 s at 1 GiB). Polling every 20 us
+/// for about a second catches a gap.
+fn barrier_busy(attempt: i32) -> bool {
+    std::thread::sleep(Duration::from_micros(20));
+    attempt < BARRIER_BUSY_POLLS
+}
+
+/// Polls of [`barrier_busy`] before the checkpoint is skipped (about 1-2 s in all).
+const BARRIER_BUSY_POLLS: i32 = 20_000;
 
 fn open_connection(path: &Path) -> Result<Connection, DbError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE

@@ -6,10 +6,13 @@
 //!
 //! Invariants:
 //! - Readers get an immutable snapshot (`Arc<Vec<DbHandle>>`): the lock is held only to clone
-//!   an `Arc` or to swap in a new list, never across an `.await` or any I/O.
+//!   an `Arc` or to change the list, never across an `.await` or any I/O.
 //! - Only the Store changes the set ([`crate::store`]); a path appears at most once.
+//! - A change copies the list only while a reader still holds a snapshot of it
+//!   (`Arc::make_mut`): starting 10,000 databases must not copy the list 10,000 times.
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use crate::store::DbHandle;
@@ -17,41 +20,105 @@ use crate::store::DbHandle;
 /// The shared, current list of databases (cheap to clone).
 #[derive(Clone, Default)]
 pub struct DbRegistry {
-    inner: Arc<RwLock<Arc<Vec<DbHandle>>>>,
+    inner: Arc<RwLock<Listed>>,
+}
+
+#[derive(Default)]
+struct Listed {
+    dbs: Arc<Vec<DbHandle>>,
+    /// The paths in `dbs`, for the at-most-once check without a scan.
+    paths: HashSet<PathBuf>,
 }
 
 impl DbRegistry {
     /// The databases now, in the order they were added.
     pub fn snapshot(&self) -> Arc<Vec<DbHandle>> {
-        // A poisoned lock still holds a consistent list: writers only swap whole `Arc`s.
-        self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
+        // A poisoned lock still holds a consistent list: nothing a writer does between
+        // changing `paths` and `dbs` can panic.
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .dbs
+            .clone()
     }
 
     /// Whether `path` is in the set.
     pub fn contains(&self, path: &Path) -> bool {
-        self.snapshot().iter().any(|d| d.path == path)
+        let listed = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        listed.paths.contains(path)
     }
 
     /// Adds `db`; false (and nothing changed) when its path is already there.
     pub(crate) fn insert(&self, db: DbHandle) -> bool {
         let mut guard = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        if guard.iter().any(|d| d.path == db.path) {
+        let listed = &mut *guard;
+        if !listed.paths.insert(db.path.clone()) {
             return false;
         }
-        let mut next = Vec::with_capacity(guard.len() + 1);
-        next.extend(guard.iter().cloned());
-        next.push(db);
-        *guard = Arc::new(next);
+        Arc::make_mut(&mut listed.dbs).push(db);
         true
     }
 
     /// Removes the database at `path`, returning it.
     pub(crate) fn remove(&self, path: &Path) -> Option<DbHandle> {
         let mut guard = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        let i = guard.iter().position(|d| d.path == path)?;
-        let mut next: Vec<DbHandle> = guard.iter().cloned().collect();
-        let removed = next.remove(i);
-        *guard = Arc::new(next);
-        Some(removed)
+        let listed = &mut *guard;
+        let i = listed.dbs.iter().position(|d| d.path == path)?;
+        listed.paths.remove(path);
+        Some(Arc::make_mut(&mut listed.dbs).remove(i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(path: &str) -> DbHandle {
+        DbHandle {
+            path: PathBuf::from(path),
+            stats: Default::default(),
+            replicas: Vec::new(),
+            pos: tokio::sync::watch::channel(Default::default()).1,
+            sync: Default::default(),
+        }
+    }
+
+    fn paths(dbs: &[DbHandle]) -> Vec<&Path> {
+        dbs.iter().map(|d| d.path.as_path()).collect()
+    }
+
+    #[test]
+    fn snapshots_keep_their_list_while_the_set_changes() {
+        let reg = DbRegistry::default();
+        assert!(reg.insert(handle("/a")));
+        assert!(reg.insert(handle("/b")));
+        assert!(!reg.insert(handle("/a")), "a path appears at most once");
+        let before = reg.snapshot();
+        assert!(reg.insert(handle("/c")));
+        assert!(reg.remove(Path::new("/a")).is_some());
+        assert!(reg.remove(Path::new("/a")).is_none());
+        assert_eq!(paths(&before), [Path::new("/a"), Path::new("/b")]);
+        assert_eq!(paths(&reg.snapshot()), [Path::new("/b"), Path::new("/c")]);
+        assert!(!reg.contains(Path::new("/a")));
+        assert!(reg.contains(Path::new("/c")));
+        // Removed, the path can come back (a database deleted and created again).
+        assert!(reg.insert(handle("/a")));
+        assert_eq!(
+            paths(&reg.snapshot()),
+            [Path::new("/b"), Path::new("/c"), Path::new("/a")]
+        );
+    }
+
+    #[test]
+    fn inserts_do_not_copy_the_list_when_no_snapshot_is_held() {
+        let reg = DbRegistry::default();
+        reg.insert(handle("/a"));
+        let first = Arc::as_ptr(&reg.snapshot());
+        for i in 0..100 {
+            reg.insert(handle(&format!("/db{i}")));
+        }
+        // Same allocation of the Arc: the list was changed in place.
+        assert_eq!(Arc::as_ptr(&reg.snapshot()), first);
+        assert_eq!(reg.snapshot().len(), 101);
     }
 }

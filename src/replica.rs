@@ -9,6 +9,9 @@
 //! - An idle replica makes no call to its client: the remote contents are known from one
 //!   listing at start and tracked in memory afterwards.
 //! - The remote position advances by one TXID per acknowledged PUT, never past a failure.
+//! - A segment uploaded while it is staged ([`crate::segment_feed`]; plain S3 only, and only
+//!   the TXID after the remote position) becomes an object only once it is published
+//!   locally; until then its parts are an incomplete multipart upload, invisible to readers.
 //! - An error streak is logged once when it starts and once when it ends, not per retry.
 //! - Nothing is written before the single-writer lease ([`crate::lease`]) is acquired; each
 //!   upload round first checks it (one GET), maintenance runs only while it is fresh, and a
@@ -30,6 +33,7 @@ use crate::maintenance::{self, Maintenance, Schedule};
 use crate::metrics::{PHASES, Phase, ReplicaCounters};
 use crate::replica_client::{AnyClient, LtxFileInfo, ReplicaClient, StorageError};
 use crate::retry::Backoff;
+use crate::segment_feed::GrowingSegment;
 use crate::staging::Staging;
 
 /// Counters of one replica: the Prometheus counters plus the remote position.
@@ -43,6 +47,8 @@ pub struct ReplicaStats {
     pub remote_timestamp_ms: Arc<AtomicU64>,
     /// Set when another instance took this replica's lease: the replica stopped uploading.
     pub lease_lost: Arc<AtomicBool>,
+    /// Segments uploaded while they were being staged (see [`crate::segment_feed`]).
+    pub streamed_segments: Arc<AtomicU64>,
 }
 
 impl ReplicaStats {
@@ -53,6 +59,7 @@ impl ReplicaStats {
             remote_txid: Arc::default(),
             remote_timestamp_ms: Arc::default(),
             lease_lost: Arc::default(),
+            streamed_segments: Arc::default(),
         }
     }
 
@@ -113,6 +120,11 @@ impl Replica {
     /// The replica's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the client uploads segments while they are staged (wants the segment feed).
+    pub fn streams_segments(&self) -> bool {
+        self.client.streaming().is_some()
     }
 
     /// Counters.
@@ -312,18 +324,44 @@ impl Replica {
             let bytes = put.as_ref().map_or(0, |info| info.size);
             PHASES.record(Phase::Upload, bytes, started.elapsed());
             self.stats.counters.observe(0, started, &put);
-            let info = put?;
-            self.remote = txid;
-            self.stats.counters.bytes[0].inc_by(info.size);
-            self.index.insert(info);
-            self.stats.counters.txid.set(txid.0 as i64);
-            self.stats.remote_txid.store(txid.0, Ordering::Relaxed);
-            self.stats
-                .remote_timestamp_ms
-                .store(header.timestamp.max(0) as u64, Ordering::Relaxed);
-            self.send_ack();
+            self.stored(put?, header.timestamp);
         }
         Ok(())
+    }
+
+    /// Uploads the segment after the remote position while it is being staged (see
+    /// [`crate::segment_feed`]). Stores nothing if the segment fails or stays within one part;
+    /// the plain upload of the staged file then takes over.
+    async fn upload_growing(&mut self, seg: &Arc<GrowingSegment>) -> Result<(), StorageError> {
+        let Some(s3) = self.client.streaming() else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let put = s3.put_streamed(0, seg).await;
+        if let Ok(None) = put {
+            return Ok(());
+        }
+        self.stats.counters.observe(0, started, &put);
+        if let Some(info) = put? {
+            tracing::info!(db = %self.db, replica = %self.name, txid = %seg.txid, bytes = info.size, elapsed = ?started.elapsed(), "segment uploaded while it was staged");
+            self.stats.streamed_segments.fetch_add(1, Ordering::Relaxed);
+            self.stored(info, seg.timestamp_ms);
+        }
+        Ok(())
+    }
+
+    /// Records a stored level-0 segment: the remote position advances to it.
+    fn stored(&mut self, info: LtxFileInfo, timestamp_ms: i64) {
+        let txid = info.max_txid;
+        self.remote = txid;
+        self.stats.counters.bytes[0].inc_by(info.size);
+        self.index.insert(info);
+        self.stats.counters.txid.set(txid.0 as i64);
+        self.stats.remote_txid.store(txid.0, Ordering::Relaxed);
+        self.stats
+            .remote_timestamp_ms
+            .store(timestamp_ms.max(0) as u64, Ordering::Relaxed);
+        self.send_ack();
     }
 
     /// Stops this replica for good after its lease was taken or removed.
@@ -335,22 +373,41 @@ impl Replica {
     /// The upload task: runs until the database's position channel closes and everything is
     /// uploaded (a clean shutdown, which releases the lease), until `abort` is cancelled, or
     /// until the lease is lost.
-    pub async fn run(mut self, mut pos_rx: watch::Receiver<DbPos>, abort: CancellationToken) {
+    ///
+    /// `feed`, given to a client that can use it, announces large segments while they are
+    /// staged: the next one is uploaded as it grows.
+    pub async fn run(
+        mut self,
+        mut pos_rx: watch::Receiver<DbPos>,
+        mut feed: Option<watch::Receiver<Option<Arc<GrowingSegment>>>>,
+        abort: CancellationToken,
+    ) {
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
         let mut streak: Option<(Instant, u32)> = None;
         let mut schedule = Schedule::new(&self.maint, Instant::now());
         loop {
             let target = pos_rx.borrow_and_update().txid;
             let closed = pos_rx.has_changed().is_err();
+            // Only the segment right after the remote position, and only when caught up:
+            // positions advance in order.
+            let growing = feed
+                .as_mut()
+                .and_then(|rx| rx.borrow_and_update().clone())
+                .filter(|s| self.remote >= target && s.txid == TxId(self.remote.0 + 1));
             // An upload round checks the lease first (one GET); an idle wake-up only
             // refreshes it when half its TTL has passed. The round and maintenance futures
             // are boxed: inline they would make every idle replica task ~15 KB (the task
             // holds its largest state), 6 MB of the daemon's RSS at 400 databases.
             let round = Box::pin(async {
-                if self.remote < target {
+                if self.remote < target || growing.is_some() {
                     self.lease.check(&self.stats.counters).await?;
                 } else {
                     self.lease.refresh_if_due(&self.stats.counters).await?;
+                }
+                if let Some(seg) = &growing {
+                    self.upload_growing(seg)
+                        .await
+                        .map_err(RoundError::Storage)?;
                 }
                 self.upload_until(target).await.map_err(RoundError::Storage)
             });
@@ -401,7 +458,11 @@ impl Replica {
             tokio::select! {
                 _ = abort.cancelled() => return,
                 _ = pos_rx.changed(), if retry.is_none() && !closed => {}
-                _ = tokio::time::sleep_until(crate::store::coarse_deadline(wait)) => {}
+                Some(Ok(())) = async { match feed.as_mut() {
+                    Some(rx) => Some(rx.changed().await),
+                    None => None,
+                } }, if retry.is_none() && !closed => {}
+                _ = tokio::time::sleep_until(crate::tick::coarse_deadline(wait)) => {}
             }
         }
     }

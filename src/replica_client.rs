@@ -268,6 +268,17 @@ impl AnyClient {
         }
     }
 
+    /// The S3 client, if this is a plain one: the client that can upload a segment while it
+    /// is being staged ([`S3Client::put_streamed`]).
+    /// A client with injected faults does not stream: its faults would be bypassed.
+    pub fn streaming(&self) -> Option<&S3Client> {
+        match self {
+            AnyClient::S3(c) => Some(c),
+            AnyClient::Age(a) if !a.encrypts() => a.plain().streaming(),
+            _ => None,
+        }
+    }
+
     /// Reads the last `n` plaintext bytes of a file: a ranged read of a plain one, the whole
     /// decrypted stream (keeping its tail) of an encrypted one.
     pub async fn read_tail(&self, info: &LtxFileInfo, n: usize) -> Result<Vec<u8>, StorageError> {

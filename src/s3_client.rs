@@ -37,6 +37,38 @@ use crate::ltx::{self, TxId};
 use crate::replica_client::{
     LtxFileInfo, ObjectReader, ReplicaClient, SNAPSHOT_LEVEL, StorageError,
 };
+use crate::segment_feed::{GrowingSegment, Progress};
+
+/// Adds the SSE-C headers, when a customer key is configured, to any request builder (each
+/// S3 operation has its own builder type, with the same setters).
+macro_rules! with_sse_c {
+    ($client:expr, $req:expr) => {
+        match $client.sse_c() {
+            Some((key, md5)) => $req
+                .sse_customer_algorithm("AES256")
+                .sse_customer_key(key)
+                .sse_customer_key_md5(md5),
+            None => $req,
+        }
+    };
+}
+
+/// Adds what a new object is written with (storage class, SSE-KMS, SSE-C) to a PutObject or
+/// CreateMultipartUpload builder.
+macro_rules! with_write_options {
+    ($client:expr, $req:expr) => {{
+        let mut req = $req;
+        if let Some(sc) = &$client.cfg.storage_class {
+            req = req.storage_class(sc.as_str().into());
+        }
+        if let Some(kms) = &$client.cfg.sse_kms_key_id {
+            req = req
+                .server_side_encryption("aws:kms".into())
+                .ssekms_key_id(kms);
+        }
+        with_sse_c!($client, req)
+    }};
+}
 
 /// Default multipart part size: S3's minimum, 5 MiB.
 pub const DEFAULT_PART_SIZE: u64 = 5 * 1024 * 1024;
@@ -386,12 +418,7 @@ impl S3Client {
             .bucket(&self.cfg.bucket)
             .key(&key)
             .body(ByteStream::from(body));
-        if let Some((key_b64, md5)) = self.sse_c() {
-            req = req
-                .sse_customer_algorithm("AES256")
-                .sse_customer_key(key_b64)
-                .sse_customer_key_md5(md5);
-        }
+        req = with_sse_c!(self, req);
         req.send().await.map_err(|e| classify("put", &key, e))?;
         Ok(())
     }
@@ -425,20 +452,7 @@ impl S3Client {
             .body(body)
             .content_length(len as i64)
             .metadata("litestream-timestamp", timestamp);
-        if let Some(sc) = &self.cfg.storage_class {
-            req = req.storage_class(sc.as_str().into());
-        }
-        if let Some(kms) = &self.cfg.sse_kms_key_id {
-            req = req
-                .server_side_encryption("aws:kms".into())
-                .ssekms_key_id(kms);
-        }
-        if let Some((key_b64, md5)) = self.sse_c() {
-            req = req
-                .sse_customer_algorithm("AES256")
-                .sse_customer_key(key_b64)
-                .sse_customer_key_md5(md5);
-        }
+        req = with_write_options!(self, req);
         req.send().await.map_err(|e| classify("put", key, e))?;
         Ok(())
     }
@@ -451,35 +465,12 @@ impl S3Client {
         timestamp: &str,
     ) -> Result<(), StorageError> {
         let c = self.client().await?;
-        let mut create = c
-            .create_multipart_upload()
-            .bucket(&self.cfg.bucket)
-            .key(key)
-            .metadata("litestream-timestamp", timestamp);
-        if let Some(sc) = &self.cfg.storage_class {
-            create = create.storage_class(sc.as_str().into());
-        }
-        if let Some(kms) = &self.cfg.sse_kms_key_id {
-            create = create
-                .server_side_encryption("aws:kms".into())
-                .ssekms_key_id(kms);
-        }
-        if let Some((k, md5)) = self.sse_c() {
-            create = create
-                .sse_customer_algorithm("AES256")
-                .sse_customer_key(k)
-                .sse_customer_key_md5(md5);
-        }
-        let upload = create.send().await.map_err(|e| classify("put", key, e))?;
-        let upload_id = upload
-            .upload_id()
-            .ok_or_else(|| permanent("put", key, "CreateMultipartUpload returned no upload id"))?
-            .to_string();
+        let upload_id = self.create_upload(c, key, timestamp).await?;
         let part_size = self.cfg.part_size;
         let parts = len.div_ceil(part_size);
         let result = futures_util::stream::iter(0..parts)
             .map(|i| {
-                let upload_id = upload_id.clone();
+                let upload_id = &upload_id;
                 async move {
                     let offset = i * part_size;
                     let n = part_size.min(len - offset);
@@ -490,57 +481,208 @@ impl S3Client {
                         .build()
                         .await
                         .map_err(|e| transient("put", key, e))?;
-                    let mut req = c
-                        .upload_part()
-                        .bucket(&self.cfg.bucket)
-                        .key(key)
-                        .upload_id(&upload_id)
-                        .part_number(i as i32 + 1)
-                        .content_length(n as i64)
-                        .body(body);
-                    if let Some((k, md5)) = self.sse_c() {
-                        req = req
-                            .sse_customer_algorithm("AES256")
-                            .sse_customer_key(k)
-                            .sse_customer_key_md5(md5);
-                    }
-                    let out = req.send().await.map_err(|e| classify("put", key, e))?;
-                    let etag = out
-                        .e_tag()
-                        .ok_or_else(|| permanent("put", key, "UploadPart returned no ETag"))?;
-                    Ok::<_, StorageError>(
-                        CompletedPart::builder()
-                            .part_number(i as i32 + 1)
-                            .e_tag(etag)
-                            .build(),
-                    )
+                    self.upload_part(c, key, upload_id, i, body, n).await
                 }
             })
             .buffer_unordered(self.cfg.concurrency)
             .try_collect::<Vec<_>>()
             .await;
-        let mut completed = match result {
-            Ok(parts) => parts,
+        match result {
+            Ok(parts) => self.complete(c, key, &upload_id, parts).await,
             Err(e) => {
                 self.abort(c, key, &upload_id).await;
-                return Err(e);
+                Err(e)
             }
+        }
+    }
+
+    /// Uploads `seg` while it is being staged (see [`crate::segment_feed`]) as the object
+    /// `level/<txid>-<txid>`: each part as soon as it is in the file, completed only once the
+    /// segment is published, aborted if it fails. `Ok(None)`: nothing was stored, because the
+    /// segment failed or ended within one part (a plain put of the staged file serves better).
+    pub async fn put_streamed(
+        &self,
+        level: u8,
+        seg: &Arc<GrowingSegment>,
+    ) -> Result<Option<LtxFileInfo>, StorageError> {
+        let part_size = self.cfg.part_size;
+        let mut progress = seg.progress();
+        // The sender lives in `seg`, which this function holds: the wait cannot fail.
+        let first = match progress
+            .wait_for(|p| !matches!(p, Progress::Writing(n) if *n <= part_size))
+            .await
+        {
+            Ok(p) => *p,
+            Err(_) => Progress::Failed,
         };
-        completed.sort_by_key(|p| p.part_number());
+        if !matches!(first, Progress::Writing(_)) {
+            return Ok(None);
+        }
+        let key = self.key(level, seg.txid, seg.txid);
+        let created = DateTime::<Utc>::from_timestamp_millis(seg.timestamp_ms).unwrap_or_default();
+        let timestamp = created.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
+        let c = self.client().await?;
+        let upload_id = self.create_upload(c, &key, &timestamp).await?;
+        match self
+            .stream_parts(c, &key, &upload_id, seg, &mut progress)
+            .await
+        {
+            Ok(Some((parts, len))) => {
+                self.complete(c, &key, &upload_id, parts).await?;
+                Ok(Some(LtxFileInfo {
+                    level,
+                    min_txid: seg.txid,
+                    max_txid: seg.txid,
+                    size: len,
+                    created_at: Utc::now(),
+                    encrypted: !self.suffix.is_empty(),
+                }))
+            }
+            Ok(None) => {
+                self.abort(c, &key, &upload_id).await;
+                Ok(None)
+            }
+            Err(e) => {
+                self.abort(c, &key, &upload_id).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Uploads the parts of `seg` as they are written, at most `concurrency` at once, until
+    /// it is published (its parts and length) or fails (`None`).
+    async fn stream_parts(
+        &self,
+        c: &Client,
+        key: &str,
+        upload_id: &str,
+        seg: &Arc<GrowingSegment>,
+        progress: &mut tokio::sync::watch::Receiver<Progress>,
+    ) -> Result<Option<(Vec<CompletedPart>, u64)>, StorageError> {
+        let part_size = self.cfg.part_size;
+        let mut inflight = futures_util::stream::FuturesUnordered::new();
+        let mut done = Vec::new();
+        let mut next = 0u64;
+        loop {
+            let (written, end) = match *progress.borrow_and_update() {
+                Progress::Writing(n) => (n, None),
+                Progress::Published(len) => (len, Some(len)),
+                Progress::Failed => return Ok(None),
+            };
+            while inflight.len() < self.cfg.concurrency {
+                let offset = next * part_size;
+                let ready = match end {
+                    None => offset + part_size <= written,
+                    Some(len) => offset < len,
+                };
+                if !ready {
+                    break;
+                }
+                let n = part_size.min(written - offset);
+                let index = next;
+                let path = seg.reopen_path();
+                inflight.push(async move {
+                    // A streamed body, as in `put_multipart`: nothing held in memory, and the
+                    // payload is not hashed for the signature (the LTX file checksum covers it).
+                    let body = ByteStream::read_from()
+                        .path(path)
+                        .offset(offset)
+                        .length(Length::Exact(n))
+                        .build()
+                        .await
+                        .map_err(|e| transient("put", key, e))?;
+                    self.upload_part(c, key, upload_id, index, body, n).await
+                });
+                next += 1;
+            }
+            if let Some(len) = end
+                && inflight.is_empty()
+            {
+                return Ok(Some((done, len)));
+            }
+            tokio::select! {
+                Some(part) = inflight.next() => done.push(part?),
+                changed = progress.changed(), if end.is_none() => {
+                    if changed.is_err() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn create_upload(
+        &self,
+        c: &Client,
+        key: &str,
+        timestamp: &str,
+    ) -> Result<String, StorageError> {
+        let mut create = c
+            .create_multipart_upload()
+            .bucket(&self.cfg.bucket)
+            .key(key)
+            .metadata("litestream-timestamp", timestamp);
+        create = with_write_options!(self, create);
+        let upload = create.send().await.map_err(|e| classify("put", key, e))?;
+        Ok(upload
+            .upload_id()
+            .ok_or_else(|| permanent("put", key, "CreateMultipartUpload returned no upload id"))?
+            .to_string())
+    }
+
+    /// Uploads part `index` (0-based) of `n` bytes.
+    async fn upload_part(
+        &self,
+        c: &Client,
+        key: &str,
+        upload_id: &str,
+        index: u64,
+        body: ByteStream,
+        n: u64,
+    ) -> Result<CompletedPart, StorageError> {
+        let number = index as i32 + 1;
+        let mut req = c
+            .upload_part()
+            .bucket(&self.cfg.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(number)
+            .content_length(n as i64)
+            .body(body);
+        req = with_sse_c!(self, req);
+        let out = req.send().await.map_err(|e| classify("put", key, e))?;
+        let etag = out
+            .e_tag()
+            .ok_or_else(|| permanent("put", key, "UploadPart returned no ETag"))?;
+        Ok(CompletedPart::builder()
+            .part_number(number)
+            .e_tag(etag)
+            .build())
+    }
+
+    /// Completes an upload from its parts (any order), aborting it if that fails.
+    async fn complete(
+        &self,
+        c: &Client,
+        key: &str,
+        upload_id: &str,
+        mut parts: Vec<CompletedPart>,
+    ) -> Result<(), StorageError> {
+        parts.sort_by_key(|p| p.part_number());
         let done = c
             .complete_multipart_upload()
             .bucket(&self.cfg.bucket)
             .key(key)
-            .upload_id(&upload_id)
+            .upload_id(upload_id)
             .multipart_upload(
                 CompletedMultipartUpload::builder()
-                    .set_parts(Some(completed))
+                    .set_parts(Some(parts))
                     .build(),
             )
             .send()
             .await;
         if let Err(e) = done {
-            self.abort(c, key, &upload_id).await;
+            self.abort(c, key, upload_id).await;
             return Err(classify("put", key, e));
         }
         Ok(())
@@ -633,12 +775,7 @@ impl S3Client {
             None if offset > 0 => req = req.range(format!("bytes={offset}-")),
             None => {}
         }
-        if let Some((k, md5)) = self.sse_c() {
-            req = req
-                .sse_customer_algorithm("AES256")
-                .sse_customer_key(k)
-                .sse_customer_key_md5(md5);
-        }
+        req = with_sse_c!(self, req);
         match req.send().await {
             Ok(out) => Ok(out.body),
             // A range starting at the object's end: the object exists, its tail is empty.
@@ -975,12 +1112,7 @@ impl ReplicaClient for S3Client {
                 .server_side_encryption("aws:kms".into())
                 .ssekms_key_id(kms);
         }
-        if let Some((key_b64, md5)) = self.sse_c() {
-            req = req
-                .sse_customer_algorithm("AES256")
-                .sse_customer_key(key_b64)
-                .sse_customer_key_md5(md5);
-        }
+        req = with_sse_c!(self, req);
         req.send().await.map_err(|e| classify("put", &key, e))?;
         Ok(())
     }

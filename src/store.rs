@@ -31,7 +31,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, TryStreamExt};
-use rand::RngExt;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -40,6 +39,7 @@ use crate::compaction::RetentionPolicy;
 use crate::config::{Config, DbConfig};
 use crate::db::{Db, DbError, DbPos, DbStats, RemoteTip};
 use crate::discovery::Discovery;
+use crate::dormant_watch::{DormantWatch, Parked};
 use crate::lease::Lease;
 use crate::ltx::TxId;
 use crate::maintenance::Maintenance;
@@ -49,6 +49,7 @@ use crate::replica::{Replica, ReplicaStats};
 use crate::replica_client::AnyClient;
 use crate::retry::Backoff;
 use crate::staging::Staging;
+use crate::tick::TickGrid;
 
 /// Databases opened (replica listings, first sync) at the same time: thousands of databases
 /// must start without a thundering herd on the disk and the object store.
@@ -155,6 +156,8 @@ struct Core {
     /// The tasks of each database started and not yet finished, removed ones included until
     /// their tasks end. An async lock: it is held while a database starts.
     running: tokio::sync::Mutex<HashMap<PathBuf, Running>>,
+    /// One watch of dormant databases per monitor interval in use (nearly always one).
+    dormant: std::sync::Mutex<HashMap<Duration, Arc<DormantWatch>>>,
 }
 
 /// One database's own cancellation and tasks.
@@ -257,6 +260,21 @@ impl StoreCore {
     /// The token cancelled when the Store stops ingesting.
     pub(crate) fn ingest(&self) -> &CancellationToken {
         &self.inner.ingest
+    }
+
+    /// The watch of dormant databases ticking every `interval`; its task starts with it.
+    fn dormant_watch(&self, interval: Duration) -> Arc<DormantWatch> {
+        let core = &*self.inner;
+        let mut watches = core.dormant.lock().unwrap_or_else(|e| e.into_inner());
+        watches
+            .entry(interval)
+            .or_insert_with(|| {
+                let watch = DormantWatch::new(interval);
+                core.tracker
+                    .spawn(watch.clone().run(core.ingest.child_token()));
+                watch
+            })
+            .clone()
     }
 
     async fn start_db(
@@ -363,8 +381,10 @@ impl StoreCore {
             let span =
                 tracing::info_span!("replica", db = %dbc.path.display(), replica = %r.name());
             let rx = db.subscribe();
+            let feed = (r.streams_segments() && crate::segment_feed::supported())
+                .then(|| db.segment_feed());
             let abort = core.root.clone();
-            let fut = tracing::Instrument::instrument(r.run(rx, abort), span);
+            let fut = tracing::Instrument::instrument(r.run(rx, feed, abort), span);
             core.tracker.spawn(tasks.track_future(fut));
         }
         let span = tracing::info_span!("db", db = %dbc.path.display());
@@ -375,6 +395,8 @@ impl StoreCore {
             core.permits.clone(),
             dbc.settings.monitor_interval,
             trigger,
+            (!dbc.settings.dormant_after.is_zero())
+                .then(|| self.dormant_watch(dbc.settings.monitor_interval)),
         );
         let fut = tracing::Instrument::instrument(monitor, span);
         core.tracker.spawn(tasks.track_future(fut));
@@ -407,6 +429,7 @@ impl Store {
                 wrap,
                 registry: DbRegistry::default(),
                 running: tokio::sync::Mutex::new(HashMap::new()),
+                dormant: std::sync::Mutex::new(HashMap::new()),
             }),
         };
         // Databases start concurrently (listing a replica is a network round trip: thousands
@@ -446,6 +469,18 @@ impl Store {
     /// A snapshot of the current databases.
     pub fn dbs(&self) -> Arc<Vec<DbHandle>> {
         self.core.registry().snapshot()
+    }
+
+    /// Dormant databases whose idle checks the dormant watch runs now (monitors that left
+    /// since its last pass over their slot included).
+    pub fn parked(&self) -> usize {
+        let watches = self
+            .core
+            .inner
+            .dormant
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        watches.values().map(|w| w.parked()).sum()
     }
 
     /// Stops ingesting, drains uploads within the timeout, and returns when every task ended.
@@ -498,11 +533,12 @@ fn maintenance_of(s: &crate::config::DbSettings, tmp_dir: std::path::PathBuf) ->
 /// A [`SyncTrigger::request`] starts a tick at once, without the idle fast path.
 async fn monitor(
     mut db: Db,
-    acks: Vec<watch::Receiver<TxId>>,
+    mut acks: Vec<watch::Receiver<TxId>>,
     ingest: CancellationToken,
     permits: Arc<Semaphore>,
     interval: Duration,
     trigger: Arc<SyncTrigger>,
+    watch: Option<Arc<DormantWatch>>,
 ) {
     let grid = TickGrid::new(interval);
     let mut next = tokio::time::Instant::now();
@@ -513,12 +549,20 @@ async fn monitor(
     let mut failing: Option<(Instant, u32)> = None;
     let mut pruned = TxId(0);
     let mut opened = false;
+    // While dormant, the watch checks the files instead of our own ticks; we wake for a
+    // change, a request, or an upload to prune after.
+    let mut parked: Option<Parked> = None;
     loop {
         let forced = tokio::select! {
             _ = ingest.cancelled() => break,
-            _ = tokio::time::sleep_until(next) => false,
+            _ = until_tick(parked.as_ref(), next) => false,
             _ = trigger.wake.notified() => true,
+            _ = any_changed(&mut acks), if parked.is_some() => {
+                prune(&db, &acks, &mut pruned);
+                continue;
+            }
         };
+        parked = None;
         let tick = trigger.begin();
         if !forced {
             next = grid.after(tokio::time::Instant::now());
@@ -526,6 +570,11 @@ async fn monitor(
         if !forced && db.fast_path_skip(Instant::now()) {
             prune(&db, &acks, &mut pruned);
             trigger.done(tick);
+            if let Some(watch) = &watch {
+                parked = db
+                    .dormant_probe()
+                    .map(|probe| watch.park(grid.slot(), probe));
+            }
             continue;
         }
         let permit = if opened {
@@ -577,6 +626,30 @@ async fn monitor(
     }
 }
 
+/// A monitor's wait for its next tick: its grid time, or while parked, a change the watch saw.
+async fn until_tick(parked: Option<&Parked>, next: tokio::time::Instant) {
+    match parked {
+        Some(p) => p.changed().await,
+        None => tokio::time::sleep_until(next).await,
+    }
+}
+
+/// Returns when any of `acks` changed; never when none can change any more.
+async fn any_changed(acks: &mut [watch::Receiver<TxId>]) {
+    if acks.is_empty() {
+        return std::future::pending().await;
+    }
+    let waits = acks.iter_mut().map(|a| {
+        Box::pin(async move {
+            if a.changed().await.is_err() {
+                // That replica's task ended: only another one can wake us.
+                std::future::pending::<()>().await
+            }
+        })
+    });
+    futures_util::future::select_all(waits).await;
+}
+
 /// Moves the Db to the blocking pool for `f` and back.
 async fn run_blocking<T: Send + 'static>(
     mut db: Db,
@@ -605,110 +678,5 @@ fn prune(db: &Db, acks: &[watch::Receiver<TxId>], pruned: &mut TxId) {
             Ok(_) => *pruned = min,
             Err(e) => tracing::warn!(error = %e, "pruning staging failed"),
         }
-    }
-}
-
-/// Slots per interval on the tick grid. Each slot costs a timer wake-up of the runtime (a
-/// context switch or two, tens of microseconds in a VM) per interval, far more than an idle
-/// tick (a few microseconds): at 400 idle databases, 50 slots cost twice the CPU of 10. Ten
-/// still spreads busy databases' syncs over the interval.
-const TICK_SLOTS: u32 = 10;
-
-/// A database's tick times after the first: `epoch + phase + k * interval`, where `epoch` is
-/// shared by every database of the process and `phase` is a random whole slot
-/// (`interval / TICK_SLOTS`). Thousands of databases spread over the slots, and the databases
-/// of one slot tick on the same timer wake-up: at 400 databases, one `epoll_wait` and one
-/// worker wake-up serve 40 ticks. Ticks never drift off the grid, whatever a sync costs.
-struct TickGrid {
-    epoch: tokio::time::Instant,
-    phase: Duration,
-    interval: Duration,
-}
-
-static TICK_EPOCH: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
-
-/// Long waits (heartbeats, maintenance, lease refreshes: 10 s and more) end on whole seconds of
-/// the tick grid's epoch: the idle wake-ups of hundreds of replica tasks then share the
-/// runtime wake-ups of the monitors' first slot instead of each costing its own. A wait grows
-/// by less than a second; shorter waits are left exact.
-pub(crate) fn coarse_deadline(wait: Duration) -> tokio::time::Instant {
-    let now = tokio::time::Instant::now();
-    if wait < Duration::from_secs(10) {
-        return now + wait;
-    }
-    let epoch = *TICK_EPOCH.get_or_init(tokio::time::Instant::now);
-    let at = (now + wait).duration_since(epoch);
-    let whole = Duration::from_secs(at.as_secs() + u64::from(at.subsec_nanos() > 0));
-    epoch + whole
-}
-
-impl TickGrid {
-    fn new(interval: Duration) -> TickGrid {
-        let interval = interval.max(Duration::from_millis(1));
-        let slot = interval / TICK_SLOTS;
-        TickGrid {
-            epoch: *TICK_EPOCH.get_or_init(tokio::time::Instant::now),
-            phase: slot * rand::rng().random_range(0..TICK_SLOTS),
-            interval,
-        }
-    }
-
-    /// The first grid time strictly after `t`.
-    fn after(&self, t: tokio::time::Instant) -> tokio::time::Instant {
-        let base = self.epoch + self.phase;
-        if t < base {
-            return base;
-        }
-        let period = self.interval.as_nanos();
-        let ahead = ((t - base).as_nanos() / period + 1) * period;
-        base + Duration::from_nanos(u64::try_from(ahead).unwrap_or(u64::MAX))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn tick_grid_times_are_strictly_later_on_the_shared_grid() {
-        let interval = Duration::from_millis(1000);
-        let slot = interval / TICK_SLOTS;
-        let grids: Vec<TickGrid> = (0..200).map(|_| TickGrid::new(interval)).collect();
-        let epoch = grids[0].epoch;
-        let now = tokio::time::Instant::now();
-        let mut phases = std::collections::BTreeSet::new();
-        for g in &grids {
-            assert_eq!(g.epoch, epoch, "one epoch per process");
-            let off = (g.phase.as_nanos() % slot.as_nanos(), g.phase < interval);
-            assert_eq!(off, (0, true), "phase {:?} is a whole slot", g.phase);
-            phases.insert(g.phase);
-            for t in [now, now + Duration::from_millis(1), now + interval * 3] {
-                let next = g.after(t);
-                assert!(next > t && next <= t + interval, "{next:?} after {t:?}");
-                let since = (next - epoch - g.phase).as_nanos();
-                assert_eq!(since % interval.as_nanos(), 0, "on the grid");
-                assert_eq!(g.after(next - Duration::from_nanos(1)), next);
-            }
-        }
-        // Long waits end on whole seconds of the epoch, less than a second late; short ones
-        // are exact.
-        for secs in [10.0, 30.0, 59.999, 300.5] {
-            let wait = Duration::from_secs_f64(secs);
-            let before = tokio::time::Instant::now();
-            let d = coarse_deadline(wait);
-            assert!(
-                d >= before + wait
-                    && d < tokio::time::Instant::now() + wait + Duration::from_secs(1)
-            );
-            assert_eq!((d - epoch).subsec_nanos(), 0, "{secs} s: on a whole second");
-        }
-        let before = tokio::time::Instant::now();
-        let short = coarse_deadline(Duration::from_millis(50));
-        assert!(
-            short >= before + Duration::from_millis(50)
-                && short < before + Duration::from_millis(60)
-        );
-        // 200 databases over 10 slots: every slot used (a miss has odds of 0.9^200).
-        assert_eq!(phases.len(), TICK_SLOTS as usize, "{phases:?}");
     }
 }

@@ -1437,3 +1437,167 @@ async fn s3_server_errors_retry_then_abort_cleanly() {
         }
     }
 }
+
+/// A segment uploaded while it is staged (`put_streamed`): parts go out as soon as the file
+/// holds them, but no object exists until the segment is published; then the object is the
+/// file, byte for byte. A segment that fails mid-write leaves no object and no parts; one that
+/// ends within a part stores nothing (the plain put takes over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_streamed_upload_completes_only_once_published() {
+    use replicad::segment_feed::{GrowingSegment, SegmentFeed};
+    use std::io::Write;
+
+    let server = S3Server::start().await;
+    if !server.counts_requests() {
+        return;
+    }
+    let client = s3_client(&server, "streamed");
+    assert!(client.streaming().is_some(), "a plain S3 client streams");
+    let dir = TestDir::new("conformance-s3-streamed");
+    let feed = SegmentFeed::default();
+    let _follower = feed.subscribe();
+    let bytes = big_object(17 * MIB + 3, 1, 1, now_ms(), 7);
+    let uploads_left = || -> Vec<String> {
+        std::fs::read_dir(&server.root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("upload"))
+            .collect()
+    };
+
+    // Published: parts before publication, the object only after.
+    let (seg, mut tap) = growing(&dir.join("1.tmp"), 1, 1_700_000_000_123);
+    let announced = feed.announce(seg.clone());
+    let upload = tokio::spawn(s3_streamed_put(client.clone(), seg.clone()));
+    tap.write_all(&bytes[..11 * MIB]).unwrap();
+    tap.flush().unwrap();
+    wait_parts(&server, 2).await;
+    assert_eq!(server.op_count("CompleteMultipartUpload"), 0);
+    assert_eq!(
+        client.list(0).await.unwrap(),
+        vec![],
+        "an object before publication"
+    );
+    tap.write_all(&bytes[11 * MIB..]).unwrap();
+    tap.flush().unwrap();
+    wait_parts(&server, 3).await;
+    assert_eq!(server.op_count("CompleteMultipartUpload"), 0);
+    announced.published(bytes.len() as u64);
+    let info = upload.await.unwrap().unwrap().expect("a stored object");
+    assert_eq!(
+        (info.level, info.min_txid, info.max_txid, info.size),
+        (0, TxId(1), TxId(1), bytes.len() as u64)
+    );
+    assert_eq!(
+        (
+            server.op_count("CreateMultipartUpload"),
+            server.op_count("UploadPart"),
+            server.op_count("CompleteMultipartUpload")
+        ),
+        (1, 4, 1),
+        "{:?}",
+        server.requests_by_op()
+    );
+    assert_bytes(
+        "streamed object",
+        &read_all_client(&client, 0, 1, 1).await,
+        &bytes,
+    );
+    // s3s-fs keeps user metadata beside the object, in a JSON file (the only object yet).
+    let meta: Vec<String> = std::fs::read_dir(&server.root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.ends_with(".metadata.json")
+        })
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    assert!(
+        meta.len() == 1 && meta[0].contains("2023-11-14T22:13:20.123"),
+        "litestream-timestamp is not the header's: {meta:?}"
+    );
+    assert!(
+        uploads_left().is_empty(),
+        "multipart leftovers: {:?}",
+        uploads_left()
+    );
+
+    // Failed mid-write (the guard dropped unpublished): aborted, nothing stored.
+    server.reset_counts();
+    let tmp = dir.join("2.tmp");
+    let (seg, mut tap) = growing(&tmp, 2, now_ms());
+    let announced = feed.announce(seg.clone());
+    let upload = tokio::spawn(s3_streamed_put(client.clone(), seg.clone()));
+    tap.write_all(&bytes[..11 * MIB]).unwrap();
+    tap.flush().unwrap();
+    wait_parts(&server, 2).await;
+    drop(announced);
+    assert_eq!(upload.await.unwrap().unwrap(), None);
+    assert_eq!(
+        (
+            server.op_count("CompleteMultipartUpload"),
+            server.op_count("AbortMultipartUpload")
+        ),
+        (0, 1),
+        "{:?}",
+        server.requests_by_op()
+    );
+    assert_eq!(ranges(&client.list(0).await.unwrap()), vec![(0, 1, 1)]);
+    assert!(
+        uploads_left().is_empty(),
+        "multipart leftovers: {:?}",
+        uploads_left()
+    );
+
+    // Ended within one part: no request at all.
+    server.reset_counts();
+    let seg = GrowingSegment::new(TxId(3), now_ms(), std::fs::File::open(&tmp).unwrap());
+    let announced = feed.announce(seg.clone());
+    let upload = {
+        let seg = seg.clone();
+        tokio::spawn(async move { s3_streamed_put(client, seg).await })
+    };
+    seg.wrote(MIB as u64);
+    announced.published(2 * MIB as u64);
+    assert_eq!(upload.await.unwrap().unwrap(), None);
+    assert_eq!(server.request_count(), 0, "{:?}", server.requests_by_op());
+}
+
+/// A growing segment at `tmp` (created empty) and the tap that writes it.
+fn growing(
+    tmp: &Path,
+    txid: u64,
+    timestamp_ms: i64,
+) -> (
+    std::sync::Arc<replicad::segment_feed::GrowingSegment>,
+    replicad::segment_feed::Tap<std::fs::File>,
+) {
+    let file = std::fs::File::create(tmp).unwrap();
+    let seg = replicad::segment_feed::GrowingSegment::new(
+        TxId(txid),
+        timestamp_ms,
+        std::fs::File::open(tmp).unwrap(),
+    );
+    let tap = replicad::segment_feed::Tap::new(file, Some(seg.clone()));
+    (seg, tap)
+}
+
+async fn s3_streamed_put(
+    client: AnyClient,
+    seg: std::sync::Arc<replicad::segment_feed::GrowingSegment>,
+) -> Result<Option<LtxFileInfo>, StorageError> {
+    client.streaming().unwrap().put_streamed(0, &seg).await
+}
+
+async fn wait_parts(server: &S3Server, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while server.op_count("UploadPart") < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} parts never went out: {:?}",
+            server.requests_by_op()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -62,14 +62,7 @@ fn exec_child_exit_code_is_returned_and_its_last_write_is_replicated() {
     assert_eq!(exit_code(&mut d), 7, "log:\n{}", d.log_text());
     let out = t.join("restored.db");
     restore_ok(s(&replica), &out, None);
-    let c = common::open_ro(&out);
-    let rows: Vec<String> = c
-        .prepare("SELECT x FROM t ORDER BY rowid")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let rows = common::strings(&out, "SELECT x FROM t ORDER BY rowid");
     assert_eq!(rows, ["a", "from-child"], "log:\n{}", d.log_text());
 }
 

@@ -4,8 +4,10 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use replicad::config::{Config, DbSettings};
-use replicad::store::Store;
+use replicad::store::{DbHandle, Store};
 
 fn settings() -> DbSettings {
     DbSettings {
@@ -13,6 +15,28 @@ fn settings() -> DbSettings {
         heartbeat_interval: Duration::from_millis(50),
         ..DbSettings::default()
     }
+}
+
+/// Over `window`, every tick (20 ms) took the idle path (timer slack may lose a few), no
+/// sync ran, and the replica saw no client call (its heartbeats are every 50 ms).
+async fn assert_quiet_window(h: &DbHandle, window: Duration) {
+    let (_, rstats) = &h.replicas[0];
+    let skipped0 = h.stats.sync_skipped.load(Ordering::Relaxed);
+    let syncs0 = h.stats.syncs.load(Ordering::Relaxed);
+    let ops0 = rstats.total_ops();
+    tokio::time::sleep(window).await;
+    let skipped = h.stats.sync_skipped.load(Ordering::Relaxed) - skipped0;
+    let ticks = (window.as_millis() / 20) as u64;
+    assert!(
+        skipped >= ticks * 2 / 3,
+        "only {skipped} of ~{ticks} ticks skipped"
+    );
+    assert_eq!(
+        h.stats.syncs.load(Ordering::Relaxed),
+        syncs0,
+        "a full sync ran while idle"
+    );
+    assert_eq!(rstats.total_ops(), ops0, "idle replica made client calls");
 }
 
 async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
@@ -68,27 +92,11 @@ async fn idle_case(close_app_first: bool) {
     // Let the jittered second tick and any catch-up settle.
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let skipped0 = h.stats.sync_skipped.load(Ordering::Relaxed);
-    let syncs0 = h.stats.syncs.load(Ordering::Relaxed);
     let ops0 = rstats.total_ops();
     let puts0 = rstats.counters.ops[0].get();
     let gets0 = rstats.counters.ops[1].get();
-    let window = Duration::from_millis(1500);
-    tokio::time::sleep(window).await;
-    let skipped = h.stats.sync_skipped.load(Ordering::Relaxed) - skipped0;
-    let ticks = (window.as_millis() / 20) as u64;
-    // Every tick in the window took the fast path (timer slack may lose a few ticks).
-    assert!(
-        skipped >= ticks * 2 / 3,
-        "only {skipped} of ~{ticks} ticks skipped"
-    );
-    assert_eq!(
-        h.stats.syncs.load(Ordering::Relaxed),
-        syncs0,
-        "a full sync ran while idle"
-    );
-    // ~30 heartbeats elapsed: none may touch the replica.
-    assert_eq!(rstats.total_ops(), ops0, "idle replica made client calls");
+    // ~30 heartbeats elapse: none may touch the replica.
+    assert_quiet_window(&h, Duration::from_millis(1500)).await;
     assert!(h.stats.idle.load(Ordering::Relaxed));
 
     // One commit costs exactly one PUT, plus the single-writer lease check of the upload
@@ -110,4 +118,90 @@ async fn idle_case(close_app_first: bool) {
     assert_eq!(rstats.counters.ops[1].get(), gets0 + 1);
 
     store.shutdown(std::future::pending()).await;
+}
+
+/// A dormant database's monitor parks in the dormant watch: the watch runs its idle checks
+/// (counted as skipped ticks, no sync, no client call) and wakes it for a commit, which is
+/// then replicated as usual; the database goes dormant and parks again afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dormant_database_is_checked_by_the_watch_and_woken_by_a_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("app.db");
+    let conn = rusqlite::Connection::open(&db_path).unwrap();
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
+         INSERT INTO t(v) VALUES ('first');",
+    )
+    .unwrap();
+    let replica = dir.path().join("replica");
+    // L1 every 2 s: staging may drop a segment only once L1 covers it, which comes after
+    // the database parked, so the parked monitor must still prune.
+    let settings = DbSettings {
+        dormant_after: Duration::from_millis(100),
+        levels: vec![Duration::from_secs(2)],
+        ..settings()
+    };
+    let config =
+        Config::single(db_path.clone(), &[replica.display().to_string()], settings).unwrap();
+    let store = Store::open(&config).await.unwrap();
+    let h = store.dbs()[0].clone();
+    let (_, rstats) = h.replicas[0].clone();
+    wait_until("first segment", || {
+        h.stats.txid.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    conn.execute("INSERT INTO t(v) VALUES ('second')", [])
+        .unwrap();
+    let staged = replicad::db::default_meta_path(&db_path)
+        .join("ltx")
+        .join("0");
+    let staged = move || std::fs::read_dir(&staged).unwrap().count();
+    wait_until("dormant and parked", || {
+        h.stats.dormant.load(Ordering::Relaxed) && store.parked() == 1
+    })
+    .await;
+    let syncs_parked = h.stats.syncs.load(Ordering::Relaxed);
+    // The newest staged segment always stays (the next one chains from it).
+    wait_until("staging pruned while parked", || staged() == 1).await;
+    assert_eq!(h.stats.wakes.load(Ordering::Relaxed), 0, "pruning woke it");
+    assert_eq!(h.stats.syncs.load(Ordering::Relaxed), syncs_parked);
+    // L1 compaction's client calls are done once staging is pruned.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Parked: the watch counts the skipped ticks.
+    assert_quiet_window(&h, Duration::from_millis(1000)).await;
+    assert_eq!(store.parked(), 1);
+
+    let wakes0 = h.stats.wakes.load(Ordering::Relaxed);
+    let before = h.stats.txid.load(Ordering::Relaxed);
+    conn.execute("INSERT INTO t(v) VALUES ('while parked')", [])
+        .unwrap();
+    wait_until("the commit replicated", || {
+        rstats.remote_txid.load(Ordering::Relaxed) > before
+    })
+    .await;
+    assert_eq!(h.stats.wakes.load(Ordering::Relaxed), wakes0 + 1);
+    // Woken, it went back to sleep; the watch forgot the old entry.
+    wait_until("parked again", || {
+        h.stats.dormant.load(Ordering::Relaxed) && store.parked() == 1
+    })
+    .await;
+
+    // A "sync now" request leaves the watch at once and completes.
+    let started = h.sync.started();
+    h.sync.request();
+    wait_until("the forced tick", || h.sync.synced() > started).await;
+    // The entry it left is forgotten; it parks again once dormant.
+    wait_until("parked once more", || {
+        h.stats.dormant.load(Ordering::Relaxed) && store.parked() == 1
+    })
+    .await;
+
+    store.shutdown(std::future::pending()).await;
+    let restored = dir.path().join("restored.db");
+    common::restore_ok(common::s(&replica), &restored, None);
+    assert_eq!(
+        common::strings(&restored, "SELECT v FROM t ORDER BY id"),
+        ["first", "second", "while parked"]
+    );
 }

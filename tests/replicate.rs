@@ -499,3 +499,71 @@ fn helpers_self_check() {
         row_counts(&db)
     );
 }
+
+/// An application that commits back to back frees SQLite's write lock only for microseconds
+/// between transactions. Once the WAL passes a quarter of `truncate-page-n` the checkpoint
+/// barrier must still get in, so the WAL never grows to the TRUNCATE threshold, whose
+/// checkpoint stalls the application for seconds (it did, with SQLite's default busy handler
+/// on the barrier).
+#[test]
+fn checkpoints_keep_up_with_a_writer_committing_back_to_back() {
+    use replicad::config::DbSettings;
+    use replicad::db::{Db, RemoteTip};
+
+    let t = Setup::new("hot-writer");
+    {
+        let c = rusqlite::Connection::open(&t.db).unwrap();
+        c.execute_batch(
+            "PRAGMA journal_mode=WAL; CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);",
+        )
+        .unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (path, stop) = (t.db.clone(), stop.clone());
+        thread::spawn(move || {
+            let c = rusqlite::Connection::open(&path).unwrap();
+            c.busy_timeout(Duration::from_secs(30)).unwrap();
+            let mut commits = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                c.execute_batch("BEGIN IMMEDIATE").unwrap();
+                for _ in 0..50 {
+                    c.execute("INSERT INTO t (v) VALUES (hex(randomblob(100)))", [])
+                        .unwrap();
+                }
+                c.execute_batch("COMMIT").unwrap();
+                commits += 1;
+            }
+            commits
+        })
+    };
+    let mut db = Db::new(
+        t.db.clone(),
+        Some(t.dir.join("meta")),
+        DbSettings {
+            min_checkpoint_page_count: 64,
+            truncate_page_n: 2000,
+            dormant_after: Duration::ZERO,
+            ..DbSettings::default()
+        },
+        RemoteTip::default(),
+    );
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        db.sync(true).unwrap();
+        sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let commits = writer.join().unwrap();
+    let stats = db.stats();
+    let (checkpoints, truncates) = (
+        stats.checkpoints.load(Ordering::Relaxed),
+        stats.truncate_checkpoints.load(Ordering::Relaxed),
+    );
+    println!("{commits} commits, {checkpoints} checkpoints, {truncates} TRUNCATE");
+    // SQLite's default busy handler got in at most once a second, if at all.
+    assert!(
+        checkpoints >= 5 && truncates == 0,
+        "{checkpoints} checkpoints ({truncates} TRUNCATE) in 3 s beside {commits} commits"
+    );
+}

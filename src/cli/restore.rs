@@ -59,7 +59,8 @@ pub struct RestoreArgs {
     /// Skip `PRAGMA integrity_check` on the restored database.
     #[arg(long)]
     pub no_integrity_check: bool,
-    /// Ranged GETs in flight while downloading from a remote replica.
+    /// Ranged GETs in flight while downloading from a remote replica; each holds up to 2 MiB
+    /// in memory until it has been applied.
     #[arg(long, value_name = "N", default_value_t = restore::DEFAULT_PARALLELISM, value_parser = parse_parallelism)]
     pub parallelism: usize,
     /// Keep the output up to date (a read replica): restore, record the TXID in

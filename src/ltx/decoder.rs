@@ -11,7 +11,7 @@
 
 use std::io::{BufReader, Read};
 
-use super::checksum::{CRC64, Crc64Digest};
+use super::checksum::Crc64Digest;
 use super::encoder::put_uvarint;
 use super::{
     CHECKSUM_FLAG, Codec, HEADER_SIZE, Header, LtxError, PAGE_FLAG_SIZE, PAGE_HEADER_SIZE,
@@ -49,7 +49,7 @@ impl<R: Read> Decoder<R> {
         let mut buf = [0u8; HEADER_SIZE];
         read_full(&mut r, &mut buf, "header")?;
         let header = Header::decode(&buf)?;
-        let mut digest = CRC64.digest();
+        let mut digest = Crc64Digest::new();
         digest.update(&buf);
         Ok(Decoder {
             r,

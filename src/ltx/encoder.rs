@@ -6,7 +6,7 @@
 
 use std::io::{BufWriter, Write};
 
-use super::checksum::{CRC64, Crc64Digest};
+use super::checksum::Crc64Digest;
 use super::{
     CHECKSUM_FLAG, Codec, Header, LtxError, PAGE_FLAG_SIZE, PAGE_HEADER_SIZE, PageOrder, Trailer,
 };
@@ -31,7 +31,7 @@ impl<W: Write> Encoder<W> {
         let bytes = header.encode()?;
         let mut w = BufWriter::with_capacity(128 * 1024, w);
         w.write_all(&bytes)?;
-        let mut digest = CRC64.digest();
+        let mut digest = Crc64Digest::new();
         digest.update(&bytes);
         Ok(Encoder {
             w,

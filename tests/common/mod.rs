@@ -518,17 +518,20 @@ pub fn row_counts(db: &Path) -> String {
         .join(" ")
 }
 
-/// `PRAGMA integrity_check` says `ok`.
-pub fn integrity_ok(db: &Path) -> bool {
-    let conn = open_ro(db);
-    let rows: Vec<String> = conn
-        .prepare("PRAGMA integrity_check")
+/// The first column of every row `sql` returns from `db` (opened read-only), as text.
+pub fn strings(db: &Path, sql: &str) -> Vec<String> {
+    open_ro(db)
+        .prepare(sql)
         .unwrap()
         .query_map([], |r| r.get(0))
         .unwrap()
         .collect::<Result<_, _>>()
-        .unwrap();
-    rows == ["ok"]
+        .unwrap()
+}
+
+/// `PRAGMA integrity_check` says `ok`.
+pub fn integrity_ok(db: &Path) -> bool {
+    strings(db, "PRAGMA integrity_check") == ["ok"]
 }
 
 /// Asserts that the restored database has the source's content and passes the integrity check.
