@@ -120,7 +120,8 @@
 //! Replica types:
 //!
 //! - `file`: `url: file:///dir` or a plain path, or `path: /dir` (with optional `type: file`).
-//! - `s3`: `type: s3` with `bucket` (required) and `path` (the key prefix, default none), or
+//! - `s3`: `type: s3` with `bucket` (required; letters, digits, `.`, `-`, `_`) and `path` (the
+//!   key prefix, default none), or
 //!   `url: s3://BUCKET/PATH?endpoint=...&region=...` (the query takes the same keys, see
 //!   [`S3Config::from_url`]). Further keys, with Litestream's names and meanings: `region`,
 //!   `endpoint`, `force-path-style` (default true when `endpoint` is set, else false),
@@ -1311,6 +1312,7 @@ fn bucket(s: Scalar<'_>) -> Result<String, String> {
             "bucket {b:?} contains `/`: give the key prefix in `path`"
         ));
     }
+    crate::s3_client::check_bucket_name(&b)?;
     Ok(b)
 }
 
@@ -4622,6 +4624,20 @@ dbs:
                 "key `bucket`",
             ],
         );
+        // An `@` in a bucket would make the replica URL read `s3://user@host/...`.
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: my-app-b@ckups\n      path: app\n",
+            5,
+            &[
+                "bucket \"my-app-b@ckups\" is not a valid bucket name",
+                "key `bucket`",
+            ],
+        );
+        assert_fail(
+            "dbs:\n  - path: /a.db\n    replica:\n      url: s3://b%40x/p\n",
+            4,
+            &["is not a valid bucket name", "key `url`"],
+        );
         assert_fail(
             "dbs:\n  - path: /a.db\n    replica:\n      url: s3://b/p?skip-verify=true\n",
             4,
@@ -4866,8 +4882,13 @@ dbs:
             s3.secret_access_key,
             Some(Secret("s3cr3t/with+chars=".into()))
         );
-        // Without expansion the text is taken as it is.
-        let c = parse(text).unwrap();
+        // Without expansion the text is taken as it is (and `${BUCKET}` is no bucket name).
+        let e = parse(text).unwrap_err().to_string();
+        assert!(
+            e.contains("\"${BUCKET}\" is not a valid bucket name"),
+            "{e}"
+        );
+        let c = parse(&text.replace("${BUCKET}", "my-bucket")).unwrap();
         let s3 = c.dbs[0].replicas[0].s3.as_ref().unwrap();
         assert_eq!(s3.secret_access_key, Some(Secret("${SECRET}".into())));
         // An unset variable leaves the key empty: an error, not a silent fallback to the AWS

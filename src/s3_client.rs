@@ -137,6 +137,19 @@ impl Default for S3Config {
     }
 }
 
+/// S3's bucket naming rules, widened to its legacy names (upper case, `_`, up to 255 bytes).
+/// Anything else (`@`, `:`, `%`, a space) is a typo or a URL fragment, and an `@` would read
+/// as credentials wherever the replica URL (`s3://BUCKET/PATH`) is shown.
+pub fn check_bucket_name(bucket: &str) -> Result<(), String> {
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+    if bucket.len() > 255 || !bucket.chars().all(legal) {
+        return Err(format!(
+            "bucket {bucket:?} is not a valid bucket name: use letters, digits, `.`, `-` and `_`"
+        ));
+    }
+    Ok(())
+}
+
 impl S3Config {
     /// Parses `s3://BUCKET/PATH?endpoint=...&region=...&force-path-style=true&part-size=...
     /// &concurrency=...&storage-class=...&sse-kms-key-id=...` (Litestream's URL form; camelCase
@@ -196,6 +209,7 @@ impl S3Config {
         if self.bucket.is_empty() {
             return Err("s3 replica needs a bucket".into());
         }
+        check_bucket_name(&self.bucket)?;
         if self.part_size < DEFAULT_PART_SIZE {
             return Err(format!(
                 "part-size {} is below S3's minimum of 5 MiB",
