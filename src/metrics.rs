@@ -278,7 +278,7 @@ fn load(a: &std::sync::atomic::AtomicU64) -> f64 {
     a.load(Ordering::Relaxed) as f64
 }
 
-const DB_METRICS: [DbMetric; 14] = [
+const DB_METRICS: [DbMetric; 15] = [
     (
         "replicad_db_txid",
         "Current TXID of the database (last segment staged locally).",
@@ -326,6 +326,12 @@ const DB_METRICS: [DbMetric; 14] = [
         "TRUNCATE checkpoints (the others are PASSIVE; RESTART is never used).",
         MetricType::COUNTER,
         |d| load(&d.stats.truncate_checkpoints),
+    ),
+    (
+        "replicad_db_checkpoint_write_lock_seconds_total",
+        "Time checkpoints held SQLite's write lock: the application's commits waited for it.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.write_lock_nanos) / 1e9,
     ),
     (
         "replicad_db_wal_size_bytes",
