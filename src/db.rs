@@ -10,8 +10,9 @@
 //!    the next segment is a *full* copy of the database at the next TXID, so the chain never
 //!    breaks.
 //! 2. A frame is never checkpointed before it is durable in a staged segment: a checkpoint
-//!    first takes SQLite's write lock (no commit can land), seals with a sync, and only then
-//!    checkpoints.
+//!    either runs under SQLite's write lock (no commit can land) after a sealing sync, or
+//!    runs without it but stops at our read mark, which moves only under that lock, right
+//!    after a seal (SQLite backfills no frame past a live reader's mark).
 //! 3. While the process runs, the read transaction is held at all times except inside that
 //!    write-locked window, so the WAL generation changes only when we allow it.
 //! 4. Segments carry real pre/post-apply database checksums when the codec is not

@@ -643,7 +643,7 @@ def main():
     p.add_argument("--lag-seconds", type=float, default=30.0)
     p.add_argument("--write-seconds", type=float, default=15.0)
     p.add_argument("--batch", type=int, default=1000, help="rows per write transaction")
-    p.add_argument("--write-rounds", type=int, default=3,
+    p.add_argument("--write-rounds", type=int, default=2,
                    help="rounds of (none, litestream, replicad) write runs, then one more none")
     p.add_argument("--size-mib", type=int, default=1024, help="snapshot/restore database size")
     p.add_argument("--scale", type=int, default=10000,
