@@ -500,6 +500,53 @@ fn helpers_self_check() {
     );
 }
 
+fn create_wal_table(db: &Path, create: &str) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.execute_batch(&format!("PRAGMA journal_mode=WAL; {create};"))
+        .unwrap();
+}
+
+/// An application thread that commits `body` in `BEGIN IMMEDIATE` transactions back to back.
+struct BackToBack {
+    stop: Arc<AtomicBool>,
+    thread: thread::JoinHandle<u64>,
+}
+
+impl BackToBack {
+    /// `spin`: retry a busy lock at once, as a busy application would, rather than with
+    /// SQLite's handler, which sleeps 1-100 ms between tries.
+    fn start(db: &Path, body: &'static str, spin: bool) -> BackToBack {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (path, stopped) = (db.to_path_buf(), stop.clone());
+        let thread = thread::spawn(move || {
+            let mut c = rusqlite::Connection::open(&path).unwrap();
+            if spin {
+                c.busy_handler(Some(|n| {
+                    thread::yield_now();
+                    n < 10_000_000
+                }))
+                .unwrap();
+            } else {
+                c.busy_timeout(Duration::from_secs(30)).unwrap();
+            }
+            let tx = format!("BEGIN IMMEDIATE; {body} COMMIT;");
+            let mut commits = 0u64;
+            while !stopped.load(Ordering::Relaxed) {
+                c.execute_batch(&tx).unwrap();
+                commits += 1;
+            }
+            commits
+        });
+        BackToBack { stop, thread }
+    }
+
+    /// Stops the thread; returns its commits.
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 /// Checkpoints beside a writer that never pauses: the unlocked backfill passes and the
 /// barrier must together move only frames already in segments, so the replica restores to
 /// exactly the source after thousands of back-to-back commits. Each commit adds a row with
@@ -508,13 +555,10 @@ fn helpers_self_check() {
 #[test]
 fn back_to_back_commits_through_checkpoints_restore_exactly() {
     let t = Setup::new("hot-writer-restore");
-    {
-        let c = rusqlite::Connection::open(&t.db).unwrap();
-        c.execute_batch(
-            "PRAGMA journal_mode=WAL; CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, n INT);",
-        )
-        .unwrap();
-    }
+    create_wal_table(
+        &t.db,
+        "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, n INT)",
+    );
     // Debug logs name every checkpoint. The barrier insists past 2,000 pages: polling, it
     // gets in while the writer is mid-stream, which is when an unsealed frame could be moved.
     let mut d = t.spawn(&[
@@ -525,35 +569,14 @@ fn back_to_back_commits_through_checkpoints_restore_exactly() {
         "--log-level",
         "debug",
     ]);
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (path, stop) = (t.db.clone(), stop.clone());
-        thread::spawn(move || {
-            let mut c = rusqlite::Connection::open(&path).unwrap();
-            // Retries at once rather than sleeping (SQLite's handler sleeps 1-100 ms), so that
-            // it commits in every gap the checkpoint leaves, as a busy application would.
-            c.busy_handler(Some(|n| {
-                thread::yield_now();
-                n < 10_000_000
-            }))
-            .unwrap();
-            let mut commits = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                c.execute_batch(
-                    "BEGIN IMMEDIATE;
-                     INSERT INTO t (v, n) VALUES (hex(randomblob(3000)), 0);
-                     UPDATE t SET n = n + 1 WHERE id = abs(random()) % ((SELECT max(id) FROM t) + 1);
-                     COMMIT;",
-                )
-                .unwrap();
-                commits += 1;
-            }
-            commits
-        })
-    };
+    let writer = BackToBack::start(
+        &t.db,
+        "INSERT INTO t (v, n) VALUES (hex(randomblob(3000)), 0);
+         UPDATE t SET n = n + 1 WHERE id = abs(random()) % ((SELECT max(id) FROM t) + 1);",
+        true,
+    );
     sleep(Duration::from_secs(4));
-    stop.store(true, Ordering::Relaxed);
-    let commits = writer.join().unwrap();
+    let commits = writer.stop();
     assert_running(&mut d, &t.dir);
     d.stop_ok();
     let n = assert_l0_contiguous(&t.replica);
@@ -579,32 +602,13 @@ fn checkpoints_keep_up_with_a_writer_committing_back_to_back() {
     use replicad::db::{Db, RemoteTip};
 
     let t = Setup::new("hot-writer");
-    {
-        let c = rusqlite::Connection::open(&t.db).unwrap();
-        c.execute_batch(
-            "PRAGMA journal_mode=WAL; CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);",
-        )
-        .unwrap();
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (path, stop) = (t.db.clone(), stop.clone());
-        thread::spawn(move || {
-            let c = rusqlite::Connection::open(&path).unwrap();
-            c.busy_timeout(Duration::from_secs(30)).unwrap();
-            let mut commits = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                c.execute_batch("BEGIN IMMEDIATE").unwrap();
-                for _ in 0..50 {
-                    c.execute("INSERT INTO t (v) VALUES (hex(randomblob(100)))", [])
-                        .unwrap();
-                }
-                c.execute_batch("COMMIT").unwrap();
-                commits += 1;
-            }
-            commits
-        })
-    };
+    create_wal_table(&t.db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)");
+    let writer = BackToBack::start(
+        &t.db,
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50)
+         INSERT INTO t (v) SELECT hex(randomblob(100)) FROM n;",
+        false,
+    );
     let mut db = Db::new(
         t.db.clone(),
         Some(t.dir.join("meta")),
@@ -621,8 +625,7 @@ fn checkpoints_keep_up_with_a_writer_committing_back_to_back() {
         db.sync(true).unwrap();
         sleep(Duration::from_millis(20));
     }
-    stop.store(true, Ordering::Relaxed);
-    let commits = writer.join().unwrap();
+    let commits = writer.stop();
     let stats = db.stats();
     let (checkpoints, truncates) = (
         stats.checkpoints.load(Ordering::Relaxed),
