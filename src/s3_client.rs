@@ -488,13 +488,7 @@ impl S3Client {
                 async move {
                     let offset = i * part_size;
                     let n = part_size.min(len - offset);
-                    let body = ByteStream::read_from()
-                        .path(src)
-                        .offset(offset)
-                        .length(Length::Exact(n))
-                        .build()
-                        .await
-                        .map_err(|e| transient("put", key, e))?;
+                    let body = file_part(src, offset, n, key).await?;
                     self.upload_part(c, key, upload_id, i, body, n).await
                 }
             })
@@ -596,15 +590,7 @@ impl S3Client {
                 let index = next;
                 let path = seg.reopen_path();
                 inflight.push(async move {
-                    // A streamed body, as in `put_multipart`: nothing held in memory, and the
-                    // payload is not hashed for the signature (the LTX file checksum covers it).
-                    let body = ByteStream::read_from()
-                        .path(path)
-                        .offset(offset)
-                        .length(Length::Exact(n))
-                        .build()
-                        .await
-                        .map_err(|e| transient("put", key, e))?;
+                    let body = file_part(&path, offset, n, key).await?;
                     self.upload_part(c, key, upload_id, index, body, n).await
                 });
                 next += 1;
@@ -880,6 +866,24 @@ async fn build_client(cfg: &S3Config) -> Result<Client, StorageError> {
         });
     }
     Ok(Client::from_conf(conf))
+}
+
+/// `n` bytes of the file at `path` from `offset`, as a streamed body: nothing held in memory,
+/// and the payload is not hashed for the signature (the LTX file checksum covers it). The SDK
+/// reopens the path on a retry.
+async fn file_part(
+    path: &Path,
+    offset: u64,
+    n: u64,
+    key: &str,
+) -> Result<ByteStream, StorageError> {
+    ByteStream::read_from()
+        .path(path)
+        .offset(offset)
+        .length(Length::Exact(n))
+        .build()
+        .await
+        .map_err(|e| transient("put", key, e))
 }
 
 fn transient(op: &'static str, key: &str, e: impl fmt::Display) -> StorageError {
