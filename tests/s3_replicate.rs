@@ -65,6 +65,22 @@ async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) 
     }
 }
 
+/// A store replicating `db` alone to the S3 replica `url` (through [`wrapper`]), and the
+/// database's handle.
+async fn open_store(
+    server: &S3Server,
+    db: &Path,
+    url: &str,
+    settings: DbSettings,
+) -> (Store, DbHandle) {
+    let config = Config::single(db.to_path_buf(), &[url.to_string()], settings).unwrap();
+    let store = Store::open_with(&config, Some(wrapper(server, vec![])))
+        .await
+        .unwrap();
+    let h = store.dbs()[0].clone();
+    (store, h)
+}
+
 fn caught_up(h: &DbHandle, replica: usize) -> bool {
     let txid = h.stats.txid.load(Ordering::Relaxed);
     txid > 0 && h.replicas[replica].1.remote_txid.load(Ordering::Relaxed) == txid
@@ -158,11 +174,7 @@ async fn idle_database_makes_zero_requests_and_metrics_count_operations() {
             .unwrap();
     }
     let url = server.url("idle/app.db");
-    let config = Config::single(db.clone(), std::slice::from_ref(&url), settings()).unwrap();
-    let store = Store::open_with(&config, Some(wrapper(&server, vec![])))
-        .await
-        .unwrap();
-    let h = store.dbs()[0].clone();
+    let (store, h) = open_store(&server, &db, &url, settings()).await;
     wait_until("first upload", Duration::from_secs(20), || caught_up(&h, 0)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -521,11 +533,7 @@ async fn parallel_chunked_restore_survives_failing_calls() {
         compression: replicad::ltx::Codec::None,
         ..settings()
     };
-    let config = Config::single(db.clone(), std::slice::from_ref(&url), settings).unwrap();
-    let store = Store::open_with(&config, Some(wrapper(&server, vec![])))
-        .await
-        .unwrap();
-    let h = store.dbs()[0].clone();
+    let (store, h) = open_store(&server, &db, &url, settings).await;
     wait_until("snapshot uploaded", Duration::from_secs(60), || {
         caught_up(&h, 0)
     })
@@ -608,11 +616,7 @@ async fn large_snapshot_is_uploaded_while_staged_and_restores_exactly() {
         .unwrap();
     }
     let url = server.url("streamed/app.db");
-    let config = Config::single(db.clone(), std::slice::from_ref(&url), settings()).unwrap();
-    let store = Store::open_with(&config, Some(wrapper(&server, vec![])))
-        .await
-        .unwrap();
-    let h = store.dbs()[0].clone();
+    let (store, h) = open_store(&server, &db, &url, settings()).await;
     wait_until("snapshot uploaded", Duration::from_secs(120), || {
         caught_up(&h, 0)
     })
