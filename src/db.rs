@@ -1330,7 +1330,19 @@ impl Db {
             self.poisoned = Some(format!("fsync {}: {e}", dest.display()));
             return Err(io_err("publish", &dest)(e));
         }
-        PHASES.record(Phase::StageWrite, segment_bytes, staged.elapsed());
+        let stage_elapsed = staged.elapsed();
+        PHASES.record(Phase::StageWrite, segment_bytes, stage_elapsed);
+        if full {
+            tracing::debug!(
+                txid = %header.max_txid,
+                bytes = segment_bytes,
+                build_ms = build_nanos / 1_000_000,
+                read_ms = read_nanos / 1_000_000,
+                compress_ms = compress_nanos / 1_000_000,
+                durable_ms = stage_elapsed.as_millis() as u64,
+                "full segment staged"
+            );
+        }
         if self.checksums {
             let mut table = if full {
                 Vec::new()
