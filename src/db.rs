@@ -314,7 +314,10 @@ const PARALLEL_MIN_PAGES: usize = 8 * BATCH_PAGES;
 /// they are written (smaller ones upload in a blink once staged).
 const STREAM_MIN_BYTES: u64 = 16 * 1024 * 1024;
 
-/// Pages read, compressed and checksummed by one encoder worker, in segment order.
+/// Pages read, compressed and checksummed by one encoder worker, in segment order. The
+/// writer hands each batch back to its worker for the next chunk: a snapshot then touches a
+/// few batches' worth of fresh memory instead of a megabyte per 256 pages.
+#[derive(Default)]
 struct PageBatch {
     data: Vec<u8>,
     comp: Vec<u8>,
@@ -324,21 +327,22 @@ struct PageBatch {
     compress_nanos: u64,
 }
 
+/// Fills `b` with the pages of `chunk` (whatever it held before is replaced).
 fn encode_batch(
     reader: &PageReader<'_>,
     codec: Codec,
     checksums: bool,
     chunk: &[(u32, PageSrc)],
-) -> Result<PageBatch, DbError> {
+    b: &mut PageBatch,
+) -> Result<(), DbError> {
     let ps = reader.page_size as usize;
-    let mut b = PageBatch {
-        data: vec![0u8; chunk.len() * ps],
-        comp: Vec::with_capacity(chunk.len() * ps / 2),
-        ends: Vec::with_capacity(chunk.len()),
-        sums: Vec::with_capacity(if checksums { chunk.len() } else { 0 }),
-        read_nanos: 0,
-        compress_nanos: 0,
-    };
+    // Every page is read over its whole slot, so the old contents need no clearing.
+    b.data.resize(chunk.len() * ps, 0);
+    b.comp.clear();
+    b.ends.clear();
+    b.sums.clear();
+    b.read_nanos = 0;
+    b.compress_nanos = 0;
     let mut scratch = Vec::new();
     for (k, &(pgno, src)) in chunk.iter().enumerate() {
         let buf = &mut b.data[k * ps..(k + 1) * ps];
@@ -354,7 +358,7 @@ fn encode_batch(
         b.read_nanos += duration_nanos(t1 - t0);
         b.compress_nanos += duration_nanos(t1.elapsed());
     }
-    Ok(b)
+    Ok(())
 }
 
 /// Reads, compresses and checksums `pages` on `workers` threads, and hands each page to `sink`
@@ -373,13 +377,18 @@ fn encode_parallel(
     let chunks: Vec<&[(u32, PageSrc)]> = pages.chunks(BATCH_PAGES).collect();
     std::thread::scope(|scope| {
         let mut rxs = Vec::with_capacity(workers);
+        let mut returns = Vec::with_capacity(workers);
         for w in 0..workers {
             let (tx, rx) = std::sync::mpsc::sync_channel(2);
+            // Room for every batch of this worker in flight (2 queued, 1 being written).
+            let (back_tx, back_rx) = std::sync::mpsc::sync_channel::<PageBatch>(3);
             rxs.push(rx);
+            returns.push(back_tx);
             let chunks = &chunks;
             scope.spawn(move || {
                 for chunk in chunks.iter().skip(w).step_by(workers) {
-                    let batch = encode_batch(&reader, codec, checksums, chunk);
+                    let mut b = back_rx.try_recv().unwrap_or_default();
+                    let batch = encode_batch(&reader, codec, checksums, chunk, &mut b).map(|()| b);
                     let failed = batch.is_err();
                     // A closed channel means the writer stopped on an error: stop too.
                     if tx.send(batch).is_err() || failed {
@@ -407,6 +416,8 @@ fn encode_parallel(
                 )?;
                 start = end;
             }
+            // Back to its worker; a full or closed return queue just drops it.
+            let _ = returns[i % workers].try_send(batch);
         }
         Ok((read_nanos, compress_nanos))
     })
