@@ -26,6 +26,41 @@ pub fn publish(tmp: &Path, dest: &Path) -> io::Result<()> {
     fsync_dir(parent_dir(dest))
 }
 
+/// Writes back the `len` bytes of `file` at `offset` and drops them from the page cache, a
+/// hint for data no one will read again soon. Blocking (it waits for the range's writeback:
+/// dirty pages cannot be dropped). Durability is unchanged: `sync_file_range` promises
+/// nothing on a crash, so publishing still needs its fsync. Errors are ignored, since a file
+/// system that refuses the hint (tmpfs) only keeps its pages. A no-op off Linux.
+pub fn evict_range(file: &File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Ok(from), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: a plain syscall on a descriptor `file` keeps open; no memory is passed.
+        let _ = unsafe {
+            libc::sync_file_range(
+                file.as_raw_fd(),
+                from,
+                n,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                    | libc::SYNC_FILE_RANGE_WRITE
+                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            )
+        };
+        let _ = rustix::fs::fadvise(
+            file,
+            offset,
+            std::num::NonZeroU64::new(len),
+            rustix::fs::Advice::DontNeed,
+        );
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
+}
+
 /// The directory holding `path` (`.` for a bare file name).
 pub fn parent_dir(path: &Path) -> &Path {
     match path.parent() {

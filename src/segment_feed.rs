@@ -15,6 +15,10 @@
 //!   unpublished (an error, or a panic, of the build): a follower then aborts its upload.
 //! - The feed costs nothing without followers: the monitor announces only when a replica
 //!   subscribed.
+//! - A follower drops each range it uploaded from the page cache
+//!   ([`GrowingSegment::release`]): a snapshot's staged copy then holds memory only for bytes
+//!   not yet uploaded, instead of the whole segment until the kernel reclaims it. The pages
+//!   freed go straight back to whoever writes next (the local S3 server, in the benchmark).
 
 use std::fs::File;
 use std::io::Write;
@@ -79,6 +83,12 @@ impl GrowingSegment {
     /// (a retried request body) need a path, and the staged name changes under them.
     pub fn reopen_path(&self) -> PathBuf {
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    /// Drops from the page cache the `len` bytes at `offset`, which a follower has uploaded
+    /// (blocking: the range is written back first). See [`crate::fsutil::evict_range`].
+    pub fn release(&self, offset: u64, len: u64) {
+        crate::fsutil::evict_range(&self.file, offset, len);
     }
 
     /// Reports `n` bytes written (never moves backwards, never after the end).
