@@ -588,10 +588,9 @@ impl S3Client {
                 }
                 let n = part_size.min(written - offset);
                 let index = next;
-                let path = seg.reopen_path();
                 let seg = seg.clone();
                 inflight.push(async move {
-                    let body = file_part(&path, offset, n, key).await?;
+                    let body = file_part(&seg.reopen_path(), offset, n, key).await?;
                     let part = self.upload_part(c, key, upload_id, index, body, n).await?;
                     // Uploaded: its pages are dead weight in the page cache (see segment_feed).
                     let _ = tokio::task::spawn_blocking(move || seg.release(offset, n)).await;
