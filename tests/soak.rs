@@ -473,6 +473,8 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
     // The database exists before the daemon starts, in WAL mode, with t0.
     drop(Writer::open(&c.db, rng.random()));
     let mut daemon = Some(c.spawn(None));
+    // Whether `daemon` runs a failure drill.
+    let mut drilled = false;
     let mut prev = c.sync_txid(5);
     let mut recorded: Vec<(u64, String)> = vec![(prev, content_hash(&c.db))];
 
@@ -507,6 +509,7 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
                         .random_bool(0.4)
                         .then(|| format!("fail-rate={:.2}", rng.random_range(0.05..0.4)));
                     st.fault_runs += faults.is_some() as u64;
+                    drilled = faults.is_some();
                     daemon = Some(c.spawn(faults.as_deref()));
                 } else {
                     down_until_phase_end = true;
@@ -546,6 +549,15 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
             );
             st.startup_refusals += 1;
             daemon = None;
+        }
+        // A drill ends with the phase too: a drilled daemon still in its startup retries
+        // could exit while the point is being recorded, leaving no one to answer.
+        if drilled {
+            if let Some(d) = daemon.take() {
+                d.kill9();
+                st.kills += 1;
+            }
+            drilled = false;
         }
         if down_until_phase_end || daemon.is_none() {
             daemon = Some(c.spawn(None));
