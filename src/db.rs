@@ -14,10 +14,15 @@
 //!    runs without it but stops at our read mark, which moves only under that lock, right
 //!    after a seal (SQLite backfills no frame past a live reader's mark).
 //! 3. While the process runs, the read transaction is held at all times except inside that
-//!    write-locked window, so the WAL generation changes only when we allow it.
+//!    write-locked window, so the WAL generation changes only when we allow it. (Begun on a
+//!    completely checkpointed WAL it reads the database file alone, SQLite's read mark 0:
+//!    the next write may then restart the WAL once, but no frame after it can be checkpointed
+//!    while we read, so not twice.)
 //! 4. Segments carry real pre/post-apply database checksums when the codec is not
 //!    Litestream's (`lz4`): the per-page checksum table is kept in memory (8 bytes a page).
 //! 5. A failed fsync poisons the Db: it stops syncing until the process restarts.
+//! 6. A segment's WAL pages all come from the generation its scan saw: the WAL header's salts
+//!    are read again after the pages, and a restart in between drops the segment.
 //!
 //! The idle fast path needs the WAL file to end where our position does. Our restart write
 //! shrinks the WAL to one frame, except under a busy writer: then the WAL is reused in place
@@ -140,6 +145,10 @@ pub enum DbError {
     /// The database is in a state replicad cannot replicate.
     #[error("{0}")]
     Unsupported(String),
+    /// The WAL was restarted while pages were read from it: what was read may mix two
+    /// generations, so it was dropped (the next sync sees the restart).
+    #[error("the WAL was restarted while it was read; dropped what was read")]
+    WalRestartedDuringRead,
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DbError {
@@ -1038,6 +1047,9 @@ impl Db {
             table[pgno as usize - 1] = c;
             sum.toggle(c);
         }
+        if let Some((f, s)) = overlay {
+            same_generation(f, &s.header)?;
+        }
         PHASES.record_nanos(Phase::WalRead, read_bytes, read_nanos);
         self.page_buf = buf;
         self.table = table;
@@ -1332,7 +1344,11 @@ impl Db {
             }
             Ok::<_, DbError>(())
         })();
+        let from_wal = pages.iter().any(|(_, s)| matches!(s, PageSrc::Wal(_)));
         let result = encoded.and_then(|()| {
+            if let (true, Some(f)) = (from_wal, wal_file) {
+                same_generation_salts(f, (header.wal_salt1, header.wal_salt2))?;
+            }
             let post = if checksums { sum.value() } else { 0 };
             let (tap, _) = enc.finish(post)?;
             Ok::<_, DbError>((tap.into_inner(), post))
@@ -1522,10 +1538,12 @@ impl Db {
             return Ok(written);
         }
         let locked = Instant::now();
+        let mut released = false;
         let sealed = (|| {
             written += self.seal()?;
             let seal_ms = locked.elapsed().as_millis();
             let conn = self.end_read()?;
+            released = true;
             let mode = if truncate { "TRUNCATE" } else { "PASSIVE" };
             // TRUNCATE needs the write lock itself: give it up first (the WAL is synced).
             if truncate {
@@ -1537,16 +1555,28 @@ impl Db {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
                 })?;
             let copy_ms = copying.elapsed().as_millis();
+            let complete = log >= 0 && log == done;
             begin_read(conn)?;
+            released = false;
             let locked_ms = locked.elapsed().as_millis();
             tracing::debug!(db = %self.path.display(), mode, busy, log, done, seal_ms, copy_ms, locked_ms, "checkpoint");
-            Ok::<_, DbError>((truncate, log >= 0 && log == done))
+            Ok::<_, DbError>((truncate, complete))
         })();
         if !barrier.is_autocommit() {
             barrier.execute_batch("ROLLBACK")?;
         }
         self.count_write_lock(locked);
-        let (truncated, complete) = sealed?;
+        let (truncated, complete) = match sealed {
+            Ok(v) => v,
+            Err(e) => {
+                if released {
+                    // As in `backfill_ahead`: reopen from the staged position.
+                    self.set_open(None);
+                    self.continuous = false;
+                }
+                return Err(e);
+            }
+        };
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         if truncated {
             self.stats
@@ -1821,6 +1851,21 @@ fn begin_read(conn: &Connection) -> Result<(), DbError> {
     conn.execute_batch("BEGIN")?;
     let _: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
     Ok(())
+}
+
+/// Checks, after pages were read from `f` at offsets a scan found under the WAL header with
+/// these salts, that they all came from that generation. SQLite writes a new generation's
+/// header (new salts; salt-1 only ever increases) before its first frame, so if the header
+/// is unchanged now, no frame of another generation can have been read.
+fn same_generation_salts(f: &File, salts: (u32, u32)) -> Result<(), DbError> {
+    match read_wal_header(f)? {
+        Some(now) if (now.salt1, now.salt2) == salts => Ok(()),
+        _ => Err(DbError::WalRestartedDuringRead),
+    }
+}
+
+fn same_generation(f: &File, scanned: &WalHeader) -> Result<(), DbError> {
+    same_generation_salts(f, (scanned.salt1, scanned.salt2))
 }
 
 fn read_wal_header(f: &File) -> Result<Option<WalHeader>, DbError> {

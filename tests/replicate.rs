@@ -667,3 +667,57 @@ fn checkpoints_keep_up_with_a_writer_committing_back_to_back() {
         "{checkpoints} checkpoints ({truncates} TRUNCATE) in 3 s beside {commits} commits"
     );
 }
+
+/// Invariant 3 of `db`: replicad holds its read transaction across its own checkpoints, so
+/// the application cannot checkpoint and restart the WAL behind it (which could overwrite
+/// frames not yet in a segment). Seen from the application: a RESTART checkpoint right after
+/// replicad's finds a reader in its way (SQLite answers busy). Without the read transaction
+/// (checked by skipping the `begin_read` after the barrier), it restarts the WAL.
+#[test]
+fn after_our_checkpoint_the_application_cannot_restart_the_wal() {
+    use replicad::config::DbSettings;
+    use replicad::db::{Db, RemoteTip};
+
+    let t = Setup::new("read-mark");
+    create_wal_table(&t.db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)");
+    let app = rusqlite::Connection::open(&t.db).unwrap();
+    app.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
+    // Answer busy at once rather than wait for the reader.
+    app.busy_timeout(Duration::ZERO).unwrap();
+    let mut db = Db::new(
+        t.db.clone(),
+        Some(t.dir.join("meta")),
+        DbSettings {
+            min_checkpoint_page_count: 8,
+            dormant_after: Duration::ZERO,
+            ..DbSettings::default()
+        },
+        RemoteTip::default(),
+    );
+    db.sync(true).unwrap();
+    for round in 0..3 {
+        for i in 0..20 {
+            app.execute(
+                "INSERT INTO t (v) VALUES (?1)",
+                [format!("{round}-{i}-{}", "x".repeat(900))],
+            )
+            .unwrap();
+        }
+        let before = db.stats().checkpoints.load(Ordering::Relaxed);
+        db.sync(true).unwrap();
+        assert!(
+            db.stats().checkpoints.load(Ordering::Relaxed) > before,
+            "round {round}: no checkpoint"
+        );
+        let (busy, log, done): (i64, i64, i64) = app
+            .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .unwrap();
+        assert_eq!(
+            busy, 1,
+            "round {round}: the application restarted the WAL past replicad's reader (log {log}, done {done})"
+        );
+    }
+    db.sync(true).unwrap();
+}

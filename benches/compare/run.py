@@ -533,8 +533,13 @@ def write_run(mode, s3, args):
     con.execute("PRAGMA synchronous=NORMAL")
     payload = "p" * 200
     rows, batches, t0 = 0, 0, time.monotonic()
+    # Time spent in BEGIN IMMEDIATE: waiting for the write lock, which only a replication
+    # tool's checkpoints hold against this single writer.
+    lock_wait = 0.0
     while time.monotonic() - t0 < args.write_seconds:
+        b0 = time.monotonic()
         con.execute("BEGIN IMMEDIATE")
+        lock_wait += time.monotonic() - b0
         con.executemany("INSERT INTO t (name, val, note) VALUES (?, ?, ?)",
                         [(f"w{rows + j}", float(j), payload) for j in range(args.batch)])
         con.execute("COMMIT")
@@ -543,7 +548,7 @@ def write_run(mode, s3, args):
     secs = time.monotonic() - t0
     con.close()
     res = {"mode": mode, "rows": rows, "batches": batches, "seconds": round(secs, 2),
-           "rows_per_s": round(rows / secs)}
+           "rows_per_s": round(rows / secs), "lock_wait_s": round(lock_wait, 3)}
     if proc is not None:
         # Nothing after the window is measured: SIGKILL rather than SIGTERM, which would have
         # the tool ship its backlog first (15-20 s of uploads at 15 s of writes). The
@@ -601,6 +606,8 @@ def build_table(r):
         w.get("litestream", {}).get("rows_per_s"))
     add("app write throughput vs none", ratio(w.get("replicad", {}).get("rows_per_s"), base),
         ratio(w.get("litestream", {}).get("rows_per_s"), base), "replicad >= 0.95")
+    add("app s waiting for the write lock per %d s window" % round(w.get("none", {}).get("seconds", 15)),
+        w.get("replicad", {}).get("lock_wait_s"), w.get("litestream", {}).get("lock_wait_s"))
     snap = r.get("snapshot", {})
     for codec in ("lz4", "zstd:3"):
         rd = snap.get(f"replicad-{codec}")
@@ -756,8 +763,11 @@ def main():
             for mode in ("none", "litestream", "replicad"):
                 mine = [x for x in runs if x["mode"] == mode]
                 rates = [x["rows_per_s"] for x in mine]
+                waits = [x["lock_wait_s"] for x in mine]
                 r["write"][mode] = dict(mine[0], rows_per_s=round(sum(rates) / len(rates)),
-                                        runs_rows_per_s=rates)
+                                        runs_rows_per_s=rates,
+                                        lock_wait_s=round(sum(waits) / len(waits), 2),
+                                        runs_lock_wait_s=waits)
         if "snapshot" not in skip:
             r["snapshot"], state = {}, {}
 
