@@ -1883,3 +1883,41 @@ fn now_ms() -> i64 {
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pages read under one WAL header are accepted while the salts stand, and refused once
+    /// the WAL has been restarted (SQLite rewrote the header with new salts).
+    #[test]
+    fn same_generation_refuses_pages_read_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("app.db");
+        let app = Connection::open(&path).unwrap();
+        app.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0;
+             CREATE TABLE t (v TEXT); INSERT INTO t VALUES ('a');",
+        )
+        .unwrap();
+        let wal = File::open(dir.path().join("app.db-wal")).unwrap();
+        let scan = wal::scan(&wal, WAL_HEADER_SIZE, u64::MAX)
+            .unwrap()
+            .expect("frames in the WAL");
+        assert!(!scan.pages.is_empty());
+        same_generation(&wal, &scan.header).unwrap();
+
+        // More frames in the same generation do not matter.
+        app.execute("INSERT INTO t VALUES ('b')", []).unwrap();
+        same_generation(&wal, &scan.header).unwrap();
+
+        // A complete checkpoint, then a write: SQLite restarts the WAL in place.
+        app.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .unwrap();
+        app.execute("INSERT INTO t VALUES ('c')", []).unwrap();
+        assert!(matches!(
+            same_generation(&wal, &scan.header),
+            Err(DbError::WalRestartedDuringRead)
+        ));
+    }
+}
