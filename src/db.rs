@@ -1483,7 +1483,7 @@ impl Db {
     /// busy writer) and `quiet` is false: then the WAL is reused in place, as SQLite does by
     /// default. Shrinking frees the file's blocks while our write holds SQLite's write lock:
     /// beside a writer filling hundreds of MB of WAL between checkpoints, that write held the
-    /// application up for 50-160 ms at every checkpoint (the `ftruncate` alone took up to
+    /// application up for 50-164 ms at every checkpoint (the `ftruncate` alone took up to
     /// 170 ms), against under 5 ms in place. The first quiet tick shrinks it instead.
     fn checkpoint(&mut self, quiet: bool) -> Result<usize, DbError> {
         let truncate = self.wal_pages() >= u64::from(self.settings.truncate_page_n);
