@@ -1035,23 +1035,29 @@ impl Db {
         let mut buf = std::mem::take(&mut self.page_buf);
         // Phase stats: summed here, added to the process-wide totals once.
         let (mut read_nanos, mut read_bytes) = (0u64, 0u64);
-        for pgno in (1..=commit).filter(|p| *p != lock) {
-            let src = overlay
-                .and_then(|(_, s)| s.pages.get(&pgno).copied())
-                .map_or(PageSrc::DbFile, PageSrc::Wal);
-            let t = Instant::now();
-            self.read_page(overlay.map(|(f, _)| f), src, pgno, &mut buf)?;
-            read_nanos += duration_nanos(t.elapsed());
-            read_bytes += buf.len() as u64;
-            let c = page_checksum(pgno, &buf);
-            table[pgno as usize - 1] = c;
-            sum.toggle(c);
-        }
-        if let Some((f, s)) = overlay {
-            same_generation(f, &s.header)?;
-        }
-        PHASES.record_nanos(Phase::WalRead, read_bytes, read_nanos);
+        let read = (|| {
+            for pgno in (1..=commit).filter(|p| *p != lock) {
+                let src = overlay
+                    .and_then(|(_, s)| s.pages.get(&pgno).copied())
+                    .map_or(PageSrc::DbFile, PageSrc::Wal);
+                let t = Instant::now();
+                self.read_page(overlay.map(|(f, _)| f), src, pgno, &mut buf)?;
+                read_nanos += duration_nanos(t.elapsed());
+                read_bytes += buf.len() as u64;
+                let c = page_checksum(pgno, &buf);
+                table[pgno as usize - 1] = c;
+                sum.toggle(c);
+            }
+            match overlay {
+                Some((f, s)) => same_generation(f, &s.header),
+                None => Ok(()),
+            }
+        })();
+        // The page buffer goes back on every path: an empty one would make every later
+        // segment fail (a failed read here once left the daemon retrying a full segment).
         self.page_buf = buf;
+        read?;
+        PHASES.record_nanos(Phase::WalRead, read_bytes, read_nanos);
         self.table = table;
         self.sum = sum;
         Ok(())
@@ -1919,5 +1925,39 @@ mod tests {
             same_generation(&wal, &scan.header),
             Err(DbError::WalRestartedDuringRead)
         ));
+    }
+
+    /// A failed `build_table` (here: its pages seem to span a WAL restart) must leave the
+    /// page buffer in place; without it every later segment failed, and the daemon kept
+    /// retrying one full segment.
+    #[test]
+    fn a_failed_build_table_keeps_the_page_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("app.db");
+        let app = Connection::open(&path).unwrap();
+        app.execute_batch(
+            "PRAGMA journal_mode=WAL; CREATE TABLE t (v TEXT); INSERT INTO t VALUES ('a');",
+        )
+        .unwrap();
+        let mut db = Db::new(
+            path.clone(),
+            Some(dir.path().join("meta")),
+            DbSettings::default(),
+            RemoteTip::default(),
+        );
+        db.sync(false).unwrap();
+        app.execute("INSERT INTO t VALUES ('b')", []).unwrap();
+        let wal = File::open(dir.path().join("app.db-wal")).unwrap();
+        let mut scan = wal::scan(&wal, WAL_HEADER_SIZE, u64::MAX)
+            .unwrap()
+            .expect("frames in the WAL");
+        scan.header.salt1 ^= 1;
+        assert!(matches!(
+            db.build_table(Some((&wal, &scan))),
+            Err(DbError::WalRestartedDuringRead)
+        ));
+        assert_eq!(db.page_buf.len(), 4096);
+        app.execute("INSERT INTO t VALUES ('c')", []).unwrap();
+        assert!(db.sync(false).unwrap() > 0, "the next sync wrote nothing");
     }
 }
