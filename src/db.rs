@@ -1049,7 +1049,7 @@ impl Db {
                 sum.toggle(c);
             }
             match overlay {
-                Some((f, s)) => same_generation(f, &s.header),
+                Some((f, s)) => same_generation(f, (s.header.salt1, s.header.salt2)),
                 None => Ok(()),
             }
         })();
@@ -1353,7 +1353,7 @@ impl Db {
         let from_wal = pages.iter().any(|(_, s)| matches!(s, PageSrc::Wal(_)));
         let result = encoded.and_then(|()| {
             if let (true, Some(f)) = (from_wal, wal_file) {
-                same_generation_salts(f, (header.wal_salt1, header.wal_salt2))?;
+                same_generation(f, (header.wal_salt1, header.wal_salt2))?;
             }
             let post = if checksums { sum.value() } else { 0 };
             let (tap, _) = enc.finish(post)?;
@@ -1492,14 +1492,15 @@ impl Db {
     /// application up for 50-164 ms at every checkpoint (the `ftruncate` alone took up to
     /// 170 ms), against under 5 ms in place. The first quiet tick shrinks it instead.
     fn checkpoint(&mut self, quiet: bool) -> Result<usize, DbError> {
-        let truncate = self.wal_pages() >= u64::from(self.settings.truncate_page_n);
-        let shrink = quiet || self.wal_pages() < u64::from(self.settings.min_checkpoint_page_count);
+        let pages = self.wal_pages();
+        let truncate = pages >= u64::from(self.settings.truncate_page_n);
+        let shrink = quiet || pages < u64::from(self.settings.min_checkpoint_page_count);
         let mut barrier = open_connection(&self.path)?;
         // Politely while the WAL is small: a busy write lock skips this checkpoint until a
         // later tick, without holding up the monitor. Insistently past a quarter of the
         // TRUNCATE threshold, so that a writer that never pauses gets one short stall of a
         // PASSIVE checkpoint instead of a TRUNCATE's long one followed by a full segment.
-        let insist = self.wal_pages() >= u64::from(self.settings.truncate_page_n / 4);
+        let insist = pages >= u64::from(self.settings.truncate_page_n / 4);
         if insist {
             barrier.busy_handler(Some(barrier_busy))?;
         } else {
@@ -1863,15 +1864,11 @@ fn begin_read(conn: &Connection) -> Result<(), DbError> {
 /// these salts, that they all came from that generation. SQLite writes a new generation's
 /// header (new salts; salt-1 only ever increases) before its first frame, so if the header
 /// is unchanged now, no frame of another generation can have been read.
-fn same_generation_salts(f: &File, salts: (u32, u32)) -> Result<(), DbError> {
+fn same_generation(f: &File, salts: (u32, u32)) -> Result<(), DbError> {
     match read_wal_header(f)? {
         Some(now) if (now.salt1, now.salt2) == salts => Ok(()),
         _ => Err(DbError::WalRestartedDuringRead),
     }
-}
-
-fn same_generation(f: &File, scanned: &WalHeader) -> Result<(), DbError> {
-    same_generation_salts(f, (scanned.salt1, scanned.salt2))
 }
 
 fn read_wal_header(f: &File) -> Result<Option<WalHeader>, DbError> {
@@ -1894,35 +1891,49 @@ fn now_ms() -> i64 {
 mod tests {
     use super::*;
 
-    /// Pages read under one WAL header are accepted while the salts stand, and refused once
-    /// the WAL has been restarted (SQLite rewrote the header with new salts).
-    #[test]
-    fn same_generation_refuses_pages_read_across_a_restart() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("app.db");
+    /// An application database in WAL mode with one committed row, and its connection.
+    fn wal_app(dir: &Path) -> (PathBuf, Connection) {
+        let path = dir.join("app.db");
         let app = Connection::open(&path).unwrap();
         app.execute_batch(
             "PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0;
              CREATE TABLE t (v TEXT); INSERT INTO t VALUES ('a');",
         )
         .unwrap();
-        let wal = File::open(dir.path().join("app.db-wal")).unwrap();
-        let scan = wal::scan(&wal, WAL_HEADER_SIZE, u64::MAX)
+        (path, app)
+    }
+
+    fn scan_wal(wal: &File) -> wal::WalScan {
+        wal::scan(wal, WAL_HEADER_SIZE, u64::MAX)
             .unwrap()
-            .expect("frames in the WAL");
+            .expect("frames in the WAL")
+    }
+
+    fn salts(scan: &wal::WalScan) -> (u32, u32) {
+        (scan.header.salt1, scan.header.salt2)
+    }
+
+    /// Pages read under one WAL header are accepted while the salts stand, and refused once
+    /// the WAL has been restarted (SQLite rewrote the header with new salts).
+    #[test]
+    fn same_generation_refuses_pages_read_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, app) = wal_app(dir.path());
+        let wal = File::open(dir.path().join("app.db-wal")).unwrap();
+        let scan = scan_wal(&wal);
         assert!(!scan.pages.is_empty());
-        same_generation(&wal, &scan.header).unwrap();
+        same_generation(&wal, salts(&scan)).unwrap();
 
         // More frames in the same generation do not matter.
         app.execute("INSERT INTO t VALUES ('b')", []).unwrap();
-        same_generation(&wal, &scan.header).unwrap();
+        same_generation(&wal, salts(&scan)).unwrap();
 
         // A complete checkpoint, then a write: SQLite restarts the WAL in place.
         app.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
             .unwrap();
         app.execute("INSERT INTO t VALUES ('c')", []).unwrap();
         assert!(matches!(
-            same_generation(&wal, &scan.header),
+            same_generation(&wal, salts(&scan)),
             Err(DbError::WalRestartedDuringRead)
         ));
     }
@@ -1933,12 +1944,7 @@ mod tests {
     #[test]
     fn a_failed_build_table_keeps_the_page_buffer() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("app.db");
-        let app = Connection::open(&path).unwrap();
-        app.execute_batch(
-            "PRAGMA journal_mode=WAL; CREATE TABLE t (v TEXT); INSERT INTO t VALUES ('a');",
-        )
-        .unwrap();
+        let (path, app) = wal_app(dir.path());
         let mut db = Db::new(
             path.clone(),
             Some(dir.path().join("meta")),
@@ -1948,9 +1954,7 @@ mod tests {
         db.sync(false).unwrap();
         app.execute("INSERT INTO t VALUES ('b')", []).unwrap();
         let wal = File::open(dir.path().join("app.db-wal")).unwrap();
-        let mut scan = wal::scan(&wal, WAL_HEADER_SIZE, u64::MAX)
-            .unwrap()
-            .expect("frames in the WAL");
+        let mut scan = scan_wal(&wal);
         scan.header.salt1 ^= 1;
         assert!(matches!(
             db.build_table(Some((&wal, &scan))),
