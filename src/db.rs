@@ -1685,8 +1685,8 @@ impl Db {
         let copy_ms = copying.elapsed().as_millis();
         // SQLite syncs the database file only when a checkpoint's copy ends at the end of the
         // WAL, which a pass beside a busy writer never does: every pass's pages stayed dirty
-        // until the barrier's checkpoint wrote them all back under the write lock (130-250 ms
-        // of its time with 2,000 frames left to copy). On a quiet database it is a no-op.
+        // until the barrier's checkpoint wrote them all back under the write lock (130-240 ms
+        // of its time with 500-4,000 frames left to copy). On a quiet database it is a no-op.
         self.sync_app_files(false)?;
         // What the application committed meanwhile, sealed now, unlocked, so that the next
         // pass's seal under the lock has only the last few commits. (The checkpoint's own
