@@ -1511,9 +1511,13 @@ impl Db {
             // Each pass leaves for the barrier only what the application committed during it;
             // against a fast writer a second or third pass shrinks that several-fold.
             let mut ahead = true;
+            // Where the previous pass left our read mark (frames), and whether it left enough
+            // behind to be worth a seal of its own before the next pass locks.
+            let (mut read_mark, mut seal_first) = (0, false);
             for _ in 0..BACKFILL_PASSES {
-                let (wrote, behind) = self.backfill_ahead(&barrier)?;
+                let (wrote, behind) = self.backfill_ahead(&barrier, seal_first, &mut read_mark)?;
                 written += wrote;
+                seal_first = behind.is_some_and(|n| n >= PASS_EXTRA_MIN_FRAMES);
                 match behind {
                     // Busy while polite: give up at once, so that the next tick tries again
                     // soon (a failed try must stay cheap against a fast writer).
@@ -1534,7 +1538,7 @@ impl Db {
                 // The checkpoint under the barrier syncs the WAL and the database file: sync
                 // both now, unlocked, so that those syncs find little left to write. Likewise
                 // seal now, leaving the barrier's seal only what is committed from here on.
-                self.sync_app_files(true)?;
+                self.sync_wal_and_db()?;
                 written += self.seal()?;
             }
         }
@@ -1641,14 +1645,21 @@ impl Db {
     ///    cannot restart while we read, so no frame is lost (invariants 2 and 3 hold: the
     ///    frames it moves stay in the WAL until the barrier's phase allows a restart).
     ///
-    /// Unlocked work around both phases keeps the locked moment short: a seal before it, so
-    /// that the seal under the lock has only what lands meanwhile, and after the copy a sync
-    /// of the database file and another seal.
+    /// Unlocked work around both phases keeps the locked moment short: after the copy,
+    /// another seal; with a large backlog (see [`PASS_EXTRA_MIN_FRAMES`]) also a seal before
+    /// the lock (`seal_first`), so that the seal under it has only what lands meanwhile, and
+    /// a sync of the database file after a large copy. `read_mark` is where the previous
+    /// pass left our read mark, in frames (0 for the first pass); it is moved on.
     ///
     /// Returns segments written and the frames the application committed during the copy,
     /// sealed (unlocked) right after it (`None` when the write lock was busy).
-    fn backfill_ahead(&mut self, barrier: &Connection) -> Result<(usize, Option<u64>), DbError> {
-        let mut written = self.seal()?;
+    fn backfill_ahead(
+        &mut self,
+        barrier: &Connection,
+        seal_first: bool,
+        read_mark: &mut u64,
+    ) -> Result<(usize, Option<u64>), DbError> {
+        let mut written = if seal_first { self.seal()? } else { 0 };
         if barrier.execute_batch("BEGIN IMMEDIATE").is_err() {
             return Ok((written, None));
         }
@@ -1677,6 +1688,8 @@ impl Db {
             return Err(e);
         }
         let locked_ms = locked.elapsed().as_millis();
+        let copied = self.wal_pages().saturating_sub(*read_mark);
+        *read_mark = self.wal_pages();
         let copying = Instant::now();
         let (_, log, done): (i64, i64, i64) =
             barrier.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
@@ -1686,8 +1699,10 @@ impl Db {
         // SQLite syncs the database file only when a checkpoint's copy ends at the end of the
         // WAL, which a pass beside a busy writer never does: every pass's pages stayed dirty
         // until the barrier's checkpoint wrote them all back under the write lock (130-240 ms
-        // of its time with 500-4,000 frames left to copy). On a quiet database it is a no-op.
-        self.sync_app_files(false)?;
+        // of its time with 500-4,000 frames left to copy).
+        if copied >= PASS_EXTRA_MIN_FRAMES {
+            self.sync_db()?;
+        }
         // What the application committed meanwhile, sealed now, unlocked, so that the next
         // pass's seal under the lock has only the last few commits. (The checkpoint's own
         // figures are from its start; the file's length says nothing once the WAL is reused
@@ -1700,16 +1715,19 @@ impl Db {
         Ok((written, Some(behind)))
     }
 
-    /// Syncs the application's database file (and the WAL if `wal`) ahead of a checkpoint's
-    /// own syncs, which then find little left to write. A failure is reported, not ignored:
-    /// the checkpoint must not go on as if those pages were safe (SQLite's own sync on its
-    /// descriptor would report it too, but only once).
-    fn sync_app_files(&self, wal: bool) -> Result<(), DbError> {
-        if wal {
-            File::open(&self.wal_path)
-                .and_then(|f| f.sync_data())
-                .map_err(io_err("fsync", &self.wal_path))?;
-        }
+    /// Syncs the application's WAL and database file ahead of a checkpoint's own syncs, which
+    /// then find little left to write. A failure is reported, not ignored: the checkpoint
+    /// must not go on as if those pages were safe (SQLite's own sync on its descriptor would
+    /// report it too, but only once).
+    fn sync_wal_and_db(&self) -> Result<(), DbError> {
+        File::open(&self.wal_path)
+            .and_then(|f| f.sync_data())
+            .map_err(io_err("fsync", &self.wal_path))?;
+        self.sync_db()
+    }
+
+    /// Syncs the application's database file (see [`Db::sync_wal_and_db`]).
+    fn sync_db(&self) -> Result<(), DbError> {
         if let Some(open) = &self.open {
             open.db_file
                 .sync_data()
@@ -1832,6 +1850,14 @@ const BACKFILL_PASSES: usize = 3;
 /// Frames left past our read mark that a checkpoint copies under the barrier without another
 /// unlocked pass first (about 1 MiB of 4 KiB pages: a few milliseconds of copying).
 const BACKFILL_SETTLED_FRAMES: u64 = 256;
+
+/// Backlog below which a backfill pass skips its extra unlocked steps (the seal before its
+/// lock, the database file's sync after its copy): each costs fsyncs of its own, which with a
+/// small backlog take longer than the locked work they save, and a longer pass lets a fast
+/// writer outgrow the checkpoint (`checkpoints_keep_up_with_a_writer_committing_back_to_back`
+/// reached `truncate-page-n` in most runs with the steps always on). 1,024 frames are 4 MiB
+/// of 4 KiB pages: the harness's writer leaves 2,000-25,000 per pass, that test's a few hundred.
+const PASS_EXTRA_MIN_FRAMES: u64 = 1024;
 
 /// How long a writer must have been quiet before an oversized WAL is shrunk.
 const QUIET_BEFORE_SHRINK: Duration = Duration::from_millis(500);

@@ -636,7 +636,7 @@ fn checkpoints_keep_up_with_a_writer_committing_back_to_back() {
         Some(t.dir.join("meta")),
         DbSettings {
             min_checkpoint_page_count: 64,
-            truncate_page_n: 2000,
+            truncate_page_n: 4000,
             dormant_after: Duration::ZERO,
             ..DbSettings::default()
         },
