@@ -1689,7 +1689,7 @@ impl Db {
         }
         let locked_ms = locked.elapsed().as_millis();
         let copied = self.wal_pages().saturating_sub(*read_mark);
-        *read_mark = self.wal_pages();
+        *read_mark += copied;
         let copying = Instant::now();
         let (_, log, done): (i64, i64, i64) =
             barrier.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
@@ -1856,7 +1856,7 @@ const BACKFILL_SETTLED_FRAMES: u64 = 256;
 /// small backlog take longer than the locked work they save, and a longer pass lets a fast
 /// writer outgrow the checkpoint (`checkpoints_keep_up_with_a_writer_committing_back_to_back`
 /// reached `truncate-page-n` in most runs with the steps always on). 1,024 frames are 4 MiB
-/// of 4 KiB pages: the harness's writer leaves 2,000-25,000 per pass, that test's a few hundred.
+/// of 4 KiB pages; the benchmark's writer leaves 2,000-25,000 per pass.
 const PASS_EXTRA_MIN_FRAMES: u64 = 1024;
 
 /// How long a writer must have been quiet before an oversized WAL is shrunk.
