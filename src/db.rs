@@ -1581,9 +1581,7 @@ impl Db {
             Ok(v) => v,
             Err(e) => {
                 if released {
-                    // As in `backfill_ahead`: reopen from the staged position.
-                    self.set_open(None);
-                    self.continuous = false;
+                    self.reopen_after_lost_read();
                 }
                 return Err(e);
             }
@@ -1680,10 +1678,7 @@ impl Db {
         self.count_write_lock(locked);
         if let Err(e) = moved {
             if released {
-                // Without our read transaction the WAL may restart behind us: reopen from
-                // the staged position on the next sync (a full segment if continuity is lost).
-                self.set_open(None);
-                self.continuous = false;
+                self.reopen_after_lost_read();
             }
             return Err(e);
         }
@@ -1734,6 +1729,13 @@ impl Db {
                 .map_err(io_err("fsync", &self.path))?;
         }
         Ok(())
+    }
+
+    /// After an error left us without our read transaction, the WAL may restart behind us:
+    /// the next sync reopens from the staged position (a full segment if continuity is lost).
+    fn reopen_after_lost_read(&mut self) {
+        self.set_open(None);
+        self.continuous = false;
     }
 
     fn count_write_lock(&self, since: Instant) {
