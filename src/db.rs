@@ -20,7 +20,11 @@
 //!    while we read, so not twice.)
 //! 4. Segments carry real pre/post-apply database checksums when the codec is not
 //!    Litestream's (`lz4`): the per-page checksum table is kept in memory (8 bytes a page).
-//! 5. A failed fsync poisons the Db: it stops syncing until the process restarts.
+//! 5. A failed local write or fsync never builds on what it may have left behind: the Db
+//!    forgets its connection, read transaction and WAL mark, and its next sync (paced by the
+//!    monitor's backoff) reopens the database and writes a *full* segment at the next TXID.
+//!    The same happens when the database file is replaced (a new inode at its path). A
+//!    position never goes back: the reopened Db continues after the highest TXID it staged.
 //! 6. A segment's WAL pages all come from the generation its scan saw: the WAL header's salts
 //!    are read again after the pages, and a restart in between drops the segment.
 //!
@@ -69,6 +73,9 @@ use crate::segment_feed::{GrowingSegment, SegmentFeed, Tap};
 use crate::staging::Staging;
 use crate::wal::{self, WAL_HEADER_SIZE, WalError, WalHeader};
 
+mod seed;
+pub use seed::{SeedReply, SeedRequests, SeedSnapshot};
+
 /// Most WAL bytes one segment covers; a larger backlog is cut into several segments.
 pub const MAX_SYNC_WAL_BYTES: u64 = 64 * 1024 * 1024;
 
@@ -115,6 +122,8 @@ pub struct DbStats {
     pub dormant: AtomicBool,
     /// Times the database woke from dormancy.
     pub wakes: AtomicU64,
+    /// Whether the database is protected (the monitor's last sync succeeded), else why not.
+    pub health: crate::health::HealthCell,
 }
 
 /// Why a sync failed.
@@ -139,9 +148,11 @@ pub enum DbError {
     /// Encoding a segment failed.
     #[error("segment: {0}")]
     Ltx(#[from] ltx::LtxError),
-    /// A durability step failed earlier; the Db stopped to avoid building on unknown state.
-    #[error("database poisoned by an earlier fsync failure ({0}); restart replicad")]
-    Poisoned(String),
+    /// The database file does not exist (a typo in the path, or not created yet).
+    #[error(
+        "database file {0} does not exist: nothing is replicated until it is created (check the path)"
+    )]
+    Missing(PathBuf),
     /// The database is in a state replicad cannot replicate.
     #[error("{0}")]
     Unsupported(String),
@@ -267,6 +278,8 @@ struct Open {
     conn: Connection,
     db_file: File,
     page_size: u32,
+    /// (device, inode) of the file opened: another one at the path means it was replaced.
+    id: (u64, u64),
 }
 
 /// Where a page of a segment comes from.
@@ -484,6 +497,12 @@ pub struct Db {
     feed: SegmentFeed,
     stats: Arc<DbStats>,
     page_buf: Vec<u8>,
+    /// Where seed snapshots are built (`<meta>/seed`), and the last one built.
+    seed_dir: PathBuf,
+    last_seed: Option<std::sync::Weak<SeedSnapshot>>,
+    /// Replicas' seed requests: the sender is handed out, the receiver taken by the monitor.
+    seed_tx: SeedRequests,
+    seed_rx: Option<tokio::sync::mpsc::UnboundedReceiver<SeedReply>>,
 }
 
 impl Db {
@@ -500,8 +519,13 @@ impl Db {
         wal_path.push("-wal");
         let codec = settings.compression;
         let (pos_tx, _) = watch::channel(DbPos::default());
+        let (seed_tx, seed_rx) = tokio::sync::mpsc::unbounded_channel();
         let now = Instant::now();
         Db {
+            seed_dir: meta.join("seed"),
+            last_seed: None,
+            seed_tx,
+            seed_rx: Some(seed_rx),
             wal_path: PathBuf::from(wal_path),
             staging_dir: meta.join("ltx").join("0"),
             path,
@@ -558,6 +582,18 @@ impl Db {
         self.feed.subscribe()
     }
 
+    /// Where replicas ask this database for a seed snapshot.
+    pub fn seed_requests(&self) -> SeedRequests {
+        self.seed_tx.clone()
+    }
+
+    /// The receiving end of [`Db::seed_requests`], for the monitor (once).
+    pub fn take_seed_requests(
+        &mut self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<SeedReply>> {
+        self.seed_rx.take()
+    }
+
     /// Counters.
     pub fn stats(&self) -> Arc<DbStats> {
         self.stats.clone()
@@ -568,7 +604,8 @@ impl Db {
         self.pos
     }
 
-    /// The idle fast path: one open, fstat and 32-byte read of the WAL header. Returns true
+    /// The idle fast path: one fstat of the database file (unlinked: replaced or removed),
+    /// one open, fstat and 32-byte read of the WAL header. Returns true
     /// when the tick can be skipped: the WAL is exactly as long as what was synced and its
     /// salts are unchanged (size alone is not enough: after a restart SQLite rewrites frames
     /// inside a file of unchanged size). A full verification still runs every
@@ -612,6 +649,12 @@ impl Db {
         let Some((size, salt1, salt2)) = self.fast else {
             return false;
         };
+        // A file renamed over the database, or the database removed, leaves ours unlinked.
+        if let Some(open) = &self.open
+            && open.db_file.metadata().is_ok_and(|m| m.nlink() == 0)
+        {
+            return false;
+        }
         let f = match File::open(&self.wal_path) {
             Ok(f) => f,
             // No WAL and none expected: nothing was committed (a commit creates the WAL, and
@@ -714,11 +757,17 @@ impl Db {
             )));
         }
         let db_file = File::open(&self.path).map_err(io_err("open", &self.path))?;
+        let id = file_id(&db_file, &self.path)?;
         self.woke_unchanged = FileStamp::of(&self.path).is_ok_and(|now| now == stamp);
+        if id.1 != stamp.ino {
+            tracing::warn!(db = %self.path.display(), txid = %self.pos, "the database file was replaced while dormant; the next segment is a full copy of the new one");
+            self.force_full("database file replaced");
+        }
         self.set_open(Some(Open {
             conn,
             db_file,
             page_size,
+            id,
         }));
         self.dormant = None;
         self.continuous = false;
@@ -739,8 +788,9 @@ impl Db {
     /// Syncs every committed frame into segments, then checkpoints if the policy says so.
     /// Blocking: run it off the async reactor. Returns the number of segments written.
     pub fn sync(&mut self, allow_checkpoint: bool) -> Result<usize, DbError> {
-        if let Some(why) = &self.poisoned {
-            return Err(DbError::Poisoned(why.clone()));
+        if let Some(why) = self.poisoned.take() {
+            tracing::warn!(db = %self.path.display(), txid = %self.pos, cause = %why, "reopening the database after a failed local write; the next segment is a full copy");
+            self.reopen("recovering from a failed local write");
         }
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
@@ -761,12 +811,16 @@ impl Db {
     fn sync_inner(&mut self, allow_checkpoint: bool) -> Result<usize, DbError> {
         if let Some(d) = self.dormant {
             if !self.path.exists() {
-                return Ok(0);
+                return Err(DbError::Missing(self.path.clone()));
             }
             self.wake(d.db)?;
         }
+        if self.open.is_some() && self.replaced()? {
+            tracing::warn!(db = %self.path.display(), txid = %self.pos, "the database file was replaced (a new file at its path); reopening it, the next segment is a full copy of the new one");
+            self.reopen("database file replaced");
+        }
         if self.open.is_none() && !self.init()? {
-            return Ok(0);
+            return Err(DbError::Missing(self.path.clone()));
         }
         if self.staging.is_some() && !self.staging_dir.is_dir() {
             // Deleted under us (an operator, a tmp cleaner): the position lives on in memory,
@@ -863,10 +917,12 @@ impl Db {
         }
         self.continuous = false;
         self.page_buf = vec![0u8; page_size as usize];
+        let id = file_id(&db_file, &self.path)?;
         self.set_open(Some(Open {
             conn,
             db_file,
             page_size,
+            id,
         }));
         self.staging = Some(staging);
         Ok(true)
@@ -1738,6 +1794,51 @@ impl Db {
         self.continuous = false;
     }
 
+    /// True when the path no longer names the file we have open (replaced, or removed:
+    /// then [`DbError::Missing`] after the reopen).
+    fn replaced(&self) -> Result<bool, DbError> {
+        let Some(open) = &self.open else {
+            return Ok(false);
+        };
+        match std::fs::metadata(&self.path) {
+            Ok(m) => Ok((m.dev(), m.ino()) != open.id),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+            Err(e) => Err(io_err("stat", &self.path)(e)),
+        }
+    }
+
+    /// The next segment is a full copy, at the TXID after every one staged so far.
+    fn force_full(&mut self, reason: &'static str) {
+        let page_size = if self.page_buf.is_empty() {
+            self.remote_tip.page_size
+        } else {
+            self.page_buf.len() as u32
+        };
+        self.remote_tip = RemoteTip {
+            txid: self.pos.max(self.remote_tip.txid),
+            post_apply_checksum: self.post,
+            full_reason: Some(reason),
+            page_size,
+        };
+    }
+
+    /// Forgets everything not proven by staging (connection, read transaction, WAL mark,
+    /// checksum table); the next sync opens the database again and writes a full segment.
+    fn reopen(&mut self, reason: &'static str) {
+        self.force_full(reason);
+        self.set_open(None);
+        self.dormant = None;
+        self.stats.dormant.store(false, Ordering::Relaxed);
+        self.continuous = false;
+        self.mark = None;
+        self.fast = None;
+        self.staging = None;
+        self.table = Vec::new();
+        self.sum = DbChecksum::default();
+        self.wal_oversized = false;
+        self.woke_unchanged = false;
+    }
+
     fn count_write_lock(&self, since: Instant) {
         self.stats
             .write_lock_nanos
@@ -1914,6 +2015,12 @@ fn same_generation(f: &File, salts: (u32, u32)) -> Result<(), DbError> {
         Some(now) if (now.salt1, now.salt2) == salts => Ok(()),
         _ => Err(DbError::WalRestartedDuringRead),
     }
+}
+
+/// (device, inode) of an open file.
+fn file_id(f: &File, path: &Path) -> Result<(u64, u64), DbError> {
+    let m = f.metadata().map_err(io_err("stat", path))?;
+    Ok((m.dev(), m.ino()))
 }
 
 fn read_wal_header(f: &File) -> Result<Option<WalHeader>, DbError> {

@@ -2,8 +2,9 @@
 //!
 //! - `GET /metrics`: Prometheus text exposition of the Store's registry ([`Metrics::render`]).
 //! - `GET /healthz`: `200 ok` while the process runs.
-//! - `GET /readyz`: `200 ready` when every database has completed its first sync and every
-//!   replica is within `max-lag` and still holds its single-writer lease (see [`readiness`]);
+//! - `GET /readyz`: `200 ready` when every database has completed its first sync and is
+//!   protected (its last sync succeeded), and every replica is being written, is within
+//!   `max-lag` and still holds its single-writer lease (see [`readiness`]);
 //!   otherwise `503` with one line per thing
 //!   that is not ready.
 //! - `GET /status`: JSON summary for `replicad status` (see [`Status::summary`]): per database
@@ -71,8 +72,9 @@ impl Status {
     ///
     /// ```json
     /// {"databases": [{"path": "/data/app.db", "txid": 42, "idle": true, "syncs": 7,
-    ///   "sync_errors": 0, "replicas": [{"name": "s3", "remote_txid": 42, "lag_txids": 0,
-    ///   "lag_seconds": 0.0}]}]}
+    ///   "sync_errors": 0, "protected": true, "error": null, "replicas": [{"name": "s3",
+    ///   "remote_txid": 42, "lag_txids": 0, "lag_seconds": 0.0, "lease_lost": false,
+    ///   "protected": true, "error": null, "reseeds": 0}]}]}
     /// ```
     ///
     /// TXIDs are plain numbers (not the 16-digit hex of file names); lags are those of
@@ -96,6 +98,9 @@ impl Status {
                             "lag_txids": lag.txids,
                             "lag_seconds": lag.seconds,
                             "lease_lost": r.lease_lost.load(Ordering::Relaxed),
+                            "protected": r.health.is_ok() && !r.lease_lost.load(Ordering::Relaxed),
+                            "error": r.health.problem().map(|p| p.reason),
+                            "reseeds": r.reseeds.load(Ordering::Relaxed),
                         })
                     })
                     .collect();
@@ -105,6 +110,8 @@ impl Status {
                     "idle": d.stats.idle.load(Ordering::Relaxed),
                     "syncs": d.stats.syncs.load(Ordering::Relaxed),
                     "sync_errors": d.stats.sync_errors.load(Ordering::Relaxed),
+                    "protected": d.stats.health.is_ok(),
+                    "error": d.stats.health.problem().map(|p| p.reason),
                     "replicas": replicas,
                 })
             })
@@ -122,6 +129,10 @@ pub fn readiness(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Result<(
     let mut reasons = Vec::new();
     for d in dbs {
         let db = d.path.display();
+        if let Some(p) = d.stats.health.problem() {
+            reasons.push(format!("db {db}: {}", p.reason));
+            continue;
+        }
         let syncs = d.stats.syncs.load(Ordering::Relaxed);
         let errors = d.stats.sync_errors.load(Ordering::Relaxed);
         if syncs <= errors {
@@ -138,6 +149,10 @@ pub fn readiness(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Result<(
                 reasons.push(format!(
                     "db {db}: replica {name}: stopped: another instance took its single-writer lease"
                 ));
+                continue;
+            }
+            if let Some(p) = r.health.problem() {
+                reasons.push(format!("db {db}: replica {name}: {}", p.reason));
                 continue;
             }
             let lag = replica_lag(pos, r, since_ms);

@@ -24,8 +24,9 @@
 //! one replica need clocks within a small fraction of the TTL (NTP; S3 itself refuses requests
 //! skewed by more than 15 minutes). A lease whose timestamp lies in the future counts as live.
 //!
-//! Invariant: a replica whose lease is lost (another instance took it, or it vanished) makes
-//! no further write: its upload task stops, loudly, and `/readyz` reports it.
+//! Invariant: a replica whose lease another instance took makes no further write: its upload
+//! task stops, loudly, and `/readyz` reports it. A lease that vanished (the replica wiped, or
+//! the lease deleted alone) is taken again after one listing (see [`crate::replica`]).
 //! Residual window: a check and the PUTs of its round are not atomic; an instance that was
 //! paused for longer than the TTL between its check and its PUT can still write one round
 //! after a takeover. The next check stops it.
@@ -105,6 +106,15 @@ pub enum LeaseError {
         /// The new holder, or a description when there is none.
         holder: String,
     },
+    /// Our lease object is gone (the replica was emptied, or the lease deleted alone).
+    #[error(
+        "the lease of replica {replica} was removed (the replica was emptied, or its lease \
+         deleted)"
+    )]
+    Vanished {
+        /// Replica location.
+        replica: String,
+    },
     /// The lease object exists but is not a replicad lease.
     #[error(
         "replica {replica} has a {LEASE_NAME} that is not a replicad lease ({reason}); remove \
@@ -135,7 +145,15 @@ impl LeaseError {
     /// True if another writer is involved (held, lost or foreign lease), as opposed to a
     /// failure to reach the replica, which is retried like any upload failure.
     pub fn is_conflict(&self) -> bool {
-        !matches!(self, LeaseError::Storage { .. })
+        !matches!(
+            self,
+            LeaseError::Storage { .. } | LeaseError::Vanished { .. }
+        )
+    }
+
+    /// True when our lease object is gone: the replica may have been wiped.
+    pub fn is_vanished(&self) -> bool {
+        matches!(self, LeaseError::Vanished { .. })
     }
 }
 
@@ -315,13 +333,15 @@ impl Lease {
     pub async fn check(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
         match self.read(counters).await? {
             Some(held) if self.is_mine(&held) => {}
-            other => {
+            Some(other) => {
                 return Err(LeaseError::Lost {
                     replica: self.client.location(),
-                    holder: other.map_or_else(
-                        || "nobody: the lease object was removed".to_string(),
-                        |h| h.to_string(),
-                    ),
+                    holder: other.to_string(),
+                });
+            }
+            None => {
+                return Err(LeaseError::Vanished {
+                    replica: self.client.location(),
                 });
             }
         }

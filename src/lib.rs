@@ -36,6 +36,7 @@ pub mod faulty_client;
 pub mod file_client;
 pub mod follow;
 pub mod fsutil;
+pub mod health;
 pub mod http;
 pub mod lease;
 pub mod ltx;

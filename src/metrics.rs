@@ -37,6 +37,7 @@ pub struct Metrics {
     replica_txid: IntGaugeVec,
     replica_verify_ok: IntGaugeVec,
     replica_verify_txid: IntGaugeVec,
+    replica_reseeds: IntCounterVec,
     started_ms: i64,
 }
 
@@ -109,7 +110,14 @@ impl Metrics {
             "replicad_replica_verify_txid",
             "TXID the last periodic verify restored.",
         );
+        let replica_reseeds = counter(
+            "replicad_replica_reseeds_total",
+            "Times a replica was re-seeded with a snapshot of the live database, by reason \
+             (empty, wiped, behind).",
+            &["db", "replica", "reason"],
+        );
         Metrics {
+            replica_reseeds,
             started_ms: now_ms(),
             replica_verify_ok,
             replica_verify_txid,
@@ -150,6 +158,10 @@ impl Metrics {
                 g
             },
             verify_txid: self.replica_verify_txid.with_label_values(&[db, replica]),
+            reseeds: crate::replica::SeedReason::ALL.map(|r| {
+                self.replica_reseeds
+                    .with_label_values(&[db, replica, r.label()])
+            }),
         }
     }
 
@@ -165,6 +177,11 @@ impl Metrics {
         let _ = self.replica_txid.remove_label_values(&[db, replica]);
         let _ = self.replica_verify_ok.remove_label_values(&[db, replica]);
         let _ = self.replica_verify_txid.remove_label_values(&[db, replica]);
+        for r in crate::replica::SeedReason::ALL {
+            let _ = self
+                .replica_reseeds
+                .remove_label_values(&[db, replica, r.label()]);
+        }
     }
 
     /// Registers the per-database and per-replica-lag metrics of the databases in `dbs`
@@ -211,6 +228,8 @@ pub struct ReplicaCounters {
     pub verify_ok: prometheus::IntGauge,
     /// TXID the last periodic verify restored.
     pub verify_txid: prometheus::IntGauge,
+    /// Re-seeds, indexed like [`crate::replica::SeedReason::ALL`].
+    pub reseeds: [IntCounter; 3],
 }
 
 impl ReplicaCounters {
@@ -278,7 +297,14 @@ fn load(a: &std::sync::atomic::AtomicU64) -> f64 {
     a.load(Ordering::Relaxed) as f64
 }
 
-const DB_METRICS: [DbMetric; 15] = [
+const DB_METRICS: [DbMetric; 16] = [
+    (
+        "replicad_db_protected",
+        "1 while the database's changes are being captured (its last sync succeeded), 0 while \
+         it is not (see /status for why).",
+        MetricType::GAUGE,
+        |d| f64::from(u8::from(d.stats.health.is_ok())),
+    ),
     (
         "replicad_db_txid",
         "Current TXID of the database (last segment staged locally).",
@@ -375,6 +401,11 @@ const LAG_TXIDS: (&str, &str) = (
     "replicad_replica_lag_txids",
     "Database TXID minus the replica's TXID.",
 );
+const PROTECTED: (&str, &str) = (
+    "replicad_replica_protected",
+    "1 while the replica is being written (its last upload round succeeded), 0 while it is \
+     not (see /status for why).",
+);
 const LAG_SECONDS: (&str, &str) = (
     "replicad_replica_lag_seconds",
     "Age of the replica's newest segment relative to the database's newest segment.",
@@ -402,7 +433,7 @@ impl DbCollector {
             .iter()
             .map(|(name, help, _, _)| desc(name, help, &["db"]))
             .collect();
-        for (name, help) in [LAG_TXIDS, LAG_SECONDS] {
+        for (name, help) in [LAG_TXIDS, LAG_SECONDS, PROTECTED] {
             descs.push(desc(name, help, &["db", "replica"]));
         }
         DbCollector {
@@ -468,6 +499,7 @@ impl Collector for DbCollector {
             .collect();
         let mut txids = Vec::new();
         let mut seconds = Vec::new();
+        let mut protected = Vec::new();
         for (d, db) in dbs.iter().zip(&labels) {
             let pos = *d.pos.borrow();
             for (name, r) in &d.replicas {
@@ -475,6 +507,8 @@ impl Collector for DbCollector {
                 let l = [("db", db.as_str()), ("replica", name.as_str())];
                 txids.push(sample(&l, MetricType::GAUGE, lag.txids as f64));
                 seconds.push(sample(&l, MetricType::GAUGE, lag.seconds));
+                let ok = r.health.is_ok() && !r.lease_lost.load(Ordering::Relaxed);
+                protected.push(sample(&l, MetricType::GAUGE, f64::from(u8::from(ok))));
             }
         }
         out.push(family(LAG_TXIDS.0, LAG_TXIDS.1, MetricType::GAUGE, txids));
@@ -483,6 +517,12 @@ impl Collector for DbCollector {
             LAG_SECONDS.1,
             MetricType::GAUGE,
             seconds,
+        ));
+        out.push(family(
+            PROTECTED.0,
+            PROTECTED.1,
+            MetricType::GAUGE,
+            protected,
         ));
         out
     }

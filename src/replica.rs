@@ -17,6 +17,17 @@
 //!   upload round first checks it (one GET), maintenance runs only while it is fresh, and a
 //!   replica whose lease was taken stops for good (logged as an error, shown by `/readyz`).
 //!   A clean shutdown releases it.
+//! - Every replica converges: when its chain cannot be continued from staging (a new or
+//!   emptied replica, one wiped behind our back, or one behind what staging still holds),
+//!   it is re-seeded with a snapshot of the live database ([`crate::db::SeedSnapshot`],
+//!   stored at level 9 as `1-<txid>`) and continues with the staged segments after it. A
+//!   wipe is noticed without any extra request: the lease check of the next upload round or
+//!   of the next refresh finds the lease gone, and one listing then tells a wipe (the
+//!   replica's tip is below ours) from a lease deleted alone. Worst case from a wipe to a
+//!   restorable replica: the next commit, or half the lease TTL when idle (5 min by
+//!   default), plus the time to upload one snapshot.
+//! - A replica that cannot be written says so: its [`HealthCell`] holds the reason from the
+//!   first failed round until a round succeeds.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,7 +37,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::compaction::RemoteIndex;
-use crate::db::{DbPos, RemoteTip};
+use crate::db::{DbPos, RemoteTip, SeedRequests};
+use crate::health::HealthCell;
 use crate::lease::{Lease, LeaseError};
 use crate::ltx::{self, TxId};
 use crate::maintenance::{self, Maintenance, Schedule};
@@ -49,6 +61,10 @@ pub struct ReplicaStats {
     pub lease_lost: Arc<AtomicBool>,
     /// Segments uploaded while they were being staged (see [`crate::segment_feed`]).
     pub streamed_segments: Arc<AtomicU64>,
+    /// Whether the replica is being written (its last round succeeded), else why not.
+    pub health: Arc<HealthCell>,
+    /// Times the replica was re-seeded with a snapshot.
+    pub reseeds: Arc<AtomicU64>,
 }
 
 impl ReplicaStats {
@@ -60,6 +76,8 @@ impl ReplicaStats {
             remote_timestamp_ms: Arc::default(),
             lease_lost: Arc::default(),
             streamed_segments: Arc::default(),
+            health: Arc::default(),
+            reseeds: Arc::default(),
         }
     }
 
@@ -85,6 +103,43 @@ pub struct Replica {
     index: RemoteIndex,
     maint: Maintenance,
     lease: Lease,
+    /// Where to ask the database for a seed snapshot (None: this replica cannot be seeded).
+    seeds: Option<SeedRequests>,
+    /// The replica was found wiped: the next seed counts as that.
+    wiped: bool,
+}
+
+/// Why a replica was re-seeded (the `reason` label of `replicad_replica_reseeds_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeedReason {
+    /// The replica held nothing of this database (new, or emptied before the start).
+    Empty,
+    /// Its files vanished while the daemon ran (the lease went with them).
+    Wiped,
+    /// It is behind what local staging still holds (staging pruned or lost meanwhile).
+    Behind,
+}
+
+impl SeedReason {
+    /// Every reason, in metric-label order.
+    pub const ALL: [SeedReason; 3] = [SeedReason::Empty, SeedReason::Wiped, SeedReason::Behind];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            SeedReason::Empty => "empty",
+            SeedReason::Wiped => "wiped",
+            SeedReason::Behind => "behind",
+        }
+    }
+
+    fn explain(self) -> &'static str {
+        match self {
+            SeedReason::Empty => "the replica holds nothing of this database",
+            SeedReason::Wiped => "the replica's files vanished while replicad ran",
+            SeedReason::Behind => "the replica is behind what local staging still holds",
+        }
+    }
 }
 
 impl Replica {
@@ -114,7 +169,25 @@ impl Replica {
             heartbeat,
             index: RemoteIndex::default(),
             maint,
+            seeds: None,
+            wiped: false,
         }
+    }
+
+    /// Its lease and counters, for a start that failed after taking it.
+    pub(crate) fn into_lease(self) -> (crate::metrics::ReplicaCounters, Lease) {
+        (self.stats.counters, self.lease)
+    }
+
+    /// Releases its lease (a start that failed).
+    pub(crate) async fn release_lease(mut self) {
+        self.lease.release(&self.stats.counters).await;
+    }
+
+    /// Lets this replica ask its database for seed snapshots (see the module doc).
+    pub fn with_seeds(mut self, seeds: SeedRequests) -> Replica {
+        self.seeds = Some(seeds);
+        self
     }
 
     /// The replica's name.
@@ -300,22 +373,20 @@ impl Replica {
         }
     }
 
-    /// Uploads staged segments after the remote position up to `target`, in order.
-    async fn upload_until(&mut self, target: TxId) -> Result<(), StorageError> {
+    /// Uploads staged segments after the remote position up to `target`, in order. A
+    /// segment missing from staging (or unreadable there) means the chain cannot be continued
+    /// from it: [`RoundError::NeedsSeed`].
+    async fn upload_until(&mut self, target: TxId) -> Result<(), RoundError> {
         while self.remote < target {
             let txid = TxId(self.remote.0 + 1);
             let path = self.staging.path(txid);
-            let header = self
-                .staging
-                .header(txid)
-                .map_err(|e| StorageError::Permanent {
-                    op: "read staged segment",
-                    key: path.display().to_string(),
-                    reason: format!(
-                        "{e} (the replica is at {} and cannot catch up from staging)",
-                        self.remote
-                    ),
-                })?;
+            let header = match self.staging.header(txid) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::debug!(db = %self.db, replica = %self.name, %txid, error = %e, "next segment not in staging");
+                    return Err(RoundError::NeedsSeed(self.seed_reason()));
+                }
+            };
             let started = Instant::now();
             let put = self
                 .client
@@ -324,8 +395,99 @@ impl Replica {
             let bytes = put.as_ref().map_or(0, |info| info.size);
             PHASES.record(Phase::Upload, bytes, started.elapsed());
             self.stats.counters.observe(0, started, &put);
-            self.stored(put?, header.timestamp);
+            self.stored(put.map_err(RoundError::Storage)?, header.timestamp);
         }
+        Ok(())
+    }
+
+    fn seed_reason(&self) -> SeedReason {
+        if self.wiped {
+            SeedReason::Wiped
+        } else if self.remote.0 == 0 && self.index.tip().0 == 0 {
+            SeedReason::Empty
+        } else {
+            SeedReason::Behind
+        }
+    }
+
+    /// Re-seeds the replica: asks the database for a snapshot of its current state, stores
+    /// it at level 9, and moves the remote position to it.
+    async fn reseed(&mut self, reason: SeedReason) -> Result<(), RoundError> {
+        let seed_err = |why: String| {
+            RoundError::Seed(StorageError::Transient {
+                op: "seed",
+                key: self.db.clone(),
+                reason: why,
+            })
+        };
+        let Some(seeds) = &self.seeds else {
+            return Err(seed_err(format!(
+                "{}, and this replica cannot be re-seeded here",
+                reason.explain()
+            )));
+        };
+        tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, reason = reason.label(), "{}: re-seeding it with a snapshot of the live database", reason.explain());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        seeds
+            .send(tx)
+            .map_err(|_| seed_err("the database's monitor has stopped".into()))?;
+        let seed = rx
+            .await
+            .map_err(|_| seed_err("the database stopped before the snapshot was built".into()))?
+            .map_err(|e| seed_err(format!("building the snapshot: {e}")))?;
+        if seed.txid <= self.remote {
+            return Err(seed_err(format!(
+                "the snapshot's TXID {} is not past the replica's {}",
+                seed.txid, self.remote
+            )));
+        }
+        let started = Instant::now();
+        let put = self
+            .client
+            .put(
+                crate::replica_client::SNAPSHOT_LEVEL,
+                TxId(1),
+                seed.txid,
+                &seed.path,
+                seed.timestamp_ms,
+            )
+            .await;
+        let bytes = put.as_ref().map_or(0, |info| info.size);
+        PHASES.record(Phase::Upload, bytes, started.elapsed());
+        self.stats.counters.observe(0, started, &put);
+        let info = put.map_err(RoundError::Storage)?;
+        tracing::info!(db = %self.db, replica = %self.name, txid = %seed.txid, bytes, elapsed = ?started.elapsed(), reason = reason.label(), "replica re-seeded");
+        self.wiped = false;
+        self.stats.counters.reseeds[reason as usize].inc();
+        self.stats.reseeds.fetch_add(1, Ordering::Relaxed);
+        self.stored(info, seed.timestamp_ms);
+        Ok(())
+    }
+
+    /// Our lease vanished: one listing tells a wiped (or truncated) replica, whose position
+    /// then goes back to what it still holds, from a lease deleted alone. Then the lease is
+    /// taken again.
+    async fn lease_vanished(&mut self) -> Result<(), RoundError> {
+        let started = Instant::now();
+        let listed = self.client.list_all().await;
+        self.stats.counters.observe(2, started, &listed);
+        let files = listed.map_err(RoundError::Storage)?;
+        let tip = files.iter().map(|f| f.max_txid).max().unwrap_or_default();
+        if tip < self.remote {
+            tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, listed_tip = %tip, "the replica was emptied or truncated behind replicad's back (its lease vanished with its files)");
+            self.index = RemoteIndex::default();
+            for f in files {
+                self.index.insert(f);
+            }
+            self.remote = tip;
+            self.stats.remote_txid.store(tip.0, Ordering::Relaxed);
+            self.stats.counters.txid.set(tip.0 as i64);
+            self.wiped = true;
+            self.send_ack();
+        } else {
+            tracing::warn!(db = %self.db, replica = %self.name, "the replica's lease object was removed but its files are intact; taking the lease again");
+        }
+        self.lease.acquire(&self.stats.counters).await?;
         Ok(())
     }
 
@@ -368,6 +530,7 @@ impl Replica {
     fn lease_lost(&self, e: &LeaseError) {
         tracing::error!(db = %self.db, replica = %self.name, error = %e, remote_txid = %self.remote, "single-writer lease lost; this replica stops uploading");
         self.stats.lease_lost.store(true, Ordering::Relaxed);
+        self.stats.health.fail(format!("stopped: {e}"));
     }
 
     /// The upload task: runs until the database's position channel closes and everything is
@@ -399,17 +562,27 @@ impl Replica {
             // are boxed: inline they would make every idle replica task ~15 KB (the task
             // holds its largest state), 6 MB of the daemon's RSS at 400 databases.
             let round = Box::pin(async {
-                if self.remote < target || growing.is_some() {
-                    self.lease.check(&self.stats.counters).await?;
+                let checked = if self.remote < target || growing.is_some() {
+                    self.lease.check(&self.stats.counters).await
                 } else {
-                    self.lease.refresh_if_due(&self.stats.counters).await?;
+                    self.lease.refresh_if_due(&self.stats.counters).await
+                };
+                match checked {
+                    Err(e) if e.is_vanished() => self.lease_vanished().await?,
+                    r => r?,
                 }
                 if let Some(seg) = &growing {
                     self.upload_growing(seg)
                         .await
                         .map_err(RoundError::Storage)?;
                 }
-                self.upload_until(target).await.map_err(RoundError::Storage)
+                match self.upload_until(target).await {
+                    Err(RoundError::NeedsSeed(reason)) => {
+                        self.reseed(reason).await?;
+                        self.upload_until(target).await
+                    }
+                    r => r,
+                }
             });
             let result = tokio::select! {
                 _ = abort.cancelled() => return,
@@ -420,6 +593,7 @@ impl Replica {
                     if let Some((since, failures)) = streak.take() {
                         tracing::info!(db = %self.db, replica = %self.name, failures, after = ?since.elapsed(), "replica recovered");
                     }
+                    self.stats.health.recover();
                     backoff.reset();
                     if closed {
                         Box::pin(self.lease.release(&self.stats.counters)).await;
@@ -432,12 +606,17 @@ impl Replica {
                     return;
                 }
                 Err(e) => {
+                    self.stats.health.fail(format!("not written: {e}"));
                     match &mut streak {
                         None => {
                             tracing::error!(db = %self.db, replica = %self.name, error = %e, remote_txid = %self.remote, "upload failed; retrying with backoff");
                             streak = Some((Instant::now(), 1));
                         }
                         Some((_, n)) => *n += 1,
+                    }
+                    if closed && matches!(e, RoundError::Seed(_)) {
+                        // The database has stopped: nothing can seed this replica any more.
+                        return;
                     }
                     Some(backoff.next_delay())
                 }
@@ -477,4 +656,10 @@ enum RoundError {
     /// An upload.
     #[error("{0}")]
     Storage(StorageError),
+    /// The chain cannot be continued from staging: the replica needs a seed snapshot.
+    #[error("the replica cannot be continued from local staging ({})", .0.explain())]
+    NeedsSeed(SeedReason),
+    /// A seed snapshot could not be had.
+    #[error("re-seeding: {0}")]
+    Seed(StorageError),
 }

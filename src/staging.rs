@@ -28,6 +28,59 @@ pub struct StagedTip {
     pub post_apply_checksum: u64,
 }
 
+/// The exclusive lock of one database's local state (`<meta>/lock`): one daemon per database.
+/// Held (an open descriptor with `flock`) for as long as the value lives.
+#[derive(Debug)]
+pub struct StagingLock {
+    _file: File,
+}
+
+impl StagingLock {
+    /// Takes the lock in `meta` (creating the directory), or says which process holds it.
+    pub fn acquire(meta: &Path) -> Result<StagingLock, String> {
+        use std::io::Write;
+        fsutil::create_dir_all_durable(meta)
+            .map_err(|e| format!("create {}: {e}", meta.display()))?;
+        let path = meta.join("lock");
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| format!("open {}: {e}", path.display()))?;
+        if let Err(e) =
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        {
+            let holder = fs::read_to_string(&path).unwrap_or_default();
+            return Err(match e {
+                rustix::io::Errno::WOULDBLOCK => format!(
+                    "another replicad already replicates this database (pid {}, lock {}); \
+                     run one daemon per database, with every replica in its config",
+                    holder.trim(),
+                    path.display()
+                ),
+                e => format!("lock {}: {e}", path.display()),
+            });
+        }
+        let _ = file.set_len(0);
+        let _ = write!(file, "{}", std::process::id());
+        Ok(StagingLock { _file: file })
+    }
+
+    /// True when a live process holds the lock of `meta` (used before writing over a
+    /// database: a running daemon would keep replicating the file it has open).
+    pub fn is_held(meta: &Path) -> bool {
+        let Ok(file) = File::open(meta.join("lock")) else {
+            return false;
+        };
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
+            Ok(()) => false,
+            Err(e) => e == rustix::io::Errno::WOULDBLOCK,
+        }
+    }
+}
+
 impl Staging {
     /// Opens (creating) the directory and removes temporary leftovers.
     pub fn open(dir: PathBuf) -> std::io::Result<Staging> {

@@ -37,18 +37,19 @@ use tokio_util::task::TaskTracker;
 
 use crate::compaction::RetentionPolicy;
 use crate::config::{Config, DbConfig};
-use crate::db::{Db, DbError, DbPos, DbStats, RemoteTip};
+use crate::db::{Db, DbError, DbPos, DbStats, RemoteTip, SeedReply};
 use crate::discovery::Discovery;
 use crate::dormant_watch::{DormantWatch, Parked};
 use crate::lease::Lease;
 use crate::ltx::TxId;
 use crate::maintenance::Maintenance;
 use crate::metrics::Metrics;
+use crate::metrics::ReplicaCounters;
 use crate::registry::DbRegistry;
 use crate::replica::{Replica, ReplicaStats};
 use crate::replica_client::AnyClient;
 use crate::retry::Backoff;
-use crate::staging::Staging;
+use crate::staging::{Staging, StagingLock};
 use crate::tick::TickGrid;
 
 /// Databases opened (replica listings, first sync) at the same time: thousands of databases
@@ -289,12 +290,31 @@ impl StoreCore {
             .meta_path
             .clone()
             .unwrap_or_else(|| crate::db::default_meta_path(&dbc.path));
+        let parent = crate::fsutil::parent_dir(&dbc.path);
+        if !parent.is_dir() {
+            return Err(StoreError::Config(format!(
+                "database {}: its directory {} does not exist (check the path)",
+                dbc.path.display(),
+                parent.display()
+            )));
+        }
+        // One daemon per database: a second one would share (and clean) this staging.
+        let lock = Arc::new(
+            StagingLock::acquire(&meta)
+                .map_err(|e| StoreError::Lease(format!("database {}: {e}", dbc.path.display())))?,
+        );
         // Every replica's lease comes first, before anything local or remote is touched: a
         // second daemon for this database must not clean up the first one's staging or
         // build files, and what is listed below is then ours alone to extend.
         let mut leased: Vec<(_, AnyClient, _, Lease)> = Vec::with_capacity(dbc.replicas.len());
         for rc in &dbc.replicas {
-            let client = rc.client().map_err(StoreError::Config)?;
+            let client = match rc.client() {
+                Ok(c) => c,
+                Err(e) => {
+                    release_all(leased.into_iter().map(|(_, _, c, l)| (c, l))).await;
+                    return Err(StoreError::Config(e));
+                }
+            };
             let client = match &core.wrap {
                 Some(w) => w(&db_label, &rc.name, client),
                 None => client,
@@ -314,9 +334,7 @@ impl StoreCore {
             {
                 // Hand back what this database already took: the other instance may need
                 // those replicas too.
-                for (_, _, counters, mut lease) in leased {
-                    lease.release(&counters).await;
-                }
+                release_all(leased.into_iter().map(|(_, _, c, l)| (c, l))).await;
                 return Err(StoreError::Lease(format!(
                     "replica {} of {}: {e}",
                     rc.name,
@@ -326,11 +344,22 @@ impl StoreCore {
             leased.push((rc, client, counters, lease));
         }
         let staging_dir = meta.join("ltx").join("0");
-        let staging = Staging::open(staging_dir.clone())
-            .map_err(|e| StoreError::Io(format!("open staging {}: {e}", staging_dir.display())))?;
-        let mut replicas = Vec::new();
+        let staging = match Staging::open(staging_dir.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                release_all(leased.into_iter().map(|(_, _, c, l)| (c, l))).await;
+                return Err(StoreError::Io(format!(
+                    "open staging {}: {e}",
+                    staging_dir.display()
+                )));
+            }
+        };
+        // Seed snapshots of a previous run: never uploaded whole, rebuilt on demand.
+        let _ = std::fs::remove_dir_all(meta.join("seed"));
+        let mut replicas: Vec<Replica> = Vec::new();
         let mut tip = RemoteTip::default();
-        for (rc, client, counters, lease) in leased {
+        let mut leased = leased.into_iter();
+        while let Some((rc, client, counters, lease)) = leased.next() {
             let mut r = Replica::new(
                 rc.name.clone(),
                 db_label.clone(),
@@ -355,6 +384,10 @@ impl StoreCore {
                     tip.full_reason = forced;
                 }
                 Err(e) => {
+                    drop(_permit);
+                    let rest = leased.map(|(_, _, c, l)| (c, l));
+                    release_all(rest.chain(replicas.into_iter().map(Replica::into_lease))).await;
+                    r.release_lease().await;
                     return Err(StoreError::Io(format!(
                         "list replica {} of {}: {e}",
                         rc.name,
@@ -364,7 +397,12 @@ impl StoreCore {
             }
             replicas.push(r);
         }
-        let db = Db::new(dbc.path.clone(), Some(meta), dbc.settings.clone(), tip);
+        let mut db = Db::new(dbc.path.clone(), Some(meta), dbc.settings.clone(), tip);
+        let seeds = db.take_seed_requests();
+        let replicas: Vec<Replica> = replicas
+            .into_iter()
+            .map(|r| r.with_seeds(db.seed_requests()))
+            .collect();
         let trigger = Arc::new(SyncTrigger::default());
         let handle = DbHandle {
             path: dbc.path.clone(),
@@ -384,12 +422,19 @@ impl StoreCore {
             let feed = (r.streams_segments() && crate::segment_feed::supported())
                 .then(|| db.segment_feed());
             let abort = core.root.clone();
-            let fut = tracing::Instrument::instrument(r.run(rx, feed, abort), span);
+            let held = lock.clone();
+            let run = async move {
+                r.run(rx, feed, abort).await;
+                drop(held);
+            };
+            let fut = tracing::Instrument::instrument(run, span);
             core.tracker.spawn(tasks.track_future(fut));
         }
         let span = tracing::info_span!("db", db = %dbc.path.display());
         let monitor = monitor(
             db,
+            seeds,
+            lock,
             acks,
             token.clone(),
             core.permits.clone(),
@@ -434,22 +479,26 @@ impl Store {
         };
         // Databases start concurrently (listing a replica is a network round trip: thousands
         // started one by one would take minutes).
-        let _: Vec<Added> = futures_util::stream::iter(&config.dbs)
+        let added: Result<Vec<Added>, StoreError> = futures_util::stream::iter(&config.dbs)
             .map(|dbc| core.add(dbc))
             .buffer_unordered(OPEN_CONCURRENCY)
             .try_collect()
-            .await?;
+            .await;
         core.inner.metrics.register_dbs(core.registry().clone());
         let store = Store {
             core: core.clone(),
             shutdown_timeout: config.shutdown_sync_timeout,
         };
+        if let Err(e) = added {
+            // Databases that did start stop cleanly, handing back their leases.
+            store.abandon().await;
+            return Err(e);
+        }
         for dir in &config.dirs {
             let discovery = Discovery::new(dir.clone()).map_err(StoreError::Config)?;
             // Failures here would stop the start half-way: let the shutdown reap what started.
             if let Err(e) = discovery.start(&core).await {
-                store.core.inner.root.cancel();
-                store.core.inner.ingest.cancel();
+                store.abandon().await;
                 return Err(e);
             }
         }
@@ -484,26 +533,83 @@ impl Store {
     }
 
     /// Stops ingesting, drains uploads within the timeout, and returns when every task ended.
-    /// `abort` (a second signal) cuts the drain short.
-    pub async fn shutdown(self, abort: impl Future<Output = ()>) {
+    /// `abort` (a second signal) cuts the drain short. Returns what was left unprotected:
+    /// one line per database whose last sync failed and per replica that does not hold its
+    /// database's last TXID (empty: every segment was uploaded).
+    pub async fn shutdown(self, abort: impl Future<Output = ()>) -> Vec<String> {
         let core = &*self.core.inner;
         core.ingest.cancel();
         core.tracker.close();
         let started = Instant::now();
-        tokio::select! {
-            _ = core.tracker.wait() => {
-                tracing::info!(elapsed = ?started.elapsed(), "shutdown complete: every segment uploaded");
-                return;
-            }
+        let drained = tokio::select! {
+            _ = core.tracker.wait() => true,
             _ = tokio::time::sleep(self.shutdown_timeout) => {
                 tracing::warn!(timeout = ?self.shutdown_timeout, "shutdown sync timed out; segments stay staged for the next start");
+                false
             }
             _ = abort => {
                 tracing::warn!("second signal: aborting the shutdown sync; segments stay staged for the next start");
+                false
+            }
+        };
+        if !drained {
+            core.root.cancel();
+            core.tracker.wait().await;
+        }
+        let left = unprotected(&self.core.registry().snapshot());
+        if left.is_empty() {
+            tracing::info!(elapsed = ?started.elapsed(), "shutdown complete: every segment uploaded");
+        } else {
+            for line in &left {
+                tracing::error!("shutdown: {line}");
             }
         }
-        core.root.cancel();
-        core.tracker.wait().await;
+        left
+    }
+
+    /// Stops everything at once after a failed start (leases are released by the upload
+    /// tasks as they end).
+    async fn abandon(self) {
+        let _ = self.shutdown(std::future::ready(())).await;
+    }
+}
+
+/// What is not protected now: databases with a problem, replicas behind their database or
+/// stopped. One line each, naming them.
+pub fn unprotected(dbs: &[DbHandle]) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in dbs {
+        let db = d.path.display();
+        if let Some(p) = d.stats.health.problem() {
+            out.push(format!("database {db}: {}", p.reason));
+        }
+        let txid = d.pos.borrow().txid;
+        for (name, r) in &d.replicas {
+            let remote = r.remote_txid.load(Ordering::Relaxed);
+            if r.lease_lost.load(Ordering::Relaxed) {
+                out.push(format!(
+                    "database {db}: replica {name}: stopped at TXID {remote}: its single-writer lease was taken"
+                ));
+            } else if remote < txid.0 {
+                let why = r
+                    .health
+                    .problem()
+                    .map_or(String::new(), |p| format!(" ({})", p.reason));
+                out.push(format!(
+                    "database {db}: replica {name}: holds TXID {remote} of {}: not fully uploaded{why}",
+                    txid.0
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Releases leases taken by a start that failed: the next start (or another host) must not
+/// wait out their TTL.
+async fn release_all(leases: impl Iterator<Item = (ReplicaCounters, Lease)>) {
+    for (counters, mut lease) in leases {
+        lease.release(&counters).await;
     }
 }
 
@@ -530,9 +636,17 @@ fn maintenance_of(s: &crate::config::DbSettings, tmp_dir: std::path::PathBuf) ->
 /// changed. The first tick fires at once (a new database's initial snapshot starts without
 /// waiting; the start permits bound how many run together), then on the database's
 /// [`TickGrid`] (a random slot, every interval).
-/// A [`SyncTrigger::request`] starts a tick at once, without the idle fast path.
+/// A [`SyncTrigger::request`] starts a tick at once, without the idle fast path; so does a
+/// replica's request for a seed snapshot, answered right after that tick's sync.
+///
+/// A failed sync is never the end: it sets the database's health (logged at ERROR once when
+/// it starts, at INFO when it ends) and is retried with backoff; a missing database file is
+/// checked again every interval.
+#[allow(clippy::too_many_arguments)]
 async fn monitor(
     mut db: Db,
+    mut seeds: Option<tokio::sync::mpsc::UnboundedReceiver<SeedReply>>,
+    lock: Arc<StagingLock>,
     mut acks: Vec<watch::Receiver<TxId>>,
     ingest: CancellationToken,
     permits: Arc<Semaphore>,
@@ -549,6 +663,9 @@ async fn monitor(
     let mut failing: Option<(Instant, u32)> = None;
     let mut pruned = TxId(0);
     let mut opened = false;
+    let stats = db.stats();
+    // Replicas waiting for a seed snapshot.
+    let mut wanted: Vec<SeedReply> = Vec::new();
     // While dormant, the watch checks the files instead of our own ticks; we wake for a
     // change, a request, or an upload to prune after.
     let mut parked: Option<Parked> = None;
@@ -557,6 +674,13 @@ async fn monitor(
             _ = ingest.cancelled() => break,
             _ = until_tick(parked.as_ref(), next) => false,
             _ = trigger.wake.notified() => true,
+            Some(req) = async { match seeds.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            } } => {
+                wanted.push(req);
+                true
+            }
             _ = any_changed(&mut acks), if parked.is_some() => {
                 prune(&db, &acks, &mut pruned);
                 continue;
@@ -567,7 +691,7 @@ async fn monitor(
         if !forced {
             next = grid.after(tokio::time::Instant::now());
         }
-        if !forced && db.fast_path_skip(Instant::now()) {
+        if !forced && wanted.is_empty() && db.fast_path_skip(Instant::now()) {
             prune(&db, &acks, &mut pruned);
             trigger.done(tick);
             if let Some(watch) = &watch {
@@ -582,48 +706,84 @@ async fn monitor(
         } else {
             permits.clone().acquire_owned().await.ok()
         };
-        let (back, result) = match run_blocking(db, |d| d.sync(true)).await {
+        let want_seed = !wanted.is_empty();
+        let (back, (result, seed)) = match run_blocking(db, move |d| {
+            let r = d.sync(true);
+            let seed = (want_seed && r.is_ok()).then(|| d.build_seed());
+            (r, seed)
+        })
+        .await
+        {
             Some(v) => v,
-            None => return,
+            None => {
+                stats
+                    .health
+                    .fail("the sync task panicked; restart replicad");
+                return;
+            }
         };
         drop(permit);
         db = back;
+        match seed {
+            Some(Ok(snap)) => {
+                for reply in wanted.drain(..) {
+                    let _ = reply.send(Ok(snap.clone()));
+                }
+            }
+            Some(Err(e)) => {
+                for reply in wanted.drain(..) {
+                    let _ = reply.send(Err(e.to_string()));
+                }
+            }
+            None => {}
+        }
         match result {
             Ok(_) => {
                 opened = true;
                 trigger.done(tick);
                 if let Some((since, n)) = failing.take() {
-                    tracing::info!(failures = n, after = ?since.elapsed(), "sync recovered");
+                    tracing::info!(failures = n, after = ?since.elapsed(), "sync recovered: the database is protected again");
                 }
+                stats.health.recover();
                 backoff.reset();
             }
             Err(e) => {
+                let reason = format!("not protected: {e}");
+                stats.health.fail(reason);
                 match &mut failing {
                     None => {
-                        tracing::error!(error = %e, "sync failed; retrying with backoff");
+                        tracing::error!(error = %e, "sync failed; the database is NOT protected until it succeeds; retrying with backoff");
                         failing = Some((Instant::now(), 1));
                     }
                     Some((_, n)) => *n += 1,
                 }
-                if matches!(e, DbError::Poisoned(_)) {
-                    return;
-                }
-                next = grid.after(tokio::time::Instant::now() + backoff.next_delay());
+                // A missing file costs one stat to check again: every interval, so that a
+                // database created later is replicated at once.
+                let delay = if matches!(e, DbError::Missing(_)) {
+                    Duration::ZERO
+                } else {
+                    backoff.next_delay()
+                };
+                next = grid.after(tokio::time::Instant::now() + delay);
             }
         }
         prune(&db, &acks, &mut pruned);
     }
+    drop(wanted);
+    drop(seeds);
     let tick = trigger.begin();
     if let Some((back, result)) = run_blocking(db, |d| d.final_sync()).await {
         match result {
             Ok(_) => trigger.done(tick),
             Err(e) => {
+                stats.health.fail(format!("final sync failed: {e}"));
                 tracing::error!(error = %e, "final sync failed; the next start resumes from the WAL")
             }
         }
         // Dropping the Db closes the position channel: upload tasks drain and return.
         drop(back);
     }
+    drop(lock);
 }
 
 /// A monitor's wait for its next tick: its grid time, or while parked, a change the watch saw.

@@ -179,7 +179,10 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     }
     let store = Store::open_with(&config, drill)
         .await
-        .map_err(|e| anyhow::anyhow!(e))?;
+        .map_err(|e| match e {
+            crate::store::StoreError::Config(m) => CliError::Usage(m),
+            e => CliError::Runtime(anyhow::anyhow!(e)),
+        })?;
     let control_stop = tokio_util::sync::CancellationToken::new();
     let control_server = control_listener.map(|l| {
         tracing::info!(path = %config.socket.path.display(), "control socket: POST /sync");
@@ -230,7 +233,7 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     };
     // The endpoint stays up during the drain: /metrics shows its progress.
     // Kept during the drain as well: a preStop `replicad sync --wait` may still be waiting.
-    store.shutdown(second).await;
+    let unprotected = store.shutdown(second).await;
     control_stop.cancel();
     if let Some(server) = control_server {
         let _ = server.await;
@@ -244,6 +247,12 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     }
     match failure {
         Some(e) => Err(CliError::Runtime(e)),
+        None if !unprotected.is_empty() => Err(CliError::Runtime(anyhow::anyhow!(
+            "shutdown left {} thing{} not fully protected:\n  {}",
+            unprotected.len(),
+            if unprotected.len() == 1 { "" } else { "s" },
+            unprotected.join("\n  ")
+        ))),
         None => Ok(code),
     }
 }

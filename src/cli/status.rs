@@ -243,6 +243,19 @@ fn table(v: &serde_json::Value) -> String {
     if dbs.is_empty() {
         out.push_str("(no databases)\n");
     }
+    // What is not protected, in words, after the table.
+    for d in dbs {
+        let path = d["path"].as_str().unwrap_or("?");
+        if let Some(e) = d["error"].as_str() {
+            out.push_str(&format!("NOT PROTECTED  {path}: {e}\n"));
+        }
+        for r in d["replicas"].as_array().unwrap_or(&empty) {
+            if let Some(e) = r["error"].as_str() {
+                let name = r["name"].as_str().unwrap_or("?");
+                out.push_str(&format!("NOT PROTECTED  {path} replica {name}: {e}\n"));
+            }
+        }
+    }
     out
 }
 
@@ -278,6 +291,23 @@ mod tests {
         );
         assert!(
             lines[2].contains("file") && lines[2].contains("1.500"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn table_names_what_is_not_protected() {
+        let v = serde_json::json!({"databases": [{"path": "/d/a.db", "txid": 7, "idle": true,
+            "syncs": 3, "sync_errors": 2, "error": "not protected: disk full", "replicas": [
+                {"name": "s3", "remote_txid": 5, "lag_txids": 2, "lag_seconds": 0.0,
+                 "error": "not written: denied"}]}]});
+        let t = table(&v);
+        assert!(
+            t.contains("NOT PROTECTED  /d/a.db: not protected: disk full"),
+            "{t}"
+        );
+        assert!(
+            t.contains("NOT PROTECTED  /d/a.db replica s3: not written: denied"),
             "{t}"
         );
     }
