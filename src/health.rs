@@ -18,6 +18,17 @@ pub struct Problem {
     pub reason: String,
     /// When it started, ms since the Unix epoch.
     pub since_ms: i64,
+    /// The owner stopped for good (no retry will heal it): reported at once, whatever the
+    /// readiness grace.
+    pub stopped: bool,
+}
+
+impl Problem {
+    /// Whether readiness reports it: at once when stopped, else once it has lasted `grace`
+    /// (a blip of the network must not flap a pod's readiness).
+    pub fn reportable(&self, grace: std::time::Duration, now_ms: i64) -> bool {
+        self.stopped || now_ms.saturating_sub(self.since_ms) >= grace.as_millis() as i64
+    }
 }
 
 /// The protection state of one database or replica.
@@ -29,17 +40,27 @@ pub struct HealthCell {
 impl HealthCell {
     /// Records `reason`; returns true when this starts a problem (the owner logs it then).
     pub fn fail(&self, reason: impl Into<String>) -> bool {
-        let reason = reason.into();
+        self.set(reason.into(), false)
+    }
+
+    /// Records that the owner stopped for good, because of `reason`.
+    pub fn stop(&self, reason: impl Into<String>) {
+        self.set(reason.into(), true);
+    }
+
+    fn set(&self, reason: String, stopped: bool) -> bool {
         let mut p = self.problem.lock().unwrap_or_else(|e| e.into_inner());
         match &mut *p {
             Some(old) => {
                 old.reason = reason;
+                old.stopped |= stopped;
                 false
             }
             None => {
                 *p = Some(Problem {
                     reason,
                     since_ms: crate::metrics::now_ms(),
+                    stopped,
                 });
                 true
             }
@@ -85,5 +106,18 @@ mod tests {
         assert_eq!(h.recover().map(|p| p.reason), Some("still full".into()));
         assert!(h.recover().is_none());
         assert!(h.is_ok());
+    }
+
+    #[test]
+    fn readiness_reports_a_problem_after_the_grace_or_at_once_when_stopped() {
+        let h = HealthCell::default();
+        h.fail("blip");
+        let p = h.problem().expect("set");
+        let grace = std::time::Duration::from_secs(60);
+        assert!(!p.reportable(grace, p.since_ms + 59_999));
+        assert!(p.reportable(grace, p.since_ms + 60_000));
+        h.stop("lease taken");
+        let p = h.problem().expect("set");
+        assert!(p.stopped && p.reportable(grace, p.since_ms));
     }
 }

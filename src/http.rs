@@ -3,8 +3,10 @@
 //! - `GET /metrics`: Prometheus text exposition of the Store's registry ([`Metrics::render`]).
 //! - `GET /healthz`: `200 ok` while the process runs.
 //! - `GET /readyz`: `200 ready` when every database has completed its first sync and is
-//!   protected (its last sync succeeded), and every replica is being written, is within
-//!   `max-lag` and still holds its single-writer lease (see [`readiness`]);
+//!   protected (no sync has been failing for `max-lag` or longer), and every replica is
+//!   within `max-lag`, has not been failing for that long, and still holds its single-writer
+//!   lease (see [`readiness`]); a replica or database that stopped for good is reported at
+//!   once;
 //!   otherwise `503` with one line per thing
 //!   that is not ready.
 //! - `GET /status`: JSON summary for `replicad status` (see [`Status::summary`]): per database
@@ -120,22 +122,29 @@ impl Status {
     }
 }
 
-/// Ready when every database has completed a sync and each of its replicas either holds the
-/// database's TXID or has uploaded a segment less than `max_lag` older than the database's
-/// newest segment. Otherwise, one reason per database or replica that is not ready.
+/// Ready when every database has completed a sync and has not been failing for `max_lag`,
+/// and each of its replicas has not been failing for `max_lag` (nor stopped) and either
+/// holds the database's TXID or has uploaded a segment less than `max_lag` older than the
+/// database's newest segment. Otherwise, one reason per database or replica that is not
+/// ready.
 /// `since_ms`: the stand-in timestamp of a replica that has uploaded nothing yet (see
 /// [`crate::metrics::Lag::seconds`]).
 pub fn readiness(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Result<(), Vec<String>> {
     let mut reasons = Vec::new();
     for d in dbs {
         let db = d.path.display();
-        if let Some(p) = d.stats.health.problem() {
-            reasons.push(format!("db {db}: {}", p.reason));
-            continue;
-        }
-        let syncs = d.stats.syncs.load(Ordering::Relaxed);
+        let now = crate::metrics::now_ms();
         let errors = d.stats.sync_errors.load(Ordering::Relaxed);
-        if syncs <= errors {
+        // A tick that completed without error (counting attempts would race a failing one).
+        let synced = d.sync.synced() > 0;
+        if let Some(p) = d.stats.health.problem() {
+            // Never synced, or failing for longer than max-lag: not protected.
+            if !synced || p.reportable(max_lag, now) {
+                reasons.push(format!("db {db}: {}", p.reason));
+                continue;
+            }
+        }
+        if !synced {
             reasons.push(if errors > 0 {
                 format!("db {db}: first sync not completed ({errors} failed)")
             } else {
@@ -151,18 +160,25 @@ pub fn readiness(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Result<(
                 ));
                 continue;
             }
-            if let Some(p) = r.health.problem() {
-                reasons.push(format!("db {db}: replica {name}: {}", p.reason));
-                continue;
-            }
+            let problem = r
+                .health
+                .problem()
+                .filter(|p| p.reportable(max_lag, now))
+                .map(|p| p.reason);
             let lag = replica_lag(pos, r, since_ms);
-            if lag.txids > 0 && lag.seconds >= max_lag.as_secs_f64() {
-                reasons.push(format!(
-                    "db {db}: replica {name}: {} txids and {:.3}s behind (max-lag {})",
+            let behind = (lag.txids > 0 && lag.seconds >= max_lag.as_secs_f64()).then(|| {
+                format!(
+                    "{} txids and {:.3}s behind (max-lag {})",
                     lag.txids,
                     lag.seconds,
                     humantime::format_duration(max_lag)
-                ));
+                )
+            });
+            match (behind, problem) {
+                (None, None) => {}
+                (Some(b), None) => reasons.push(format!("db {db}: replica {name}: {b}")),
+                (None, Some(p)) => reasons.push(format!("db {db}: replica {name}: {p}")),
+                (Some(b), Some(p)) => reasons.push(format!("db {db}: replica {name}: {b}: {p}")),
             }
         }
     }

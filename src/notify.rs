@@ -5,7 +5,7 @@
 //! starts with `@`:
 //!
 //! - `READY=1` (with `STATUS=replicating N databases`) once **every database has completed
-//!   its first sync** (`syncs > sync_errors`), not merely once they are open: until then
+//!   its first sync** (a tick without error), not merely once they are open: until then
 //!   `systemctl start` waits and `STATUS=` says how many are done. A database that never
 //!   syncs keeps the unit starting until systemd's `TimeoutStartSec`.
 //! - `WATCHDOG=1` every `WATCHDOG_USEC / 2` when `WATCHDOG_USEC` is set (and `WATCHDOG_PID`,
@@ -13,6 +13,8 @@
 //!   systemd restarts the service after `WatchdogSec`. It keeps going during the shutdown drain.
 //! - `STATUS=replicating N databases, max replica lag K TXIDs` whenever it changes (checked
 //!   every second); the lag is the largest `db TXID - replica remote TXID` over all replicas.
+//!   While a database or replica is not protected, the line starts with `NOT PROTECTED:`
+//!   and the first reason.
 //! - `STOPPING=1` when shutdown starts.
 //!
 //! Sending is best effort: a failed send is logged once at debug level and otherwise ignored.
@@ -115,7 +117,7 @@ pub fn all_synced(dbs: &[DbHandle]) -> bool {
 }
 
 fn synced(db: &DbHandle) -> bool {
-    db.stats.syncs.load(Ordering::Relaxed) > db.stats.sync_errors.load(Ordering::Relaxed)
+    db.sync.synced() > 0
 }
 
 /// The largest replica lag in TXIDs: database TXID minus the replica's remote TXID.
@@ -135,14 +137,41 @@ fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-/// The status line after `READY=1`.
+/// What is not protected now (databases and replicas with a problem), one line each.
+pub fn problems(dbs: &[DbHandle]) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in dbs {
+        if let Some(p) = d.stats.health.problem() {
+            out.push(format!("{}: {}", d.path.display(), p.reason));
+        }
+        for (name, r) in &d.replicas {
+            if let Some(p) = r.health.problem() {
+                out.push(format!("{} replica {name}: {}", d.path.display(), p.reason));
+            }
+        }
+    }
+    out
+}
+
+/// The status line after `READY=1`: what is not protected comes first when anything is not.
 fn status_line(dbs: &[DbHandle]) -> String {
     let n = dbs.len();
-    format!(
-        "STATUS=replicating {n} database{}, max replica lag {} TXIDs",
+    let base = format!(
+        "replicating {n} database{}, max replica lag {} TXIDs",
         plural(n),
         max_lag_txids(dbs)
-    )
+    );
+    let problems = problems(dbs);
+    match problems.first() {
+        None => format!("STATUS={base}"),
+        Some(first) => format!(
+            "STATUS=NOT PROTECTED: {first}{}; {base}",
+            match problems.len() {
+                1 => String::new(),
+                k => format!(" (and {} more)", k - 1),
+            }
+        ),
+    }
 }
 
 /// The notification task of a running daemon (see the module documentation).
@@ -262,6 +291,28 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_line_leads_with_what_is_not_protected() {
+        let handle = |path: &str| DbHandle {
+            path: path.into(),
+            stats: Default::default(),
+            replicas: Vec::new(),
+            pos: tokio::sync::watch::channel(Default::default()).1,
+            sync: Default::default(),
+        };
+        let dbs = vec![handle("/a.db"), handle("/b.db")];
+        assert_eq!(
+            status_line(&dbs),
+            "STATUS=replicating 2 databases, max replica lag 0 TXIDs"
+        );
+        dbs[1].stats.health.fail("not protected: disk full");
+        assert_eq!(
+            status_line(&dbs),
+            "STATUS=NOT PROTECTED: /b.db: not protected: disk full; replicating 2 databases, \
+             max replica lag 0 TXIDs"
+        );
+    }
 
     #[test]
     fn watchdog_variables() {

@@ -87,9 +87,6 @@ impl ReplicaStats {
     }
 }
 
-/// Attempts of each startup listing call before the daemon gives up (about 30 s of backoff).
-const STARTUP_LIST_ATTEMPTS: u32 = 10;
-
 /// One replica of one database.
 pub struct Replica {
     name: String,
@@ -107,6 +104,10 @@ pub struct Replica {
     seeds: Option<SeedRequests>,
     /// The replica was found wiped: the next seed counts as that.
     wiped: bool,
+    /// Unreachable at start: the upload task takes the lease and lists the replica first.
+    deferred: bool,
+    /// A seed to store before anything else (set when a late listing asks for a new chain).
+    pending_seed: Option<SeedReason>,
 }
 
 /// Why a replica was re-seeded (the `reason` label of `replicad_replica_reseeds_total`).
@@ -171,7 +172,51 @@ impl Replica {
             maint,
             seeds: None,
             wiped: false,
+            deferred: false,
+            pending_seed: None,
         }
+    }
+
+    /// A replica that could not be reached at start (`why`): its upload task connects to it
+    /// in the background (lease, then listing), with backoff, while the others go ahead. It
+    /// is reported as not protected until then.
+    pub fn deferred(mut self, why: String) -> Replica {
+        tracing::error!(db = %self.db, replica = %self.name, error = %why, "replica unreachable at start; replicating to the others and connecting to it in the background");
+        self.stats
+            .health
+            .fail(format!("not written: unreachable since start: {why}"));
+        self.deferred = true;
+        self
+    }
+
+    /// Connects a deferred replica: takes its lease and lists it. Its chain must not be
+    /// ahead of the database's (it would then belong to another chain: written by a run
+    /// whose staging was lost while this replica was down).
+    async fn connect(&mut self, db_txid: TxId) -> Result<(), RoundError> {
+        self.lease.acquire(&self.stats.counters).await?;
+        let tip = self.init_with(1).await.map_err(RoundError::Storage)?;
+        if tip.txid > db_txid {
+            return Err(RoundError::Ahead {
+                remote: tip.txid,
+                db: db_txid,
+            });
+        }
+        if tip.full_reason.is_some() || (tip.page_size != 0 && tip.page_size != self.page_size()) {
+            self.pending_seed = Some(SeedReason::Behind);
+        }
+        tracing::info!(db = %self.db, replica = %self.name, remote_txid = %tip.txid, "replica connected");
+        self.deferred = false;
+        Ok(())
+    }
+
+    /// The page size of the newest staged segment (0 when none).
+    fn page_size(&self) -> u32 {
+        self.staging
+            .txids()
+            .ok()
+            .and_then(|t| t.last().copied())
+            .and_then(|t| self.staging.header(t).ok())
+            .map_or(0, |h| h.page_size)
     }
 
     /// Its lease and counters, for a start that failed after taking it.
@@ -210,11 +255,12 @@ impl Replica {
         self.ack_tx.subscribe()
     }
 
-    /// Lists the replica once (every level) to learn where its chain ends.
-    pub async fn init(&mut self) -> Result<RemoteTip, StorageError> {
+    /// Lists the replica once (every level) to learn where its chain ends, trying up to
+    /// `attempts` times while it fails transiently.
+    pub async fn init_with(&mut self, attempts: u32) -> Result<RemoteTip, StorageError> {
         let mut tip = RemoteTip::default();
         let mut newest = None;
-        let files = self.list_with_retries().await?;
+        let files = self.list_with_retries(attempts).await?;
         for f in &files {
             self.index.insert(f.clone());
         }
@@ -352,7 +398,7 @@ impl Replica {
 
     /// Lists a level, retrying transient failures: a replica that blinks at startup must not
     /// stop the daemon, while a permanent error (credentials, missing bucket) fails at once.
-    async fn list_with_retries(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
+    async fn list_with_retries(&self, attempts: u32) -> Result<Vec<LtxFileInfo>, StorageError> {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut attempt = 1;
         loop {
@@ -362,7 +408,7 @@ impl Replica {
             match listed {
                 Ok(files) => return Ok(files),
                 Err(e) => {
-                    if !e.is_retryable() || attempt == STARTUP_LIST_ATTEMPTS {
+                    if !e.is_retryable() || attempt >= attempts {
                         return Err(e);
                     }
                     tracing::debug!(db = %self.db, replica = %self.name, attempt, error = %e, "listing the replica failed; retrying");
@@ -530,7 +576,7 @@ impl Replica {
     fn lease_lost(&self, e: &LeaseError) {
         tracing::error!(db = %self.db, replica = %self.name, error = %e, remote_txid = %self.remote, "single-writer lease lost; this replica stops uploading");
         self.stats.lease_lost.store(true, Ordering::Relaxed);
-        self.stats.health.fail(format!("stopped: {e}"));
+        self.stats.health.stop(format!("stopped: {e}"));
     }
 
     /// The upload task: runs until the database's position channel closes and everything is
@@ -562,6 +608,17 @@ impl Replica {
             // are boxed: inline they would make every idle replica task ~15 KB (the task
             // holds its largest state), 6 MB of the daemon's RSS at 400 databases.
             let round = Box::pin(async {
+                if self.deferred {
+                    if target.0 == 0 {
+                        // The database's first sync has not published a position yet.
+                        return Err(RoundError::NotYet);
+                    }
+                    self.connect(target).await?;
+                }
+                if let Some(reason) = self.pending_seed {
+                    self.reseed(reason).await?;
+                    self.pending_seed = None;
+                }
                 let checked = if self.remote < target || growing.is_some() {
                     self.lease.check(&self.stats.counters).await
                 } else {
@@ -605,6 +662,12 @@ impl Replica {
                     self.lease_lost(&e);
                     return;
                 }
+                Err(e @ RoundError::Ahead { .. }) => {
+                    tracing::error!(db = %self.db, replica = %self.name, error = %e, "replica stopped");
+                    self.stats.health.stop(format!("stopped: {e}"));
+                    return;
+                }
+                Err(RoundError::NotYet) => Some(Duration::from_secs(1)),
                 Err(e) => {
                     self.stats.health.fail(format!("not written: {e}"));
                     match &mut streak {
@@ -662,4 +725,19 @@ enum RoundError {
     /// A seed snapshot could not be had.
     #[error("re-seeding: {0}")]
     Seed(StorageError),
+    /// A replica connected late holds more than the database: another chain.
+    #[error(
+        "the replica holds TXID {remote}, beyond the database's {db}: it was written by a run \
+         whose local state is gone; give this database a new replica path, or restart replicad \
+         while this replica is reachable to continue its chain"
+    )]
+    Ahead {
+        /// The replica's tip.
+        remote: TxId,
+        /// The database's position.
+        db: TxId,
+    },
+    /// A deferred replica waits for the database's first position.
+    #[error("waiting for the database's first sync")]
+    NotYet,
 }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -55,8 +55,11 @@ use crate::tick::TickGrid;
 /// Databases opened (replica listings, first sync) at the same time: thousands of databases
 /// must start without a thundering herd on the disk and the object store.
 const OPEN_CONCURRENCY: usize = 16;
-/// Attempts at taking a replica's lease when the replica fails transiently (about 30 s).
-const STARTUP_LEASE_ATTEMPTS: u32 = 10;
+/// Attempts at taking a replica's lease when the replica fails transiently (about 0.7 s);
+/// past them the replica is left to connect in the background and the others go ahead.
+const STARTUP_LEASE_ATTEMPTS: u32 = 4;
+/// Attempts at a replica's first listing, likewise.
+const STARTUP_LIST_ATTEMPTS: u32 = 4;
 
 /// What the outside world can see of one database.
 #[derive(Clone)]
@@ -306,12 +309,14 @@ impl StoreCore {
         // Every replica's lease comes first, before anything local or remote is touched: a
         // second daemon for this database must not clean up the first one's staging or
         // build files, and what is listed below is then ours alone to extend.
-        let mut leased: Vec<(_, AnyClient, _, Lease)> = Vec::with_capacity(dbc.replicas.len());
+        // (config, client, counters, lease, why it is deferred: unreachable at start).
+        let mut leased: Vec<(_, AnyClient, _, Lease, Option<String>)> =
+            Vec::with_capacity(dbc.replicas.len());
         for rc in &dbc.replicas {
             let client = match rc.client() {
                 Ok(c) => c,
                 Err(e) => {
-                    release_all(leased.into_iter().map(|(_, _, c, l)| (c, l))).await;
+                    release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
                     return Err(StoreError::Config(e));
                 }
             };
@@ -328,26 +333,31 @@ impl StoreCore {
                 .acquire()
                 .await
                 .map_err(|e| StoreError::Io(e.to_string()))?;
-            if let Err(e) = lease
+            let deferred = match lease
                 .acquire_with_retries(&counters, STARTUP_LEASE_ATTEMPTS)
                 .await
             {
-                // Hand back what this database already took: the other instance may need
-                // those replicas too.
-                release_all(leased.into_iter().map(|(_, _, c, l)| (c, l))).await;
-                return Err(StoreError::Lease(format!(
-                    "replica {} of {}: {e}",
-                    rc.name,
-                    dbc.path.display()
-                )));
-            }
-            leased.push((rc, client, counters, lease));
+                Ok(()) => None,
+                // Unreachable for now: the others go ahead; this one connects when it can.
+                Err(e) if e.is_retryable() => Some(e.to_string()),
+                Err(e) => {
+                    // Hand back what this database already took: the other instance may need
+                    // those replicas too.
+                    release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
+                    return Err(StoreError::Lease(format!(
+                        "replica {} of {}: {e}",
+                        rc.name,
+                        dbc.path.display()
+                    )));
+                }
+            };
+            leased.push((rc, client, counters, lease, deferred));
         }
         let staging_dir = meta.join("ltx").join("0");
         let staging = match Staging::open(staging_dir.clone()) {
             Ok(s) => s,
             Err(e) => {
-                release_all(leased.into_iter().map(|(_, _, c, l)| (c, l))).await;
+                release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
                 return Err(StoreError::Io(format!(
                     "open staging {}: {e}",
                     staging_dir.display()
@@ -359,7 +369,7 @@ impl StoreCore {
         let mut replicas: Vec<Replica> = Vec::new();
         let mut tip = RemoteTip::default();
         let mut leased = leased.into_iter();
-        while let Some((rc, client, counters, lease)) = leased.next() {
+        while let Some((rc, client, counters, lease, deferred)) = leased.next() {
             let mut r = Replica::new(
                 rc.name.clone(),
                 db_label.clone(),
@@ -370,12 +380,20 @@ impl StoreCore {
                 maintenance_of(&dbc.settings, meta.join("tmp").join(&rc.name)),
                 lease,
             );
+            if let Some(why) = deferred {
+                replicas.push(r.deferred(why));
+                continue;
+            }
             let _permit = core
                 .permits
                 .acquire()
                 .await
                 .map_err(|e| StoreError::Io(e.to_string()))?;
-            match r.init().await {
+            match r.init_with(STARTUP_LIST_ATTEMPTS).await {
+                Err(e) if e.is_retryable() => {
+                    replicas.push(r.deferred(e.to_string()));
+                    continue;
+                }
                 Ok(t) => {
                     let forced = tip.full_reason.or(t.full_reason);
                     if t.txid > tip.txid {
@@ -385,7 +403,7 @@ impl StoreCore {
                 }
                 Err(e) => {
                     drop(_permit);
-                    let rest = leased.map(|(_, _, c, l)| (c, l));
+                    let rest = leased.map(|(_, _, c, l, _)| (c, l));
                     release_all(rest.chain(replicas.into_iter().map(Replica::into_lease))).await;
                     r.release_lease().await;
                     return Err(StoreError::Io(format!(
@@ -479,11 +497,13 @@ impl Store {
         };
         // Databases start concurrently (listing a replica is a network round trip: thousands
         // started one by one would take minutes).
-        let added: Result<Vec<Added>, StoreError> = futures_util::stream::iter(&config.dbs)
+        // Every start runs to its end (a start dropped half-way would keep its leases).
+        let added: Vec<Result<Added, StoreError>> = futures_util::stream::iter(&config.dbs)
             .map(|dbc| core.add(dbc))
             .buffer_unordered(OPEN_CONCURRENCY)
-            .try_collect()
+            .collect()
             .await;
+        let added: Result<Vec<Added>, StoreError> = added.into_iter().collect();
         core.inner.metrics.register_dbs(core.registry().clone());
         let store = Store {
             core: core.clone(),
@@ -570,7 +590,16 @@ impl Store {
     /// Stops everything at once after a failed start (leases are released by the upload
     /// tasks as they end).
     async fn abandon(self) {
-        let _ = self.shutdown(std::future::ready(())).await;
+        let core = &*self.core.inner;
+        core.ingest.cancel();
+        core.tracker.close();
+        if tokio::time::timeout(self.shutdown_timeout, core.tracker.wait())
+            .await
+            .is_err()
+        {
+            core.root.cancel();
+            core.tracker.wait().await;
+        }
     }
 }
 
@@ -718,7 +747,7 @@ async fn monitor(
             None => {
                 stats
                     .health
-                    .fail("the sync task panicked; restart replicad");
+                    .stop("stopped: the sync task panicked; restart replicad");
                 return;
             }
         };
@@ -774,7 +803,12 @@ async fn monitor(
     let tick = trigger.begin();
     if let Some((back, result)) = run_blocking(db, |d| d.final_sync()).await {
         match result {
-            Ok(_) => trigger.done(tick),
+            Ok(_) => {
+                trigger.done(tick);
+                if stats.health.recover().is_some() {
+                    tracing::info!("final sync succeeded: the database is protected again");
+                }
+            }
             Err(e) => {
                 stats.health.fail(format!("final sync failed: {e}"));
                 tracing::error!(error = %e, "final sync failed; the next start resumes from the WAL")

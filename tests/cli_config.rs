@@ -126,7 +126,8 @@ fn restore_with_config_picks_the_named_replica_and_defaults_to_the_db_path() {
 }
 
 /// A replica that fails every upload keeps the drain waiting; a second SIGTERM ends it at
-/// once, and a later start uploads what stayed staged: nothing is lost.
+/// once (exit 1, naming what was not uploaded), and a later start uploads what stayed
+/// staged: nothing is lost.
 #[test]
 fn second_signal_aborts_a_stuck_drain_and_nothing_is_lost() {
     let dir = tempfile::tempdir().unwrap();
@@ -185,9 +186,12 @@ fn second_signal_aborts_a_stuck_drain_and_nothing_is_lost() {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert!(status.success());
     let log = fs::read_to_string(dir.path().join("run1.log")).unwrap();
+    // Something was left unuploaded: the exit code and the log say so, naming the replica.
+    assert_eq!(status.code(), Some(1), "{log}");
     assert!(log.contains("aborting the shutdown sync"), "{log}");
+    assert!(log.contains("not fully uploaded"), "{log}");
+    assert!(!log.contains("every segment uploaded"), "{log}");
     // One error line for the whole streak, not one per retry.
     assert_eq!(log.matches("upload failed").count(), 1, "{log}");
 

@@ -94,8 +94,13 @@ async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
     assert_eq!(get(a, "/healthz").await, (200, "ok\n".into()));
     let (code, body) = get(a, "/readyz").await;
     assert_eq!(code, 503, "{body}");
-    assert!(body.contains("first sync not completed"), "{body}");
     assert!(body.contains(&db.display().to_string()), "{body}");
+    // Once it has failed, the first sync is named with its cause.
+    wait_until("the failing sync named", async || {
+        let (code, body) = get(a, "/readyz").await;
+        code == 503 && body.contains("not protected: sqlite: unable to open")
+    })
+    .await;
     assert_eq!(get(a, "/nope").await.0, 404);
     assert_eq!(get(a, "/metrics/x").await.0, 404);
 
@@ -125,9 +130,11 @@ async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
         "replicad_db_sync_seconds_total",
         "replicad_db_staging_bytes",
         "replicad_db_idle",
+        "replicad_db_protected",
     ] {
         assert!(sample(&m, name, &dbl).is_some(), "{name} missing:\n{m}");
     }
+    assert_eq!(sample(&m, "replicad_db_protected", &dbl), Some(1.0), "{m}");
     assert!(m.contains("# TYPE replicad_db_syncs_total counter"), "{m}");
     assert!(m.contains("# TYPE replicad_db_txid gauge"), "{m}");
     assert!(sample(&m, "replicad_db_syncs_total", &dbl).unwrap() >= 1.0);
@@ -139,6 +146,11 @@ async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
         "{m}"
     );
     assert_eq!(sample(&m, "replicad_replica_lag_seconds", &rl), Some(0.0));
+    assert_eq!(
+        sample(&m, "replicad_replica_protected", &rl),
+        Some(1.0),
+        "{m}"
+    );
     // Existing metrics stay in the same registry.
     assert!(m.contains("replicad_replica_operations_total{"), "{m}");
     assert!(sample(&m, "replicad_db_sync_seconds_total", &dbl).unwrap() > 0.0);
@@ -157,7 +169,7 @@ async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
             for pair in labels.split("\",") {
                 let (k, _) = pair.split_once('=').unwrap();
                 assert!(
-                    ["db", "replica", "operation", "phase"].contains(&k),
+                    ["db", "replica", "operation", "phase", "reason"].contains(&k),
                     "unexpected label {k} in {line}"
                 );
             }

@@ -217,14 +217,22 @@ fn second_daemon_is_refused_and_a_clean_stop_hands_over(dir: &TestDir, target: &
     // Another database (another host, or a copy-paste slip) on the same replica.
     let b_cfg = config(dir, "b", &b_db, target, "30s");
     assert_refused(dir, &b_cfg, target, a.pid(), &a_db);
-    // A second daemon for the same database on this host, while the first runs.
-    assert_refused(
-        dir,
-        &config(dir, "a2", &a_db, target, "30s"),
-        target,
-        a.pid(),
-        &a_db,
-    );
+    // A second daemon for the same database on this host, while the first runs: refused by
+    // the database's own lock before it touches any replica.
+    let mut a2 = start(dir, &config(dir, "a2", &a_db, target, "30s"));
+    let st = wait_timeout(&mut a2.child, WAIT)
+        .unwrap_or_else(|| panic!("second daemon kept running; logs:\n{}", dir.logs()));
+    let log = a2.log_text();
+    assert_eq!(st.code(), Some(1), "second daemon: {st}; log:\n{log}");
+    for want in [
+        format!("database {}", a_db.display()),
+        format!(
+            "another replicad already replicates this database (pid {}",
+            a.pid()
+        ),
+    ] {
+        assert!(log.contains(&want), "refusal lacks {want:?}:\n{log}");
+    }
 
     // The first keeps replicating, alone.
     wa.run(20);

@@ -44,6 +44,11 @@ pub struct RestoreArgs {
     /// Overwrite an existing output database (and remove its -wal and -shm files).
     #[arg(long)]
     pub force: bool,
+    /// Write over a database that a running `replicad replicate` holds (its lock in the
+    /// database's `.<name>-replicad` directory). Refused without it: the daemon notices the
+    /// new file and replicates it as a full copy, which is rarely what a restore meant.
+    #[arg(long)]
+    pub while_replicating: bool,
     /// Do nothing, successfully, if the output database already exists.
     #[arg(long)]
     pub if_db_not_exists: bool,
@@ -103,6 +108,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         !args.no_expand_env,
         &args.age_identity,
     )?;
+    let meta_of_db = db.as_ref().map(|d| (d.path.clone(), d.meta_path.clone()));
     let default_to = db.map(|d| d.path);
     let target = target(args.txid.as_deref(), args.timestamp.as_deref())?;
     let to = match (&args.to, default_to, args.dry_run) {
@@ -115,6 +121,20 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
             ));
         }
     };
+    if !args.dry_run && !args.while_replicating && to.exists() {
+        let meta = match meta_of_db {
+            Some((path, Some(meta))) if path == to => meta,
+            _ => crate::db::default_meta_path(&to),
+        };
+        if crate::staging::StagingLock::is_held(&meta) {
+            return Err(CliError::Runtime(anyhow!(
+                "{} is being replicated by a running replicad (lock {}); stop it first, or \
+                 pass --while-replicating to write over it anyway",
+                to.display(),
+                meta.join("lock").display()
+            )));
+        }
+    }
     if args.follow {
         let opts = crate::follow::FollowOptions {
             to,

@@ -1,0 +1,503 @@
+//! Never silently unprotected: every situation in which replicad used to stop protecting a
+//! database while saying all was well, run through the real binary on real files. Each
+//! either heals by itself or is reported by `/readyz`, `/status`, the metrics and the exit
+//! code; once the cause is gone, the restore equals the source.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::http::{free_port, sample};
+use common::*;
+use rusqlite::Connection;
+
+/// `GET path` on 127.0.0.1:`port`: (status, body); (0, "") while nothing listens.
+fn get(port: u16, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    if raw.is_empty() {
+        return (0, String::new());
+    }
+    common::http::parse_response(&raw)
+}
+
+/// Polls `f` until it holds (at most [`WAIT`]); panics with `what` and the logs otherwise.
+fn wait_until(dir: &TestDir, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            dir.logs()
+        );
+        sleep(Duration::from_millis(25));
+    }
+}
+
+/// A config replicating `db` to every directory of `replicas`, HTTP on `port`.
+fn config(dir: &TestDir, db: &Path, replicas: &[&Path], port: u16, extra: &str) -> PathBuf {
+    let mut y = format!(
+        "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\nheartbeat-interval: 100ms\nmax-lag: 300ms\n{extra}dbs:\n  - path: {}\n    replicas:\n",
+        db.display()
+    );
+    for (i, r) in replicas.iter().enumerate() {
+        y.push_str(&format!(
+            "      - name: r{i}\n        url: {}\n",
+            r.display()
+        ));
+    }
+    let path = dir.join(&format!("replicad-{port}.yml"));
+    fs::write(&path, y).unwrap();
+    path
+}
+
+/// L1 compaction every 200 ms: staging drops what L1 covers soon after it is uploaded.
+const FAST_L1: &str = "levels:\n  - interval: 200ms\n";
+
+fn new_db(path: &Path) -> Connection {
+    let c = Connection::open(path).unwrap();
+    c.execute_batch(
+        "PRAGMA journal_mode=WAL; CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, v TEXT);",
+    )
+    .unwrap();
+    c
+}
+
+fn insert(c: &Connection, n: usize, tag: &str) {
+    for i in 0..n {
+        c.execute("INSERT INTO t(v) VALUES (?1)", [format!("{tag}-{i}")])
+            .unwrap();
+    }
+}
+
+fn ready(port: u16) -> bool {
+    get(port, "/readyz").0 == 200
+}
+
+/// Waits until the daemon has staged everything (ready) and `replica` holds the database's
+/// TXID as `/status` reports it.
+fn wait_caught_up(dir: &TestDir, port: u16, replica: &Path) {
+    wait_until(dir, "the replica to hold the database's TXID", || {
+        let (code, body) = get(port, "/status");
+        if code != 200 {
+            return false;
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let txid = v["databases"][0]["txid"].as_u64().unwrap_or(0);
+        txid > 0 && ready(port) && max_replica_txid(replica) >= txid
+    });
+}
+
+fn restored_equals(dir: &TestDir, replica: &Path, source: &Path, name: &str) {
+    let out = dir.join(name);
+    restore_ok(s(replica), &out, None);
+    assert_same_content(source, &out, name);
+}
+
+#[test]
+fn a_replica_added_later_is_seeded_with_a_snapshot() {
+    let dir = TestDir::new("added-later");
+    let db = dir.join("app.db");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let c = new_db(&db);
+    insert(&c, 50, "first");
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, FAST_L1))],
+    );
+    wait_caught_up(&dir, port, &a);
+    // More segments, compacted into L1, so that staging no longer holds the first ones.
+    insert(&c, 50, "second");
+    wait_caught_up(&dir, port, &a);
+    wait_until(&dir, "staging to be pruned", || {
+        !dir.join(".app.db-replicad/ltx/0/0000000000000001-0000000000000001.ltx")
+            .exists()
+    });
+    d.stop_ok();
+    insert(&c, 50, "between");
+
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a, &b], port, FAST_L1))],
+    );
+    insert(&c, 50, "after");
+    wait_caught_up(&dir, port, &b);
+    let metrics = get(port, "/metrics").1;
+    let labels = format!("db=\"{}\",reason=\"empty\",replica=\"r1\"", db.display());
+    assert_eq!(
+        sample(&metrics, "replicad_replica_reseeds_total", &labels),
+        Some(1.0),
+        "{metrics}"
+    );
+    let log = d.log_text();
+    d.stop_ok();
+    assert!(log.contains("replica re-seeded"), "{log}");
+    assert_eq!(level_ranges(&b, 9).len(), 1, "{}", listing(&b));
+    restored_equals(&dir, &b, &db, "from-b.db");
+    restored_equals(&dir, &a, &db, "from-a.db");
+}
+
+#[test]
+fn a_replica_wiped_while_running_is_seeded_again() {
+    let dir = TestDir::new("wiped");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 20, "first");
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, FAST_L1))],
+    );
+    wait_caught_up(&dir, port, &a);
+    insert(&c, 20, "second");
+    wait_caught_up(&dir, port, &a);
+    wait_until(&dir, "staging to be pruned", || {
+        !dir.join(".app.db-replicad/ltx/0/0000000000000001-0000000000000001.ltx")
+            .exists()
+    });
+    fs::remove_dir_all(&a).unwrap();
+    // The next commit's upload round finds the lease gone, lists the replica, and re-seeds.
+    insert(&c, 20, "after-wipe");
+    wait_caught_up(&dir, port, &a);
+    let metrics = get(port, "/metrics").1;
+    let labels = format!("db=\"{}\",reason=\"wiped\",replica=\"r0\"", db.display());
+    assert_eq!(
+        sample(&metrics, "replicad_replica_reseeds_total", &labels),
+        Some(1.0),
+        "{metrics}\n{}",
+        d.log_text()
+    );
+    restored_equals(&dir, &a, &db, "while-running.db");
+    insert(&c, 20, "last");
+    wait_caught_up(&dir, port, &a);
+    d.stop_ok();
+    restored_equals(&dir, &a, &db, "after-stop.db");
+}
+
+#[test]
+fn a_failed_local_write_is_reported_and_then_healed() {
+    let dir = TestDir::new("failed-publish");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 10, "first");
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, ""))],
+    );
+    wait_caught_up(&dir, port, &a);
+    // A directory where the next staged segment goes: its publish (rename) fails.
+    let next = max_replica_txid(&a) + 1;
+    let obstacle = dir
+        .join(".app.db-replicad/ltx/0")
+        .join(format!("{next:016x}-{next:016x}.ltx"));
+    fs::create_dir(&obstacle).unwrap();
+    fs::write(obstacle.join("keep"), b"x").unwrap();
+    insert(&c, 10, "blocked");
+    wait_until(&dir, "/readyz to report the database", || {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains(&db.display().to_string()) && body.contains("not protected")
+    });
+    let status = get(port, "/status").1;
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["databases"][0]["protected"], false, "{status}");
+    let metrics = get(port, "/metrics").1;
+    let label = format!("db=\"{}\"", db.display());
+    assert_eq!(sample(&metrics, "replicad_db_protected", &label), Some(0.0));
+    fs::remove_dir_all(&obstacle).unwrap();
+    insert(&c, 10, "healed");
+    // Backoff paces the retries: a few seconds at most here.
+    wait_caught_up(&dir, port, &a);
+    let metrics = get(port, "/metrics").1;
+    assert_eq!(sample(&metrics, "replicad_db_protected", &label), Some(1.0));
+    insert(&c, 10, "more");
+    wait_caught_up(&dir, port, &a);
+    let log = d.log_text();
+    d.stop_ok();
+    assert!(log.contains("NOT protected"), "{log}");
+    assert!(log.contains("the database is protected again"), "{log}");
+    restored_equals(&dir, &a, &db, "healed.db");
+}
+
+#[test]
+fn a_replaced_database_file_is_replicated_as_a_full_copy() {
+    let dir = TestDir::new("replaced");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 30, "old");
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, ""))],
+    );
+    wait_caught_up(&dir, port, &a);
+    let old_txid = max_replica_txid(&a);
+    let old_copy = dir.join("old-copy.db");
+    restore_ok(s(&a), &old_copy, None);
+
+    // The application stops; a new file takes the database's place.
+    drop(c);
+    let new = dir.join("new.db");
+    {
+        let n = new_db(&new);
+        n.execute_batch("CREATE TABLE other(x); INSERT INTO other VALUES (42);")
+            .unwrap();
+        insert(&n, 5, "new");
+    }
+    for side in ["-wal", "-shm"] {
+        let _ = fs::remove_file(format!("{}{side}", db.display()));
+    }
+    fs::rename(&new, &db).unwrap();
+    wait_until(&dir, "a full segment of the new file", || {
+        max_replica_txid(&a) > old_txid
+    });
+    let c = new_db(&db);
+    insert(&c, 5, "later");
+    wait_caught_up(&dir, port, &a);
+    d.stop_ok();
+    restored_equals(&dir, &a, &db, "new.db-restored");
+    // The chain before the replacement still restores the old database.
+    let out = dir.join("old-restored.db");
+    restore_ok(s(&a), &out, Some(old_txid));
+    assert_same_content(&old_copy, &out, "old state");
+}
+
+#[test]
+fn restore_refuses_to_write_over_a_database_a_daemon_holds() {
+    let dir = TestDir::new("restore-held");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 5, "x");
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, ""))],
+    );
+    wait_caught_up(&dir, port, &a);
+    let o = Command::new(bin())
+        .args(["restore", "--force", "--to", s(&db), s(&a)])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("--while-replicating"), "{err}");
+    // A second daemon on the same database is refused too (it would share the staging).
+    let port2 = free_port();
+    let b = dir.join("b");
+    let o = Command::new(bin())
+        .args([
+            "replicate",
+            "--config",
+            s(&config(&dir, &db, &[&b], port2, "")),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("another replicad already replicates"), "{err}");
+    assert!(!b.join("replicad.lease").exists(), "{}", listing(&b));
+    d.stop_ok();
+}
+
+#[test]
+fn a_missing_database_is_not_ready_until_it_is_created() {
+    let dir = TestDir::new("missing");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, ""))],
+    );
+    wait_until(&dir, "/readyz to name the missing database", || {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains("does not exist")
+    });
+    let c = new_db(&db);
+    insert(&c, 10, "created");
+    wait_caught_up(&dir, port, &a);
+    d.stop_ok();
+    restored_equals(&dir, &a, &db, "created.db");
+}
+
+#[test]
+fn a_database_in_a_missing_directory_is_a_config_error() {
+    let dir = TestDir::new("missing-dir");
+    let db = dir.join("no/such/dir/app.db");
+    let o = Command::new(bin())
+        .args(["replicate", s(&db), s(&dir.join("a"))])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(!dir.join("no").exists(), "nothing is created for a typo");
+}
+
+#[test]
+fn a_file_that_is_not_a_database_fails_loudly_and_shutdown_says_so() {
+    let dir = TestDir::new("not-sqlite");
+    let db = dir.join("app.db");
+    fs::write(
+        &db,
+        b"this is not a database, just text that is long enough to be read",
+    )
+    .unwrap();
+    let a = dir.join("a");
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, ""))],
+    );
+    wait_until(&dir, "/readyz to report the failing database", || {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains("not protected")
+    });
+    let log = d.log.clone();
+    let st = d.stop();
+    let text = fs::read_to_string(log).unwrap();
+    assert_eq!(st.code(), Some(1), "{text}");
+    assert!(text.contains("not fully protected"), "{text}");
+    assert!(!text.contains("every segment uploaded"), "{text}");
+}
+
+#[test]
+fn a_replica_that_cannot_be_written_is_named_and_shutdown_fails() {
+    let dir = TestDir::new("replica-stuck");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 5, "x");
+    let port = free_port();
+    let cfg = config(&dir, &db, &[&a], port, "shutdown-sync-timeout: 2s\n");
+    let d = spawn_replicate(dir.path(), &["--config", s(&cfg)]);
+    wait_caught_up(&dir, port, &a);
+    let next = max_replica_txid(&a) + 1;
+    let obstacle = a.join("ltx/0").join(format!("{next:016x}-{next:016x}.ltx"));
+    fs::create_dir(&obstacle).unwrap();
+    fs::write(obstacle.join("keep"), b"x").unwrap();
+    insert(&c, 5, "y");
+    wait_until(&dir, "/readyz to name the replica", || {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains("replica r0") && body.contains("not written")
+    });
+    let log = d.log.clone();
+    let st = d.stop();
+    let text = fs::read_to_string(log).unwrap();
+    assert_eq!(st.code(), Some(1), "{text}");
+    assert!(text.contains("replica r0: holds TXID"), "{text}");
+    // Cause removed: the next run catches up.
+    fs::remove_dir_all(&obstacle).unwrap();
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, ""))],
+    );
+    wait_caught_up(&dir, port, &a);
+    d.stop_ok();
+    restored_equals(&dir, &a, &db, "caught-up.db");
+}
+
+#[test]
+fn a_failed_start_hands_back_its_leases() {
+    let dir = TestDir::new("failed-start");
+    let ok_db = dir.join("ok.db");
+    let bad_db = dir.join("bad.db");
+    insert(&new_db(&ok_db), 3, "ok");
+    insert(&new_db(&bad_db), 3, "bad");
+    // The bad database's staging cannot be created: a file where its directory goes.
+    fs::create_dir_all(dir.join(".bad.db-replicad")).unwrap();
+    fs::write(dir.join(".bad.db-replicad/ltx"), b"in the way").unwrap();
+    let (ra, rb) = (dir.join("ra"), dir.join("rb"));
+    let cfg = dir.join("two.yml");
+    fs::write(
+        &cfg,
+        format!(
+            "monitor-interval: 50ms\ndbs:\n  - path: {}\n    replica:\n      url: {}\n  - path: {}\n    replica:\n      url: {}\n",
+            ok_db.display(),
+            ra.display(),
+            bad_db.display(),
+            rb.display()
+        ),
+    )
+    .unwrap();
+    let o = Command::new(bin())
+        .args(["replicate", "--config", s(&cfg)])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("open staging"), "{err}");
+    for r in [&ra, &rb] {
+        assert!(
+            !r.join("replicad.lease").exists(),
+            "a lease was left behind: {}",
+            listing(r)
+        );
+    }
+    // Fixed, the next start goes ahead at once.
+    fs::remove_file(dir.join(".bad.db-replicad/ltx")).unwrap();
+    let d = spawn_replicate(dir.path(), &["--config", s(&cfg)]);
+    let deadline = Instant::now() + WAIT;
+    while max_replica_txid(&rb) == 0 || max_replica_txid(&ra) == 0 {
+        assert!(Instant::now() < deadline, "{}", dir.logs());
+        sleep(Duration::from_millis(25));
+    }
+    d.stop_ok();
+    restored_equals(&dir, &rb, &bad_db, "bad-restored.db");
+}
+
+#[test]
+fn a_replica_unreachable_at_start_catches_up_when_it_comes_back() {
+    let dir = TestDir::new("unreachable-at-start");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    // A path under a regular file: every call fails (not a directory), as a server that is
+    // down does, until the file goes.
+    let blocker = dir.join("blocker");
+    fs::write(&blocker, b"in the way").unwrap();
+    let b = blocker.join("rep");
+    let c = new_db(&db);
+    insert(&c, 10, "first");
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a, &b], port, ""))],
+    );
+    wait_until(&dir, "the reachable replica to be written", || {
+        max_replica_txid(&a) > 0
+    });
+    wait_until(&dir, "/readyz to name the unreachable replica", || {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains("replica r1") && body.contains("not written")
+    });
+    insert(&c, 10, "while-down");
+    fs::remove_file(&blocker).unwrap();
+    insert(&c, 10, "back");
+    wait_caught_up(&dir, port, &b);
+    wait_caught_up(&dir, port, &a);
+    d.stop_ok();
+    restored_equals(&dir, &b, &db, "from-b.db");
+    restored_equals(&dir, &a, &db, "from-a.db");
+}
