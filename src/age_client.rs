@@ -29,7 +29,9 @@ use tokio_util::io::SyncIoBridge;
 
 use crate::age_keys::AgeKeys;
 use crate::ltx::{self, TxId};
-use crate::replica_client::{AnyClient, LtxFileInfo, ObjectReader, ReplicaClient, StorageError};
+use crate::replica_client::{
+    AnyClient, LtxFileInfo, ObjectReader, ReplicaClient, StorageError, Versioned, WriteIf,
+};
 
 /// A replica seen through both names, with the keys to write and read encrypted files.
 #[derive(Debug, Clone)]
@@ -99,6 +101,19 @@ impl AgeClient {
 
     fn plain_delete_aux<'a>(&'a self, name: &'a str) -> BoxFut<'a, ()> {
         Box::pin(self.plain.delete_aux(name))
+    }
+
+    fn plain_read_aux_versioned<'a>(&'a self, name: &'a str) -> BoxFut<'a, Option<Versioned>> {
+        Box::pin(self.plain.read_aux_versioned(name))
+    }
+
+    fn plain_write_aux_if<'a>(
+        &'a self,
+        name: &'a str,
+        data: Vec<u8>,
+        cond: WriteIf,
+    ) -> BoxFut<'a, Option<String>> {
+        Box::pin(self.plain.write_aux_if(name, data, cond))
     }
 
     fn list_all_view(&self, sealed: bool) -> BoxFut<'_, Vec<LtxFileInfo>> {
@@ -375,6 +390,19 @@ impl ReplicaClient for AgeClient {
 
     async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
         self.plain_delete_aux(name).await
+    }
+
+    async fn read_aux_versioned(&self, name: &str) -> Result<Option<Versioned>, StorageError> {
+        self.plain_read_aux_versioned(name).await
+    }
+
+    async fn write_aux_if(
+        &self,
+        name: &str,
+        data: Vec<u8>,
+        cond: WriteIf,
+    ) -> Result<Option<String>, StorageError> {
+        self.plain_write_aux_if(name, data, cond).await
     }
 
     async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {

@@ -16,7 +16,9 @@ use rand::RngExt;
 use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::ltx::TxId;
-use crate::replica_client::{AnyClient, LtxFileInfo, ObjectReader, ReplicaClient, StorageError};
+use crate::replica_client::{
+    AnyClient, LtxFileInfo, ObjectReader, ReplicaClient, StorageError, Versioned, WriteIf,
+};
 
 /// The faults to inject; every field can change at any time.
 #[derive(Debug, Default)]
@@ -156,6 +158,19 @@ impl FaultyClient {
     fn inner_delete_aux<'a>(&'a self, name: &'a str) -> BoxFut<'a, ()> {
         Box::pin(self.inner.delete_aux(name))
     }
+
+    fn inner_read_aux_versioned<'a>(&'a self, name: &'a str) -> BoxFut<'a, Option<Versioned>> {
+        Box::pin(self.inner.read_aux_versioned(name))
+    }
+
+    fn inner_write_aux_if<'a>(
+        &'a self,
+        name: &'a str,
+        data: Vec<u8>,
+        cond: WriteIf,
+    ) -> BoxFut<'a, Option<String>> {
+        Box::pin(self.inner.write_aux_if(name, data, cond))
+    }
 }
 
 impl ReplicaClient for FaultyClient {
@@ -227,6 +242,21 @@ impl ReplicaClient for FaultyClient {
     async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
         self.faults.before("delete").await?;
         self.inner_delete_aux(name).await
+    }
+
+    async fn read_aux_versioned(&self, name: &str) -> Result<Option<Versioned>, StorageError> {
+        self.faults.before("get").await?;
+        self.inner_read_aux_versioned(name).await
+    }
+
+    async fn write_aux_if(
+        &self,
+        name: &str,
+        data: Vec<u8>,
+        cond: WriteIf,
+    ) -> Result<Option<String>, StorageError> {
+        self.faults.before("put").await?;
+        self.inner_write_aux_if(name, data, cond).await
     }
 }
 

@@ -128,7 +128,13 @@ impl FileClient {
             .open(&tmp)
             .and_then(|f| f.set_modified(mtime))
             .map_err(io)?;
-        fsutil::publish(&tmp, &dest).map_err(io)?;
+        fsutil::publish_new(&tmp, &dest).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => StorageError::Conflict {
+                op: "put",
+                key: dest.display().to_string(),
+            },
+            _ => io(e),
+        })?;
         Ok(LtxFileInfo {
             level,
             min_txid: min,

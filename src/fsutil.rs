@@ -26,6 +26,29 @@ pub fn publish(tmp: &Path, dest: &Path) -> io::Result<()> {
     fsync_dir(parent_dir(dest))
 }
 
+/// [`publish`], but never replacing an existing `dest`: fails with `AlreadyExists` (and
+/// removes `tmp`) when it exists. A hard link is the atomic no-clobber rename every local and
+/// network file system has; one that refuses links falls back to check-then-rename.
+pub fn publish_new(tmp: &Path, dest: &Path) -> io::Result<()> {
+    File::open(tmp)?.sync_all()?;
+    match fs::hard_link(tmp, dest) {
+        Ok(()) => fs::remove_file(tmp)?,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let _ = fs::remove_file(tmp);
+            return Err(e);
+        }
+        Err(e) if e.kind() == io::ErrorKind::Unsupported || e.raw_os_error() == Some(1) => {
+            if dest.exists() {
+                let _ = fs::remove_file(tmp);
+                return Err(io::Error::new(io::ErrorKind::AlreadyExists, "exists"));
+            }
+            fs::rename(tmp, dest)?;
+        }
+        Err(e) => return Err(e),
+    }
+    fsync_dir(parent_dir(dest))
+}
+
 /// Writes back the `len` bytes of `file` at `offset` and drops them from the page cache, a
 /// hint for data no one will read again soon. Blocking (it waits for the range's writeback:
 /// dirty pages cannot be dropped). Durability is unchanged: `sync_file_range` promises

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::ReplicaCounters;
-use crate::replica_client::{AnyClient, ReplicaClient, StorageError};
+use crate::replica_client::{AnyClient, PROBE_VERSION, ReplicaClient, StorageError, WriteIf};
 
 /// Name of the lease object at the replica root.
 pub const LEASE_NAME: &str = "replicad.lease";
@@ -200,6 +200,34 @@ pub struct Lease {
     ttl: Duration,
     /// When our lease was last written (monotonic).
     written_at: Option<Instant>,
+    /// The version (ETag) of our last write, where the backend has versions.
+    version: Option<String>,
+    /// Whether the backend honours conditional writes (learnt by the probe at acquire).
+    mode: Mode,
+}
+
+/// How the lease is kept single: where the store allows it, every write of the lease is
+/// conditional (compare-and-swap on its version), so two writers can never both believe they
+/// hold it; elsewhere a write is followed by a read-back (last writer wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Not probed yet.
+    Unknown,
+    /// Conditional writes (`If-None-Match`, `If-Match`) are honoured.
+    Conditional,
+    /// They are not: write, then read back.
+    ReadCheck,
+}
+
+impl Mode {
+    /// For logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Unknown => "unknown",
+            Mode::Conditional => "conditional",
+            Mode::ReadCheck => "read-check",
+        }
+    }
 }
 
 impl Lease {
@@ -218,7 +246,14 @@ impl Lease {
             },
             ttl,
             written_at: None,
+            version: None,
+            mode: Mode::Unknown,
         }
+    }
+
+    /// How this lease is kept single (known once acquired).
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     fn storage(&self, error: StorageError) -> LeaseError {
@@ -229,30 +264,65 @@ impl Lease {
     }
 
     async fn read(&self, counters: &ReplicaCounters) -> Result<Option<LeaseRecord>, LeaseError> {
+        Ok(self.read_versioned(counters).await?.map(|(r, _)| r))
+    }
+
+    /// The lease object and its version (S3: ETag), when it exists.
+    async fn read_versioned(
+        &self,
+        counters: &ReplicaCounters,
+    ) -> Result<Option<(LeaseRecord, Option<String>)>, LeaseError> {
         let started = Instant::now();
-        let r = self.client.read_aux(LEASE_NAME).await;
+        let r = self.client.read_aux_versioned(LEASE_NAME).await;
         counters.observe(1, started, &r);
         match r.map_err(|e| self.storage(e))? {
             None => Ok(None),
-            Some(bytes) => {
-                serde_json::from_slice(&bytes)
-                    .map(Some)
-                    .map_err(|e| LeaseError::Unreadable {
-                        replica: self.client.location(),
-                        reason: e.to_string(),
-                    })
-            }
+            Some((bytes, version)) => serde_json::from_slice(&bytes)
+                .map(|rec| Some((rec, version)))
+                .map_err(|e| LeaseError::Unreadable {
+                    replica: self.client.location(),
+                    reason: e.to_string(),
+                }),
         }
     }
 
-    async fn write(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+    /// Writes our record. In conditional mode only if `cond` holds (a conflict means another
+    /// writer got there first); otherwise unconditionally.
+    async fn write(&mut self, counters: &ReplicaCounters, cond: WriteIf) -> Result<(), LeaseError> {
         let at = Instant::now();
         self.me.refreshed_ms = now_ms();
         let body = serde_json::to_vec(&self.me).expect("a lease record always serialises");
-        let r = self.client.write_aux(LEASE_NAME, body).await;
+        let r = match self.mode {
+            Mode::ReadCheck => self.client.write_aux(LEASE_NAME, body).await.map(|()| None),
+            _ => self.client.write_aux_if(LEASE_NAME, body, cond).await,
+        };
         counters.observe(0, at, &r);
-        r.map_err(|e| self.storage(e))?;
+        self.version = r.map_err(|e| self.storage(e))?;
         self.written_at = Some(at);
+        Ok(())
+    }
+
+    /// The condition under which our next write replaces `version` (absent: none exists).
+    fn replacing(version: Option<String>) -> WriteIf {
+        version.map_or(WriteIf::Absent, WriteIf::Version)
+    }
+
+    /// Learns whether the backend honours conditions: a write conditional on a version no
+    /// object has must fail. Where it does not fail, it wrote our record again (harmless).
+    async fn probe(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        let body = serde_json::to_vec(&self.me).expect("a lease record always serialises");
+        let at = Instant::now();
+        let r = self
+            .client
+            .write_aux_if(LEASE_NAME, body, WriteIf::Version(PROBE_VERSION.into()))
+            .await;
+        counters.observe(0, at, &r);
+        self.mode = match r {
+            // Refused, without writing: 412, or 404 where the lease does not exist (AWS).
+            Err(StorageError::Conflict { .. } | StorageError::NotFound(_)) => Mode::Conditional,
+            Ok(_) => Mode::ReadCheck,
+            Err(e) => return Err(self.storage(e)),
+        };
         Ok(())
     }
 
@@ -270,7 +340,9 @@ impl Lease {
     /// Takes the lease (see the module docs), or says who holds it.
     pub async fn acquire(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
         let replica = self.client.location();
-        if let Some(held) = self.read(counters).await? {
+        let mut version = None;
+        if let Some((held, v)) = self.read_versioned(counters).await? {
+            version = v;
             let age_ms = now_ms() - held.refreshed_ms;
             if self.is_mine(&held) {
                 // Our own (a retried acquire): just refresh it.
@@ -284,16 +356,35 @@ impl Lease {
                     holder: Box::new(held),
                 });
             } else {
-                tracing::warn!(%replica, previous = %held, age_s = age_ms / 1000, "taking over an expired lease");
+                // Old by our clock, but clocks may disagree: the holder is gone only if the
+                // lease stays unchanged for its TTL, as measured here.
+                version = self.watch_expire(counters, held, version).await?;
             }
         }
-        self.write(counters).await?;
-        match self.read(counters).await? {
-            Some(held) if self.is_mine(&held) => {
-                tracing::info!(replica = %replica, ttl = ?self.ttl, "single-writer lease acquired");
+        if self.mode == Mode::Unknown {
+            self.probe(counters).await?;
+        }
+        let cond = Self::replacing(version);
+        let written = match self.write(counters, cond).await {
+            // Another writer got there between our read and our write: the read-back says who.
+            Err(LeaseError::Storage {
+                error: StorageError::Conflict { .. },
+                ..
+            }) => false,
+            r => r.map(|()| true)?,
+        };
+        if self.mode == Mode::Conditional && written {
+            // The compare-and-swap went through: nobody else can have written since.
+            tracing::info!(replica = %replica, ttl = ?self.ttl, mode = self.mode.label(), "single-writer lease acquired");
+            return Ok(());
+        }
+        match self.read_versioned(counters).await? {
+            Some((held, v)) if self.is_mine(&held) => {
+                self.version = v;
+                tracing::info!(replica = %replica, ttl = ?self.ttl, mode = self.mode.label(), "single-writer lease acquired");
                 Ok(())
             }
-            Some(held) => Err(LeaseError::Held {
+            Some((held, _)) => Err(LeaseError::Held {
                 replica,
                 age_s: (now_ms() - held.refreshed_ms) / 1000,
                 ttl_s: held.ttl_ms / 1000,
@@ -303,6 +394,42 @@ impl Lease {
                 replica,
                 holder: "nobody (the lease vanished right after it was written)".into(),
             }),
+        }
+    }
+
+    /// Watches another instance's lease, which looks expired by our clock, for its TTL on our
+    /// monotonic clock: a live holder rewrites it within half its TTL. Returns the version to
+    /// replace once it stayed unchanged; [`LeaseError::Held`] when it changed.
+    async fn watch_expire(
+        &self,
+        counters: &ReplicaCounters,
+        held: LeaseRecord,
+        version: Option<String>,
+    ) -> Result<Option<String>, LeaseError> {
+        let replica = self.client.location();
+        let ttl = Duration::from_millis(held.ttl_ms);
+        tracing::warn!(%replica, previous = %held, ttl = ?ttl, "the lease looks expired; taking it over if it stays unchanged for its TTL");
+        let until = Instant::now() + ttl;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(%replica, previous = %held, "taking over an expired lease");
+                return Ok(version);
+            }
+            tokio::time::sleep(left.min(ttl / 4).max(Duration::from_millis(50))).await;
+            match self.read_versioned(counters).await? {
+                Some((now, v)) if now == held && v == version => {}
+                // Gone meanwhile: nobody holds it any more.
+                None => return Ok(None),
+                Some((now, _)) => {
+                    return Err(LeaseError::Held {
+                        replica,
+                        age_s: (now_ms() - now.refreshed_ms) / 1000,
+                        ttl_s: now.ttl_ms / 1000,
+                        holder: Box::new(now),
+                    });
+                }
+            }
         }
     }
 
@@ -346,7 +473,26 @@ impl Lease {
             }
         }
         if self.refresh_in().is_zero() {
-            self.write(counters).await?;
+            let cond = Self::replacing(self.version.clone());
+            match self.write(counters, cond).await {
+                Err(LeaseError::Storage {
+                    error: StorageError::Conflict { .. },
+                    ..
+                }) => {
+                    // Our version is no longer there: another instance wrote the lease.
+                    let holder = self
+                        .read(counters)
+                        .await
+                        .ok()
+                        .flatten()
+                        .map_or_else(|| "unknown".to_string(), |h| h.to_string());
+                    return Err(LeaseError::Lost {
+                        replica: self.client.location(),
+                        holder,
+                    });
+                }
+                r => r?,
+            }
         }
         Ok(())
     }

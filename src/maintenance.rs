@@ -302,9 +302,9 @@ async fn build(
     })?;
     drop(turn);
     let put_started = Instant::now();
-    let put = client
-        .put(level, min, max, &tmp, summary.header.timestamp)
-        .await;
+    let put =
+        crate::replica_client::put_new(client, level, min, max, &tmp, summary.header.timestamp)
+            .await;
     counters.observe(0, put_started, &put);
     if let Ok(info) = &put {
         counters.bytes[0].inc_by(info.size);

@@ -43,7 +43,7 @@ use crate::lease::{Lease, LeaseError};
 use crate::ltx::{self, TxId};
 use crate::maintenance::{self, Maintenance, Schedule};
 use crate::metrics::{PHASES, Phase, ReplicaCounters};
-use crate::replica_client::{AnyClient, LtxFileInfo, ReplicaClient, StorageError};
+use crate::replica_client::{AnyClient, LtxFileInfo, ReplicaClient, StorageError, put_new};
 use crate::retry::Backoff;
 use crate::segment_feed::GrowingSegment;
 use crate::staging::Staging;
@@ -303,7 +303,13 @@ impl Replica {
         }
         if let Some(f) = newest {
             tip.post_apply_checksum = self.read_post_apply(&f).await.unwrap_or(0);
-            tip.page_size = self.read_page_size(&f).await.unwrap_or(0);
+            let header = self.read_remote_header(&f).await.ok().flatten();
+            tip.page_size = header.map_or(0, |h| h.page_size);
+            if !self.is_our_chain(&f, header.as_ref(), tip.post_apply_checksum) {
+                tracing::warn!(db = %self.db, replica = %self.name, tip = %f.max_txid, "the replica's newest file is not the one this database staged for that TXID: another writer continued the chain; it gets a seed snapshot after a full segment");
+                tip.full_reason = Some("a replica was continued by another writer");
+                self.pending_seed = Some(SeedReason::Behind);
+            }
             // Mtime (file) or upload time (S3): close to the segment's own timestamp, so lag
             // in seconds is meaningful right after a restart.
             let ms = f.created_at.timestamp_millis().max(0) as u64;
@@ -335,11 +341,46 @@ impl Replica {
         Ok(u64::from_be_bytes(b))
     }
 
-    /// The page size in the header of `f` (0 when the header does not decode).
-    async fn read_page_size(
+    /// Whether the replica's newest file `f` is the one local staging holds for its TXID:
+    /// the same header (level 0), or the same post-apply checksum (a compaction, when both
+    /// carry one). Without a staged copy of that TXID there is nothing to compare: yes.
+    fn is_our_chain(&self, f: &LtxFileInfo, remote: Option<&ltx::Header>, post: u64) -> bool {
+        let Ok(local) = self.staging.header(f.max_txid) else {
+            return true;
+        };
+        match remote {
+            Some(remote) if f.level == 0 => {
+                (
+                    remote.timestamp,
+                    remote.commit,
+                    remote.wal_offset,
+                    remote.wal_size,
+                ) == (
+                    local.timestamp,
+                    local.commit,
+                    local.wal_offset,
+                    local.wal_size,
+                ) && (
+                    remote.wal_salt1,
+                    remote.wal_salt2,
+                    remote.pre_apply_checksum,
+                ) == (local.wal_salt1, local.wal_salt2, local.pre_apply_checksum)
+            }
+            _ => {
+                let staged = Staging::post_apply_checksum_of(&self.staging.path(f.max_txid));
+                match staged {
+                    Ok(ours) if ours != 0 && post != 0 => ours == post,
+                    _ => true,
+                }
+            }
+        }
+    }
+
+    /// The header of `f` (`None` when it does not decode).
+    async fn read_remote_header(
         &self,
         f: &crate::replica_client::LtxFileInfo,
-    ) -> Result<u32, StorageError> {
+    ) -> Result<Option<ltx::Header>, StorageError> {
         use tokio::io::AsyncReadExt;
         let started = Instant::now();
         let r = self.client.open(f.level, f.min_txid, f.max_txid, 0).await;
@@ -353,7 +394,7 @@ impl Replica {
                 key: ltx::format_filename(f.min_txid, f.max_txid),
                 reason: e.to_string(),
             })?;
-        Ok(ltx::Header::decode(&b).map_or(0, |h| h.page_size))
+        Ok(ltx::Header::decode(&b).ok())
     }
 
     /// Acknowledges what staging may drop: segments on the replica and, when levels are
@@ -434,15 +475,40 @@ impl Replica {
                 }
             };
             let started = Instant::now();
-            let put = self
-                .client
-                .put(0, txid, txid, &path, header.timestamp)
-                .await;
+            let put = put_new(&self.client, 0, txid, txid, &path, header.timestamp).await;
             let bytes = put.as_ref().map_or(0, |info| info.size);
             PHASES.record(Phase::Upload, bytes, started.elapsed());
             self.stats.counters.observe(0, started, &put);
-            self.stored(put.map_err(RoundError::Storage)?, header.timestamp);
+            match put {
+                Err(StorageError::Conflict { .. }) => return Err(RoundError::Diverged(txid)),
+                put => self.stored(put.map_err(RoundError::Storage)?, header.timestamp),
+            }
         }
+        Ok(())
+    }
+
+    /// Another writer stored TXID `txid` here, with other bytes: if it took our lease, we
+    /// stop; if the lease is still ours (it wrote during a round it began before a takeover
+    /// and ours after), its files are history and the chain continues after them with a
+    /// seed snapshot, never with our staged segments on top of its state.
+    async fn diverged(&mut self, txid: TxId) -> Result<(), RoundError> {
+        self.lease.check(&self.stats.counters).await?;
+        let started = Instant::now();
+        let listed = self.client.list_all().await;
+        self.stats.counters.observe(2, started, &listed);
+        let files = listed.map_err(RoundError::Storage)?;
+        let tip = files.iter().map(|f| f.max_txid).max().unwrap_or_default();
+        tracing::error!(db = %self.db, replica = %self.name, %txid, listed_tip = %tip, "another writer stored this TXID on the replica; continuing after its files with a seed snapshot");
+        self.index = RemoteIndex::default();
+        for f in files {
+            self.index.insert(f);
+        }
+        self.remote = tip.max(self.remote);
+        self.stats
+            .remote_txid
+            .store(self.remote.0, Ordering::Relaxed);
+        self.send_ack();
+        self.pending_seed = Some(SeedReason::Behind);
         Ok(())
     }
 
@@ -488,20 +554,39 @@ impl Replica {
             )));
         }
         let started = Instant::now();
-        let put = self
-            .client
-            .put(
-                crate::replica_client::SNAPSHOT_LEVEL,
-                TxId(1),
-                seed.txid,
-                &seed.path,
-                seed.timestamp_ms,
-            )
-            .await;
+        let level = crate::replica_client::SNAPSHOT_LEVEL;
+        let put = put_new(
+            &self.client,
+            level,
+            TxId(1),
+            seed.txid,
+            &seed.path,
+            seed.timestamp_ms,
+        )
+        .await;
         let bytes = put.as_ref().map_or(0, |info| info.size);
         PHASES.record(Phase::Upload, bytes, started.elapsed());
         self.stats.counters.observe(0, started, &put);
-        let info = put.map_err(RoundError::Storage)?;
+        let info = match put {
+            // Our own snapshot of that TXID (maintenance wrote it): as good as the seed.
+            Err(StorageError::Conflict { .. })
+                if self
+                    .index
+                    .level(level)
+                    .iter()
+                    .any(|f| f.max_txid == seed.txid) =>
+            {
+                LtxFileInfo {
+                    level,
+                    min_txid: TxId(1),
+                    max_txid: seed.txid,
+                    size: bytes,
+                    created_at: chrono::Utc::now(),
+                    encrypted: false,
+                }
+            }
+            put => put.map_err(RoundError::Storage)?,
+        };
         tracing::info!(db = %self.db, replica = %self.name, txid = %seed.txid, bytes, elapsed = ?started.elapsed(), reason = reason.label(), "replica re-seeded");
         self.wiped = false;
         self.stats.counters.reseeds[reason as usize].inc();
@@ -638,6 +723,12 @@ impl Replica {
                         self.reseed(reason).await?;
                         self.upload_until(target).await
                     }
+                    Err(RoundError::Diverged(txid)) => {
+                        self.diverged(txid).await?;
+                        self.reseed(SeedReason::Behind).await?;
+                        self.pending_seed = None;
+                        self.upload_until(target).await
+                    }
                     r => r,
                 }
             });
@@ -725,6 +816,9 @@ enum RoundError {
     /// A seed snapshot could not be had.
     #[error("re-seeding: {0}")]
     Seed(StorageError),
+    /// Another writer stored this TXID with other bytes.
+    #[error("another writer stored TXID {0} on the replica")]
+    Diverged(TxId),
     /// A replica connected late holds more than the database: another chain.
     #[error(
         "the replica holds TXID {remote}, beyond the database's {db}: it was written by a run \

@@ -72,6 +72,15 @@ pub enum StorageError {
         /// What failed.
         reason: String,
     },
+    /// A conditional write found its condition false: the object already exists (a put
+    /// never replaces one) or changed since it was read (the lease).
+    #[error("{op} {key}: the object exists or changed (another writer?)")]
+    Conflict {
+        /// Operation.
+        op: &'static str,
+        /// Key or path involved.
+        key: String,
+    },
     /// A failure a retry will not fix (permissions, bad configuration, full disk is not here:
     /// it passes when space is freed, so it is transient).
     #[error("{op} {key}: {reason}")]
@@ -171,6 +180,9 @@ pub trait ReplicaClient {
     }
 
     /// Writes a whole file atomically from a local path; `timestamp_ms` is the LTX header's.
+    /// It never replaces an existing object where the backend can check that atomically
+    /// (file: always; S3: when the server honours `If-None-Match`): such a put fails with
+    /// [`StorageError::Conflict`] (see [`put_new`] for retries of a put that went through).
     fn put(
         &self,
         level: u8,
@@ -202,6 +214,120 @@ pub trait ReplicaClient {
 
     /// Deletes the auxiliary object `name`; a missing one is not an error.
     fn delete_aux(&self, name: &str) -> impl Future<Output = Result<(), StorageError>> + Send;
+
+    /// [`ReplicaClient::read_aux`] with the object's version (S3: its ETag) when the backend
+    /// has one.
+    fn read_aux_versioned(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Versioned>, StorageError>> + Send
+    where
+        Self: Sync,
+    {
+        async move { Ok(self.read_aux(name).await?.map(|d| (d, None))) }
+    }
+
+    /// Writes the auxiliary object `name` only if `cond` holds, atomically, and returns its
+    /// new version; [`StorageError::Conflict`] when it does not hold. A backend that cannot
+    /// check conditions writes unconditionally and returns `None` (the lease finds out with
+    /// a probe, see [`crate::lease`]).
+    fn write_aux_if(
+        &self,
+        name: &str,
+        data: Vec<u8>,
+        cond: WriteIf,
+    ) -> impl Future<Output = Result<Option<String>, StorageError>> + Send
+    where
+        Self: Sync,
+    {
+        let _ = cond;
+        async move { self.write_aux(name, data).await.map(|()| None) }
+    }
+}
+
+/// A version no object ever has: a write conditional on it must fail where conditions are
+/// honoured, which is how the lease learns whether a backend honours them.
+pub const PROBE_VERSION: &str = "\"replicad-probe-not-an-etag\"";
+
+/// An auxiliary object's bytes and version (S3: ETag; `None` where there are none).
+pub type Versioned = (Vec<u8>, Option<String>);
+
+/// The condition of [`ReplicaClient::write_aux_if`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteIf {
+    /// Only if no such object exists.
+    Absent,
+    /// Only if the object's version is this one.
+    Version(String),
+}
+
+/// [`ReplicaClient::put`], where a [`StorageError::Conflict`] whose existing object holds
+/// exactly the bytes of `src` counts as done: an earlier attempt went through but its answer
+/// was lost. Any other existing object stays a conflict.
+pub async fn put_new<C: ReplicaClient + Sync>(
+    client: &C,
+    level: u8,
+    min: TxId,
+    max: TxId,
+    src: &Path,
+    timestamp_ms: i64,
+) -> Result<LtxFileInfo, StorageError> {
+    match client.put(level, min, max, src, timestamp_ms).await {
+        Err(StorageError::Conflict { op, key }) => {
+            if same_content(client, level, min, max, src).await? {
+                let size = tokio::fs::metadata(src)
+                    .await
+                    .map_err(|e| StorageError::from_io("put", src, e))?
+                    .len();
+                Ok(LtxFileInfo {
+                    level,
+                    min_txid: min,
+                    max_txid: max,
+                    size,
+                    created_at: Utc::now(),
+                    encrypted: false,
+                })
+            } else {
+                Err(StorageError::Conflict { op, key })
+            }
+        }
+        r => r,
+    }
+}
+
+/// Whether the stored object's (plaintext) bytes equal those of `src`.
+async fn same_content<C: ReplicaClient + Sync>(
+    client: &C,
+    level: u8,
+    min: TxId,
+    max: TxId,
+    src: &Path,
+) -> Result<bool, StorageError> {
+    use tokio::io::AsyncReadExt;
+    let key = crate::ltx::format_filename(min, max);
+    let io = |e: std::io::Error| StorageError::Transient {
+        op: "compare",
+        key: key.clone(),
+        reason: e.to_string(),
+    };
+    let mut remote = client.open(level, min, max, 0).await?;
+    let mut local = tokio::fs::File::open(src).await.map_err(io)?;
+    let (mut a, mut b) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    loop {
+        let n = local.read(&mut a).await.map_err(io)?;
+        if n == 0 {
+            let mut one = [0u8; 1];
+            return Ok(remote.read(&mut one).await.map_err(io)? == 0);
+        }
+        match remote.read_exact(&mut b[..n]).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+            Err(e) => return Err(io(e)),
+        }
+        if a[..n] != b[..n] {
+            return Ok(false);
+        }
+    }
 }
 
 /// Every backend, behind one type.
@@ -452,6 +578,29 @@ impl ReplicaClient for AnyClient {
             AnyClient::S3(c) => c.delete_aux(name).await,
             AnyClient::Faulty(c) => c.delete_aux(name).await,
             AnyClient::Age(c) => c.delete_aux(name).await,
+        }
+    }
+
+    async fn read_aux_versioned(&self, name: &str) -> Result<Option<Versioned>, StorageError> {
+        match self {
+            AnyClient::File(c) => c.read_aux_versioned(name).await,
+            AnyClient::S3(c) => c.read_aux_versioned(name).await,
+            AnyClient::Faulty(c) => c.read_aux_versioned(name).await,
+            AnyClient::Age(c) => c.read_aux_versioned(name).await,
+        }
+    }
+
+    async fn write_aux_if(
+        &self,
+        name: &str,
+        data: Vec<u8>,
+        cond: WriteIf,
+    ) -> Result<Option<String>, StorageError> {
+        match self {
+            AnyClient::File(c) => c.write_aux_if(name, data, cond).await,
+            AnyClient::S3(c) => c.write_aux_if(name, data, cond).await,
+            AnyClient::Faulty(c) => c.write_aux_if(name, data, cond).await,
+            AnyClient::Age(c) => c.write_aux_if(name, data, cond).await,
         }
     }
 }

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use aws_sdk_s3::Client;
@@ -35,7 +36,8 @@ use tokio::sync::OnceCell;
 
 use crate::ltx::{self, TxId};
 use crate::replica_client::{
-    LtxFileInfo, ObjectReader, ReplicaClient, SNAPSHOT_LEVEL, StorageError,
+    LtxFileInfo, ObjectReader, PROBE_VERSION, ReplicaClient, SNAPSHOT_LEVEL, StorageError,
+    Versioned, WriteIf,
 };
 use crate::segment_feed::{GrowingSegment, Progress};
 
@@ -294,7 +296,15 @@ pub struct S3Client {
     client: Arc<OnceCell<Client>>,
     /// Appended to every object name: `""`, or `".age"` for the encrypted view.
     suffix: &'static str,
+    /// Whether the server honours conditional writes (`If-None-Match`, `If-Match`): learnt
+    /// from the lease's probe ([`crate::lease`]); until then, and when it does not, puts are
+    /// unconditional. Shared by the views of one replica.
+    conditional: Arc<AtomicU8>,
 }
+
+const COND_UNKNOWN: u8 = 0;
+const COND_ON: u8 = 1;
+const COND_OFF: u8 = 2;
 
 impl fmt::Debug for S3Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -339,6 +349,7 @@ impl S3Client {
             cfg: Arc::new(cfg),
             client,
             suffix: "",
+            conditional: Arc::new(AtomicU8::new(COND_UNKNOWN)),
         }
     }
 
@@ -349,7 +360,13 @@ impl S3Client {
             cfg: self.cfg.clone(),
             client: self.client.clone(),
             suffix: crate::replica_client::SEALED_SUFFIX,
+            conditional: self.conditional.clone(),
         }
+    }
+
+    /// True once the server was seen to honour conditional writes.
+    pub fn conditional(&self) -> bool {
+        self.conditional.load(Ordering::Relaxed) == COND_ON
     }
 
     /// The settings.
@@ -466,6 +483,9 @@ impl S3Client {
             .body(body)
             .content_length(len as i64)
             .metadata("litestream-timestamp", timestamp);
+        if self.conditional() {
+            req = req.if_none_match("*");
+        }
         req = with_write_options!(self, req);
         req.send().await.map_err(|e| classify("put", key, e))?;
         Ok(())
@@ -672,7 +692,7 @@ impl S3Client {
         mut parts: Vec<CompletedPart>,
     ) -> Result<(), StorageError> {
         parts.sort_by_key(|p| p.part_number());
-        let done = c
+        let mut req = c
             .complete_multipart_upload()
             .bucket(&self.cfg.bucket)
             .key(key)
@@ -681,9 +701,11 @@ impl S3Client {
                 CompletedMultipartUpload::builder()
                     .set_parts(Some(parts))
                     .build(),
-            )
-            .send()
-            .await;
+            );
+        if self.conditional() {
+            req = req.if_none_match("*");
+        }
+        let done = req.send().await;
         if let Err(e) = done {
             self.abort(c, key, upload_id).await;
             return Err(classify("put", key, e));
@@ -930,6 +952,12 @@ where
     {
         return StorageError::NotFound(key.to_string());
     }
+    if code.as_deref() == Some("PreconditionFailed") || status == Some(Some(412)) {
+        return StorageError::Conflict {
+            op,
+            key: key.to_string(),
+        };
+    }
     let reason = match (&code, &message) {
         (Some(c), Some(m)) => format!("{c}: {m}"),
         (Some(c), None) => c.clone(),
@@ -1136,6 +1164,67 @@ impl ReplicaClient for S3Client {
         req = with_sse_c!(self, req);
         req.send().await.map_err(|e| classify("put", &key, e))?;
         Ok(())
+    }
+
+    async fn read_aux_versioned(&self, name: &str) -> Result<Option<Versioned>, StorageError> {
+        let key = format!("{}{name}", self.prefix());
+        let c = self.client().await?;
+        let mut req = c.get_object().bucket(&self.cfg.bucket).key(&key);
+        req = with_sse_c!(self, req);
+        let out = match req.send().await {
+            Ok(out) => out,
+            Err(e) => {
+                return match classify("get", &key, e) {
+                    StorageError::NotFound(_) => Ok(None),
+                    e => Err(e),
+                };
+            }
+        };
+        let etag = out.e_tag().map(str::to_string);
+        let data = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| transient("get", &key, e))?;
+        Ok(Some((data.into_bytes().to_vec(), etag)))
+    }
+
+    async fn write_aux_if(
+        &self,
+        name: &str,
+        data: Vec<u8>,
+        cond: WriteIf,
+    ) -> Result<Option<String>, StorageError> {
+        let key = format!("{}{name}", self.prefix());
+        let c = self.client().await?;
+        let mut req = c
+            .put_object()
+            .bucket(&self.cfg.bucket)
+            .key(&key)
+            .content_length(data.len() as i64)
+            .body(ByteStream::from(data));
+        if let Some(kms) = &self.cfg.sse_kms_key_id {
+            req = req
+                .server_side_encryption("aws:kms".into())
+                .ssekms_key_id(kms);
+        }
+        req = with_sse_c!(self, req);
+        let probe = cond == WriteIf::Version(PROBE_VERSION.into());
+        req = match &cond {
+            WriteIf::Absent => req.if_none_match("*"),
+            WriteIf::Version(v) => req.if_match(v),
+        };
+        let r = req.send().await.map_err(|e| classify("put", &key, e));
+        if probe {
+            // A write that must fail when conditions are honoured (see `PROBE_VERSION`).
+            let mode = match &r {
+                Err(StorageError::Conflict { .. } | StorageError::NotFound(_)) => COND_ON,
+                Ok(_) => COND_OFF,
+                Err(_) => COND_UNKNOWN,
+            };
+            self.conditional.store(mode, Ordering::Relaxed);
+        }
+        Ok(r?.e_tag().map(str::to_string))
     }
 
     async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {

@@ -31,7 +31,9 @@ use common::TestDir;
 use common::s3::{S3Server, plant_file};
 use replicad::file_client::FileClient;
 use replicad::ltx::{self, Codec, Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId};
-use replicad::replica_client::{AnyClient, LtxFileInfo, ReplicaClient, StorageError};
+use replicad::replica_client::{
+    AnyClient, LtxFileInfo, PROBE_VERSION, ReplicaClient, StorageError, WriteIf, put_new,
+};
 use replicad::s3_client::{S3Client, S3Config, Secret};
 
 const MIB: usize = 1024 * 1024;
@@ -473,7 +475,7 @@ async fn conformance(env: &Env<'_>) {
         open_at_the_end_is_empty,
         open_missing_is_not_found,
         failed_put_leaves_nothing,
-        overwrite_is_whole,
+        put_never_replaces_an_object,
         delete_removes_and_tolerates_missing,
         concurrent_puts_all_land,
         large_object_round_trips,
@@ -731,29 +733,48 @@ async fn failed_put_leaves_nothing(b: &Backend<'_>) {
     );
 }
 
-/// Overwrites are whole: smaller, then larger, then the first size again.
-async fn overwrite_is_whole(b: &Backend<'_>) {
+/// A put never replaces an object where the backend can check that atomically (a file
+/// replica always; S3 once the lease's probe found conditional writes honoured, which
+/// s3s-fs, MinIO, R2 and AWS do): a second put of other bytes is a `Conflict` and the first
+/// object stays whole, and `put_new` of the very same bytes again (a retry whose first answer
+/// was lost) succeeds.
+async fn put_never_replaces_an_object(b: &Backend<'_>) {
     let name = b.name();
-    put(b, &Put::new(6, 10, 20, 8, 60)).await.unwrap();
-    for (i, pages) in [2u32, 12, 8].into_iter().enumerate() {
+    // The probe the lease makes at acquire: it turns S3's conditional puts on.
+    let _ = b
+        .client
+        .write_aux_if(
+            "replicad.lease",
+            b"probe".to_vec(),
+            WriteIf::Version(PROBE_VERSION.into()),
+        )
+        .await;
+    let first = Put::new(6, 10, 20, 8, 60);
+    put(b, &first).await.unwrap();
+    for (i, pages) in [2u32, 12].into_iter().enumerate() {
         let p = Put::new(6, 10, 20, pages, 61 + i as u64);
-        put(b, &p).await.unwrap();
+        let r = put(b, &p).await;
+        assert!(
+            matches!(r, Err(StorageError::Conflict { .. })),
+            "{name}: put {i} over an existing object: {r:?}"
+        );
         let l = list(b, 6).await;
-        assert_eq!(
-            ranges(&l),
-            vec![(6, 10, 20)],
-            "{name}: overwrite {i} listing"
-        );
-        assert_eq!(
-            b.plain_size(&l[0]).await,
-            p.bytes.len() as u64,
-            "{name}: overwrite {i} size"
-        );
+        assert_eq!(ranges(&l), vec![(6, 10, 20)], "{name}: listing after {i}");
+        assert_eq!(b.plain_size(&l[0]).await, first.bytes.len() as u64);
         let got = read_all(b, 6, 10, 20, 0).await;
-        assert_bytes(&format!("{name}: overwrite {i}"), &got, &p.bytes);
-        let h = b.client.read_header(&l[0]).await.unwrap();
-        assert_eq!(h.timestamp, p.ts, "{name}: overwrite {i} header");
+        assert_bytes(&format!("{name}: after put {i}"), &got, &first.bytes);
     }
+    let src = b.scratch.join("same-again.ltx");
+    std::fs::write(&src, &first.bytes).unwrap();
+    let again = put_new(&b.client, 6, TxId(10), TxId(20), &src, first.ts).await;
+    assert!(again.is_ok(), "{name}: the same bytes again: {again:?}");
+    let other = b.scratch.join("other.ltx");
+    std::fs::write(&other, Put::new(6, 10, 20, 3, 70).bytes).unwrap();
+    let r = put_new(&b.client, 6, TxId(10), TxId(20), &other, first.ts).await;
+    assert!(
+        matches!(r, Err(StorageError::Conflict { .. })),
+        "{name}: put_new of other bytes: {r:?}"
+    );
 }
 
 /// Deletes: present and missing files in one call (in a level with files and in a level

@@ -199,11 +199,21 @@ async fn idle_database_makes_zero_requests_and_metrics_count_operations() {
             l.starts_with("replicad_replica_operations_total{") && l.contains("operation=\"put\"")
         })
         .unwrap_or_else(|| panic!("no put counter in:\n{text}"));
-    // Two PUTs: the single-writer lease taken at start, then the one segment.
+    // Three PUTs: the conditional-write probe at start (refused: it writes nothing), the
+    // single-writer lease, then the one segment.
     assert!(
-        put_line.contains("replica=\"s3\"") && put_line.ends_with(" 2"),
+        put_line.contains("replica=\"s3\"") && put_line.ends_with(" 3"),
         "{put_line}"
     );
+    let get_line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("replicad_replica_operations_total{") && l.contains("operation=\"get\"")
+        })
+        .unwrap();
+    // GETs: the lease at start and before the segment's round, the tip's trailer and header
+    // when there is one; no read-back of the lease, which was written conditionally.
+    assert!(get_line.ends_with(" 2"), "{get_line}");
     let list_line = text
         .lines()
         .find(|l| {
