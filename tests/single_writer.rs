@@ -525,3 +525,156 @@ fn a_refused_start_releases_the_leases_it_took() {
     );
     a.stop_ok();
 }
+
+/// Sends `sig` (`-STOP`, `-CONT`) to a daemon.
+fn signal(d: &Daemon, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &d.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill {sig}");
+}
+
+/// Every object under the replica (the lease aside), with a hash of its bytes.
+fn objects(root: &Path) -> std::collections::BTreeMap<PathBuf, String> {
+    use sha2::{Digest, Sha256};
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if parse_ltx_name(&e.file_name().to_string_lossy()).is_some() {
+                if let Ok(bytes) = std::fs::read(&p) {
+                    out.insert(p, hex::encode(Sha256::digest(&bytes)));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Two daemons of two databases take one S3 replica from each other 50 times: each time the
+/// holder is frozen (SIGSTOP) at a random moment, the other takes over once the frozen lease
+/// has stayed unchanged for its TTL, and the frozen one is woken (SIGCONT) to finish whatever
+/// round it was in. With conditional writes, no object is ever replaced, the woken one writes
+/// nothing more, and after every takeover the replica restores to the new holder's database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_conditional_writes_keep_one_chain_through_50_takeovers() {
+    use rand::{RngExt, SeedableRng};
+    let Some(target) = Target::s3().await else {
+        return;
+    };
+    let dir = TestDir::new("single-writer-race");
+    tokio::task::block_in_place(|| {
+        let seed = common::seed("single_writer_race");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let Target::S3 { server, prefix } = &target else {
+            unreachable!("an S3 target")
+        };
+        let root = server.object_path(prefix);
+        let dbs = [dir.join("a.db"), dir.join("b.db")];
+        let mut writers = [Writer::open(&dbs[0], seed), Writer::open(&dbs[1], seed ^ 1)];
+        let cfgs = [
+            config(&dir, "a", &dbs[0], &target, "1s"),
+            config(&dir, "b", &dbs[1], &target, "1s"),
+        ];
+        writers[0].run(5);
+        let mut holder = start(&dir, &cfgs[0]);
+        let mut h = 0;
+        assert!(wait_started(&mut holder), "{}", dir.logs());
+        target.wait_for_upload(&dir);
+        let mut seen = objects(&root);
+        let mut restores = 0;
+        for round in 0..50 {
+            for _ in 0..rng.random_range(1..4) {
+                writers[h].commit_txn();
+                std::thread::sleep(Duration::from_millis(rng.random_range(0..40)));
+            }
+            std::thread::sleep(Duration::from_millis(rng.random_range(0..80)));
+            signal(&holder, "-STOP");
+            let c = 1 - h;
+            let deadline = Instant::now() + WAIT;
+            let mut challenger = loop {
+                let mut d = start(&dir, &cfgs[c]);
+                if wait_started(&mut d) {
+                    break d;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: no takeover\n{}",
+                    dir.logs()
+                );
+                std::thread::sleep(Duration::from_millis(150));
+            };
+            writers[c].run(rng.random_range(1..4));
+            // The replica restores to the new holder's database once it has caught up.
+            let deadline = Instant::now() + WAIT;
+            for attempt in 0.. {
+                let out = dir.join(&format!("round-{round}-{attempt}.db"));
+                if restore_quietly(&target, &out)
+                    && common::content_hash(&out) == common::content_hash(&dbs[c])
+                {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: the replica never restored to the new holder's database\n{}",
+                    dir.logs()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            restores += 1;
+            // The frozen one wakes in the middle of whatever it was doing: it must not write.
+            signal(&holder, "-CONT");
+            std::thread::sleep(Duration::from_millis(300));
+            holder.kill9();
+            let now = objects(&root);
+            for (path, hash) in &seen {
+                match now.get(path) {
+                    Some(h2) => {
+                        assert_eq!(h2, hash, "round {round}: {} was replaced", path.display())
+                    }
+                    // Retention may delete compacted files; never replace them.
+                    None => {}
+                }
+            }
+            seen.extend(now);
+            let out = dir.join(&format!("round-{round}-woken.db"));
+            assert!(
+                restore_quietly(&target, &out),
+                "round {round}: restore after the wake-up"
+            );
+            assert_same_content(
+                &dbs[c],
+                &out,
+                &format!("round {round}: after the old holder woke"),
+            );
+            let _ = challenger.running();
+            holder = challenger;
+            h = c;
+        }
+        holder.stop_ok();
+        let out = dir.join("final.db");
+        target.restore(&out);
+        assert_same_content(&dbs[h], &out, "the winner's database");
+        assert_eq!(restores, 50);
+    });
+}
+
+/// [`Target::restore`], answering whether it worked instead of failing the test.
+fn restore_quietly(target: &Target, out: &Path) -> bool {
+    let Target::S3 { server, prefix } = target else {
+        unreachable!("an S3 target")
+    };
+    Command::new(common::bin())
+        .args(["restore", "--to", s(out), &server.url(prefix)])
+        .env("AWS_ACCESS_KEY_ID", &server.access_key)
+        .env("AWS_SECRET_ACCESS_KEY", &server.secret_key)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}

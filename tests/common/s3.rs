@@ -7,7 +7,9 @@
 //! runtime, and it can be stopped and restarted on the same port ([`S3Server::stop`],
 //! [`S3Server::restart`]) to test outages. Every request is counted ([`S3Server::request_count`],
 //! [`S3Server::requests_by_op`]), which is what "no requests while idle" tests assert on, and
-//! server errors can be injected per operation ([`S3Server::fail_next`]).
+//! server errors can be injected per operation ([`S3Server::fail_next`]). Conditional writes
+//! (`If-None-Match`, `If-Match`) are decided atomically, as S3 decides them: s3s-fs alone
+//! checks the condition before reading the body.
 //!
 //! # Running the S3 tests against MinIO or a real bucket
 //!
@@ -465,6 +467,8 @@ async fn serve(
 ) {
     let http = ConnBuilder::new(TokioExecutor::new());
     let mut conns = JoinSet::new();
+    // Conditional writes are served one at a time, each once its body is whole.
+    let atomic = Arc::new(tokio::sync::Mutex::new(()));
     loop {
         tokio::select! {
             _ = &mut stop => break,
@@ -473,10 +477,31 @@ async fn serve(
                 let Ok((socket, _)) = accepted else { continue };
                 let service = service.clone();
                 let counters = counters.clone();
+                let atomic = atomic.clone();
                 let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     counters.total.fetch_add(1, Ordering::SeqCst);
                     let service = service.clone();
-                    async move { service.call(req.map(s3s::Body::from)).await }
+                    let atomic = atomic.clone();
+                    async move {
+                        let conditional = req.headers().contains_key("if-none-match")
+                            || req.headers().contains_key("if-match");
+                        if !conditional || req.method() == hyper::Method::GET {
+                            return service.call(req.map(s3s::Body::from)).await;
+                        }
+                        // s3s-fs checks a write's condition before it reads the body: a request
+                        // stalled mid-body would pass its check and then overwrite. S3 decides
+                        // atomically once the whole request is in; so do we.
+                        use http_body_util::BodyExt;
+                        let (parts, body) = req.into_parts();
+                        let bytes = match body.collect().await {
+                            Ok(b) => b.to_bytes(),
+                            Err(_) => bytes::Bytes::new(),
+                        };
+                        let _one_at_a_time = atomic.lock().await;
+                        service
+                            .call(hyper::Request::from_parts(parts, s3s::Body::from(bytes)))
+                            .await
+                    }
                 });
                 let http = http.clone();
                 conns.spawn(async move {
