@@ -28,10 +28,13 @@
 //! 6. A segment's WAL pages all come from the generation its scan saw: the WAL header's salts
 //!    are read again after the pages, and a restart in between drops the segment.
 //!
-//! The idle fast path needs the WAL file to end where our position does. Our restart write
-//! shrinks the WAL to one frame, except under a busy writer: then the WAL is reused in place
-//! (`Db::checkpoint` says why), such a database takes the full path on every tick, and the
-//! first tick after the writer has been quiet for a while shrinks it.
+//! The idle fast path compares the WAL's size and salts with what the last sync saw. Our
+//! restart write shrinks the WAL to one frame, except under a busy writer: then the WAL is
+//! reused in place (`Db::checkpoint` says why), and a reader of the application can also keep
+//! a restart from happening. In such a WAL, longer than our position, the fast path also
+//! reads the frame header where our position ends: a commit writes its first frame there with
+//! the current salts, a stale tail holds another generation's. The first quiet tick after
+//! the writer (or the reader) is gone shrinks the file.
 //!
 //! Dormancy (`dormant-after`, `dormant-max-size`): a small database whose WAL has not changed
 //! for a while closes its connection, so an idle database costs no descriptor, no shared-memory
@@ -476,11 +479,14 @@ pub struct Db {
     commit: u32,
     /// (WAL file size, salts) after the last full-path sync, for the idle fast path.
     fast: Option<(u64, u32, u32)>,
+    /// Where our position ends inside a WAL file that is longer than it (restarted in place,
+    /// or its restart blocked by a reader): the fast path also reads the frame header there.
+    fast_tail: Option<u64>,
     last_full_verify: Instant,
     last_checkpoint: Instant,
     dirty_since_checkpoint: bool,
     /// The WAL was restarted in place under a busy writer, so the file is longer than what
-    /// it holds and the idle fast path is off until a quiet tick shrinks it.
+    /// it holds until a quiet tick shrinks it (the fast path reads one more frame header).
     wal_oversized: bool,
     /// When a shrink of an oversized WAL was last tried (an application reader holding an
     /// old snapshot can make it fail; it is then retried once per checkpoint interval).
@@ -545,6 +551,7 @@ impl Db {
             sum: DbChecksum::default(),
             commit: 0,
             fast: None,
+            fast_tail: None,
             last_full_verify: now,
             last_checkpoint: now,
             dirty_since_checkpoint: false,
@@ -605,7 +612,8 @@ impl Db {
     }
 
     /// The idle fast path: one fstat of the database file (unlinked: replaced or removed),
-    /// one open, fstat and 32-byte read of the WAL header. Returns true
+    /// one open, fstat and 32-byte read of the WAL header (and, in a WAL longer than our
+    /// position, of the 24-byte frame header where it ends). Returns true
     /// when the tick can be skipped: the WAL is exactly as long as what was synced and its
     /// salts are unchanged (size alone is not enough: after a restart SQLite rewrites frames
     /// inside a file of unchanged size). A full verification still runs every
@@ -675,7 +683,23 @@ impl Db {
         }
         let s1 = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
         let s2 = u32::from_be_bytes([h[20], h[21], h[22], h[23]]);
-        s1 == salt1 && s2 == salt2
+        if s1 != salt1 || s2 != salt2 {
+            return false;
+        }
+        // A file longer than our position: a commit writes its first frame right there, with
+        // the current salts; a stale tail holds an older generation's frames.
+        if let Some(at) = self.fast_tail {
+            let mut fh = [0u8; 24];
+            if f.read_exact_at(&mut fh, at).is_err() {
+                return false;
+            }
+            let (f1, f2) = (
+                u32::from_be_bytes([fh[8], fh[9], fh[10], fh[11]]),
+                u32::from_be_bytes([fh[12], fh[13], fh[14], fh[15]]),
+            );
+            return (f1, f2) != (salt1, salt2);
+        }
+        true
     }
 
     /// Counts a skipped tick, unless a time-based checkpoint is due (then the tick must run).
@@ -1494,8 +1518,18 @@ impl Db {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(0),
             Err(_) => None,
         };
+        self.fast_tail = None;
         self.fast = match (self.mark, len) {
             (Some(m), Some(len)) if len == m.offset => Some((m.offset, m.salt1, m.salt2)),
+            // Longer than our position: whatever lies past it is a stale tail as long as the
+            // frame there is not of the current generation (see `unchanged_since_sync`).
+            (Some(m), Some(len)) if len > m.offset && m.offset >= WAL_HEADER_SIZE => {
+                self.fast_tail = Some(m.offset);
+                // However it got long (our restart in place, or the application's), a quiet
+                // tick shrinks it once no reader holds it.
+                self.wal_oversized = true;
+                Some((len, m.salt1, m.salt2))
+            }
             // An empty or missing WAL while we hold the read transaction: any commit makes it
             // grow, so size 0 is a sound idle marker.
             (None, Some(0)) if self.continuous => Some((0, 0, 0)),
