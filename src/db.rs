@@ -627,7 +627,8 @@ impl Db {
     pub fn fast_path_skip(&mut self, now: Instant) -> bool {
         if self.dormant.is_none()
             && (now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval
-                || self.dormancy_due(now))
+                || self.dormancy_due(now)
+                || self.shrink_due(now))
         {
             return false;
         }

@@ -139,6 +139,11 @@ struct Stats {
     startup_refusals: u64,
     compared: u64,
     pruned: u64,
+    wipes: u64,
+    added_replicas: u64,
+    staging_lost: u64,
+    publish_failures: u64,
+    replaced: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -152,6 +157,11 @@ impl std::ops::AddAssign for Stats {
         self.startup_refusals += o.startup_refusals;
         self.compared += o.compared;
         self.pruned += o.pruned;
+        self.wipes += o.wipes;
+        self.added_replicas += o.added_replicas;
+        self.staging_lost += o.staging_lost;
+        self.publish_failures += o.publish_failures;
+        self.replaced += o.replaced;
     }
 }
 
@@ -160,7 +170,9 @@ impl std::fmt::Display for Stats {
         write!(
             f,
             "phases {} writer-procs {} kill-9 {} fault-runs {} injected-faults {} s3-outages {} \
-             startup-refusals {} restores-compared {} pruned-points {}",
+             startup-refusals {} restores-compared {} pruned-points {} replica-wipes {} \
+             replicas-added {} staging-lost-while-s3-down {} publish-failures {} \
+             databases-replaced {}",
             self.phases,
             self.writer_procs,
             self.kills,
@@ -169,7 +181,12 @@ impl std::fmt::Display for Stats {
             self.s3_outages,
             self.startup_refusals,
             self.compared,
-            self.pruned
+            self.pruned,
+            self.wipes,
+            self.added_replicas,
+            self.staging_lost,
+            self.publish_failures,
+            self.replaced
         )
     }
 }
@@ -215,6 +232,8 @@ struct Cycle {
     config: PathBuf,
     socket: PathBuf,
     file_replica: PathBuf,
+    /// A directory replica added half-way through some cycles (seeded when it starts).
+    file2_replica: PathBuf,
     s3_url: String,
     s3_dir: PathBuf,
     access_key: String,
@@ -420,6 +439,7 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
         config: dir.join("replicad.yml"),
         socket: dir.join("ctl.sock"),
         file_replica: dir.join("replica"),
+        file2_replica: dir.join("replica2"),
         s3_url: server.url(&prefix),
         s3_dir: server.object_path(&prefix),
         access_key: server.access_key.clone(),
@@ -434,39 +454,52 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
             )
         })
         .collect();
-    let config = format!(
-        "monitor-interval: {}ms\n\
-         checkpoint-interval: {}ms\n\
-         min-checkpoint-page-count: {}\n\
-         compression: {codec}\n\
-         verify-interval: {}\n\
-         shutdown-sync-timeout: 60s\n\
-         levels:\n{}\
-         snapshot:\n  interval: {}ms\n  retention: 3s\n\
-         l0-retention: {}\n\
-         l0-retention-check-interval: 1s\n\
-         socket:\n  enabled: true\n  path: {}\n\
-         dbs:\n\
-         \x20 - path: {}\n\
-         \x20   meta-path: {}\n\
-         \x20   replicas:\n\
-         \x20     - name: file\n\
-         \x20       url: file://{}\n\
-         \x20     - name: s3\n\
-         \x20       url: \"{}\"\n",
+    let (monitor_ms, checkpoint_ms, min_pages) = (
         rng.random_range(20..120),
         rng.random_range(300..3000),
         [16, 64, 256, 1000][rng.random_range(0..4)],
-        if rng.random_bool(0.3) { "2s" } else { "0s" },
-        levels.concat(),
-        rng.random_range(2000..5000),
-        if short_l0 { "2s" } else { "10m" },
-        c.socket.display(),
-        c.db.display(),
-        c.staging.display(),
-        c.file_replica.display(),
-        c.s3_url,
     );
+    let verify = if rng.random_bool(0.3) { "2s" } else { "0s" };
+    let snapshot_ms = rng.random_range(2000..5000);
+    let config_text = |with_file2: bool| {
+        let file2 = if with_file2 {
+            format!(
+                "\x20     - name: file2\n\x20       url: file://{}\n",
+                c.file2_replica.display()
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "monitor-interval: {monitor_ms}ms\n\
+             checkpoint-interval: {checkpoint_ms}ms\n\
+             min-checkpoint-page-count: {min_pages}\n\
+             compression: {codec}\n\
+             verify-interval: {verify}\n\
+             shutdown-sync-timeout: 60s\n\
+             levels:\n{}\
+             snapshot:\n  interval: {snapshot_ms}ms\n  retention: 3s\n\
+             l0-retention: {}\n\
+             l0-retention-check-interval: 1s\n\
+             socket:\n  enabled: true\n  path: {}\n\
+             dbs:\n\
+             \x20 - path: {}\n\
+             \x20   meta-path: {}\n\
+             \x20   replicas:\n\
+             \x20     - name: file\n\
+             \x20       url: file://{}\n\
+             \x20     - name: s3\n\
+             \x20       url: \"{}\"\n{file2}",
+            levels.concat(),
+            if short_l0 { "2s" } else { "10m" },
+            c.socket.display(),
+            c.db.display(),
+            c.staging.display(),
+            c.file_replica.display(),
+            c.s3_url,
+        )
+    };
+    let config = config_text(false);
     write_file(&c.config, &config);
     println!("cycle {n}: codec {codec} short-l0-retention {short_l0}");
 
@@ -478,9 +511,35 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
     let mut prev = c.sync_txid(5);
     let mut recorded: Vec<(u64, String)> = vec![(prev, content_hash(&c.db))];
 
+    // From which recorded point on each replica (file, s3, file2) holds the history: a wipe
+    // starts a replica anew, and a replica added half-way has nothing from before.
+    let mut valid_from = [0usize; 3];
+    let mut file2_on = false;
+    let mut file_wiped = false;
+    // A directory where the next staged segment goes: its publish fails until it is removed.
+    let mut obstacle: Option<PathBuf> = None;
+
     let phases = rng.random_range(3..=6);
     for phase in 0..phases {
         st.phases += 1;
+        if phase > 0 && rng.random_bool(0.1) {
+            // Local state lost while the S3 server is down: the daemon restarts without its
+            // staging, S3 is unreachable at its start, and once back it continues (re-seeded
+            // where staging no longer holds what it needs).
+            c.sync_txid(5);
+            if let Some(d) = daemon.take() {
+                d.kill9();
+                st.kills += 1;
+            }
+            if server.is_serving() {
+                rt.block_on(server.stop());
+                st.s3_outages += 1;
+            }
+            fs::remove_dir_all(&c.staging).unwrap();
+            st.staging_lost += 1;
+            drilled = false;
+            daemon = Some(c.spawn(None));
+        }
         let k = rng.random_range(1..=3);
         let mut writers: Vec<Child> = (0..k)
             .map(|i| {
@@ -498,7 +557,35 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
                 c.context()
             );
             sleep(Duration::from_millis(rng.random_range(50..400)));
+            if obstacle.is_some() && rng.random_bool(0.5) {
+                let _ = fs::remove_dir_all(obstacle.take().unwrap());
+            }
             let x: f64 = rng.random();
+            if (0.32..0.36).contains(&x) && daemon.is_some() {
+                // A replica's files deleted behind the running daemon.
+                let which = rng.random_range(0..2);
+                let _ = fs::remove_dir_all(if which == 0 {
+                    &c.file_replica
+                } else {
+                    &c.s3_dir
+                });
+                file_wiped |= which == 0;
+                valid_from[which] = recorded.len();
+                st.wipes += 1;
+                continue;
+            }
+            if (0.36..0.40).contains(&x) && obstacle.is_none() {
+                let next = max_txid_under(&c.staging.join("ltx/0")) + 1;
+                let at = c
+                    .staging
+                    .join("ltx/0")
+                    .join(format!("{next:016x}-{next:016x}.ltx"));
+                if fs::create_dir(&at).is_ok() {
+                    obstacle = Some(at);
+                    st.publish_failures += 1;
+                }
+                continue;
+            }
             if x < 0.2 {
                 if let Some(d) = daemon.take() {
                     d.kill9();
@@ -531,7 +618,11 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
                 c.context()
             );
         }
-        // Outages end with the phase: the recorded point needs a daemon that has synced.
+        // Outages and obstacles end with the phase: the recorded point needs a daemon that
+        // has synced.
+        if let Some(at) = obstacle.take() {
+            let _ = fs::remove_dir_all(at);
+        }
         if !server.is_serving() {
             rt.block_on(server.restart());
         }
@@ -558,6 +649,40 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
                 st.kills += 1;
             }
             drilled = false;
+        }
+        if !file2_on && rng.random_bool(0.15) {
+            // A replica added to the config: the restarted daemon seeds it.
+            if let Some(d) = daemon.take() {
+                d.kill9();
+                st.kills += 1;
+            }
+            write_file(&c.config, &config_text(true));
+            file2_on = true;
+            valid_from[2] = recorded.len();
+            st.added_replicas += 1;
+        }
+        if rng.random_bool(0.1) {
+            // The database file replaced under the daemon (the writers are done): a copy with
+            // a few rows fewer renamed over it, its old WAL gone.
+            let new = c.dir.join("db/replacement.db");
+            let _ = fs::remove_file(&new);
+            rusqlite::Connection::open(&c.db)
+                .unwrap()
+                .execute("VACUUM INTO ?1", [s(&new)])
+                .unwrap();
+            {
+                let n = rusqlite::Connection::open(&new).unwrap();
+                n.execute_batch(
+                    "PRAGMA journal_mode=WAL; \
+                     DELETE FROM t0 WHERE rowid IN (SELECT rowid FROM t0 ORDER BY rowid LIMIT 3);",
+                )
+                .unwrap();
+            }
+            for side in ["-wal", "-shm"] {
+                let _ = fs::remove_file(format!("{}{side}", c.db.display()));
+            }
+            fs::rename(&new, &c.db).unwrap();
+            st.replaced += 1;
         }
         if down_until_phase_end || daemon.is_none() {
             daemon = Some(c.spawn(None));
@@ -596,7 +721,10 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
     );
     recorded.push((final_txid, final_hash.clone()));
     let deadline = Instant::now() + Duration::from_secs(90);
-    while max_txid_under(&c.file_replica) < final_txid || max_txid_under(&c.s3_dir) < final_txid {
+    while max_txid_under(&c.file_replica) < final_txid
+        || max_txid_under(&c.s3_dir) < final_txid
+        || (file2_on && max_txid_under(&c.file2_replica) < final_txid)
+    {
         assert!(
             Instant::now() < deadline,
             "cycle {n}: replicas did not reach {final_txid:#x}; {}",
@@ -607,7 +735,7 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
     d.stop_ok();
     st.injected = count_injected(c.dir.path());
 
-    if !short_l0 {
+    if !short_l0 && !file_wiped {
         assert_l0_contiguous(&c.file_replica);
     }
 
@@ -618,12 +746,22 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
     }
     points.sort();
     points.dedup();
-    for (name, replica) in [
-        ("file", s(&c.file_replica).to_string()),
-        ("s3", c.s3_url.clone()),
-    ] {
-        let targets = std::iter::once((None, final_hash.clone()))
-            .chain(points.iter().map(|(t, h)| (Some(*t), h.clone())));
+    let mut replicas = vec![
+        ("file", s(&c.file_replica).to_string(), valid_from[0]),
+        ("s3", c.s3_url.clone(), valid_from[1]),
+    ];
+    if file2_on {
+        replicas.push(("file2", s(&c.file2_replica).to_string(), valid_from[2]));
+    }
+    for (name, replica, from) in replicas {
+        // Points from before a wipe (or before the replica was added) are not on it.
+        let valid: Vec<u64> = recorded[from..].iter().map(|(t, _)| *t).collect();
+        let targets = std::iter::once((None, final_hash.clone())).chain(
+            points
+                .iter()
+                .filter(|(t, _)| valid.contains(t))
+                .map(|(t, h)| (Some(*t), h.clone())),
+        );
         for (txid, hash) in targets {
             let out = c.dir.join(&format!(
                 "restored-{name}-{}.db",
