@@ -7,29 +7,35 @@
 //!
 //! Protocol (every step is one request):
 //! - **Acquire**, before the replica is listed at start: read the lease. If another instance
-//!   holds it and refreshed it less than *its* TTL ago, refuse (the daemon exits 1 with an
-//!   error naming the holder's host, pid and database). A lease left by a previous run of the
-//!   same database on the same host whose process is gone (or whose pid is ours: a container
-//!   restart) is taken over at once; any other lease only once it is older than its TTL.
-//!   Then write ours and read it back: when two instances start together, the last writer
-//!   wins and the other sees it and refuses.
+//!   holds it and refreshed it less than *its* TTL ago by our clock, refuse (the daemon exits
+//!   1 with an error naming the holder's host, pid and database). A lease left by a previous
+//!   run of the same database on the same host whose process is gone (or whose pid is ours: a
+//!   container restart) is taken over at once. Any other lease that looks expired is watched
+//!   for its TTL on our monotonic clock and taken over only if it did not change (a live
+//!   holder rewrites it every TTL/2): a clock that disagrees can delay a takeover, never make
+//!   one early.
+//! - **Mode**, learnt once by a probe at acquire: a write conditional on a version no object
+//!   has must be refused where the store honours conditions (AWS S3, MinIO, R2, s3s). Then
+//!   every write of the lease is a compare-and-swap (`If-None-Match: *` when absent,
+//!   `If-Match: <ETag>` to replace what we read or wrote), so two instances can never both
+//!   take it, and the S3 client puts objects with `If-None-Match: *`. Elsewhere (directory
+//!   replicas, stores without conditions) a write is followed by a read-back: when two
+//!   instances start together, the last writer wins and the other sees it and refuses.
 //! - **Check**, before each upload round: read the lease (one GET) and stop if it is not ours.
 //!   An idle replica sends nothing for this.
 //! - **Refresh**, when the lease is older than half its TTL (on the upload path or on an idle
-//!   wake-up): check, then rewrite it with a new timestamp. So an idle replica costs two
-//!   requests per TTL/2 (default 10 min: two requests every 5 min).
+//!   wake-up): check, then rewrite it (conditionally on our last version). So an idle replica
+//!   costs two requests per TTL/2 (default 10 min: two requests every 5 min).
 //! - **Release** on a clean shutdown: delete it if it is still ours.
-//!
-//! Liveness compares the holder's wall-clock timestamp with the reader's clock: hosts writing
-//! one replica need clocks within a small fraction of the TTL (NTP; S3 itself refuses requests
-//! skewed by more than 15 minutes). A lease whose timestamp lies in the future counts as live.
 //!
 //! Invariant: a replica whose lease another instance took makes no further write: its upload
 //! task stops, loudly, and `/readyz` reports it. A lease that vanished (the replica wiped, or
 //! the lease deleted alone) is taken again after one listing (see [`crate::replica`]).
-//! Residual window: a check and the PUTs of its round are not atomic; an instance that was
-//! paused for longer than the TTL between its check and its PUT can still write one round
-//! after a takeover. The next check stops it.
+//! Residual window without conditional writes: a check and the PUTs of its round are not
+//! atomic; an instance paused for longer than the TTL between its check and its PUT can still
+//! write one round after a takeover (the next check stops it). With conditional writes that
+//! round's objects are refused, since the new holder's objects already hold those TXIDs or
+//! will be refused in turn (see `Replica::diverged`).
 
 use std::fmt;
 use std::sync::OnceLock;

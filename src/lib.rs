@@ -17,6 +17,11 @@
 //! 3. A frame is never checkpointed out of the WAL before it is durable in a local segment.
 //! 4. Restore writes to `<to>.tmp`, verifies, fsyncs, then renames; it never replaces an
 //!    existing database unless forced.
+//! 5. Every replica converges: one whose chain cannot be continued from staging is re-seeded
+//!    with a snapshot of the live database ([`replica`], [`db::SeedSnapshot`]).
+//! 6. No silent states: a database or replica that is not protected is healing (retry,
+//!    reopen, re-seed) or reported ([`health`]: `/readyz`, `/status`, metrics, the log,
+//!    systemd STATUS, and a non-zero exit when shutdown leaves anything not uploaded).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]

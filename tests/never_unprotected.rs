@@ -572,3 +572,66 @@ fn a_wal_whose_restart_a_reader_blocked_goes_back_to_the_idle_fast_path() {
     d.stop_ok();
     restored_equals(&dir, &a, &db, "after-the-tail.db");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_s3_server_down_at_start_is_caught_up_once_it_starts() {
+    let mut server = common::s3::S3Server::start().await;
+    if server.is_external() {
+        eprintln!("skipped: needs the in-process S3 server (it is stopped and started)");
+        return;
+    }
+    let dir = TestDir::new("s3-down-at-start");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 10, "first");
+    server.stop().await;
+    let port = free_port();
+    let cfg = dir.join("s3.yml");
+    fs::write(
+        &cfg,
+        format!(
+            "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\nmax-lag: 300ms\ndbs:\n  - path: {}\n    replicas:\n      - name: dir\n        url: {}\n      - name: s3\n        url: \"{}\"\n        access-key-id: {}\n        secret-access-key: {}\n",
+            db.display(),
+            a.display(),
+            server.url("down/app.db"),
+            server.access_key,
+            server.secret_key
+        ),
+    )
+    .unwrap();
+    let d = spawn_replicate(dir.path(), &["--config", s(&cfg)]);
+    tokio::task::block_in_place(|| {
+        wait_until(&dir, "the directory replica to be written", || {
+            max_replica_txid(&a) > 0
+        });
+        wait_until(&dir, "/readyz to name the S3 replica", || {
+            let (code, body) = get(port, "/readyz");
+            code == 503 && body.contains("replica s3") && body.contains("unreachable")
+        });
+        insert(&c, 10, "while-down");
+    });
+    server.restart().await;
+    tokio::task::block_in_place(|| {
+        insert(&c, 10, "back");
+        // Ready means every replica, S3 included, holds the database's TXID.
+        wait_until(&dir, "the S3 replica to catch up", || {
+            let (code, body) = get(port, "/status");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            code == 200
+                && ready(port)
+                && v["databases"][0]["replicas"][1]["lag_txids"].as_u64() == Some(0)
+        });
+        d.stop_ok();
+        let out = dir.join("from-s3.db");
+        let o = Command::new(bin())
+            .args(["restore", "--to", s(&out), &server.url("down/app.db")])
+            .env("AWS_ACCESS_KEY_ID", &server.access_key)
+            .env("AWS_SECRET_ACCESS_KEY", &server.secret_key)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_same_content(&db, &out, "from S3");
+        restored_equals(&dir, &a, &db, "from-dir.db");
+    });
+}
