@@ -77,7 +77,7 @@ use crate::staging::Staging;
 use crate::wal::{self, WAL_HEADER_SIZE, WalError, WalHeader};
 
 mod seed;
-pub use seed::{SeedReply, SeedRequests, SeedSnapshot};
+pub use seed::{SeedRequest, SeedRequests, SeedSnapshot};
 
 /// Most WAL bytes one segment covers; a larger backlog is cut into several segments.
 pub const MAX_SYNC_WAL_BYTES: u64 = 64 * 1024 * 1024;
@@ -503,12 +503,16 @@ pub struct Db {
     feed: SegmentFeed,
     stats: Arc<DbStats>,
     page_buf: Vec<u8>,
+    /// Set while a sync serves a seed request: the connection must stay open for the seed.
+    keep_awake: bool,
     /// Where seed snapshots are built (`<meta>/seed`), and the last one built.
     seed_dir: PathBuf,
     last_seed: Option<std::sync::Weak<SeedSnapshot>>,
+    /// The header time of the last seed built for a position without one of its own.
+    seed_time: Option<(TxId, i64)>,
     /// Replicas' seed requests: the sender is handed out, the receiver taken by the monitor.
     seed_tx: SeedRequests,
-    seed_rx: Option<tokio::sync::mpsc::UnboundedReceiver<SeedReply>>,
+    seed_rx: Option<tokio::sync::mpsc::UnboundedReceiver<SeedRequest>>,
 }
 
 impl Db {
@@ -528,8 +532,10 @@ impl Db {
         let (seed_tx, seed_rx) = tokio::sync::mpsc::unbounded_channel();
         let now = Instant::now();
         Db {
+            keep_awake: false,
             seed_dir: meta.join("seed"),
             last_seed: None,
+            seed_time: None,
             seed_tx,
             seed_rx: Some(seed_rx),
             wal_path: PathBuf::from(wal_path),
@@ -589,6 +595,14 @@ impl Db {
         self.feed.subscribe()
     }
 
+    /// A sync that leaves the database open (not dormant), for a seed built right after it.
+    pub fn sync_awake(&mut self) -> Result<usize, DbError> {
+        self.keep_awake = true;
+        let r = self.sync(true);
+        self.keep_awake = false;
+        r
+    }
+
     /// Where replicas ask this database for a seed snapshot.
     pub fn seed_requests(&self) -> SeedRequests {
         self.seed_tx.clone()
@@ -597,7 +611,7 @@ impl Db {
     /// The receiving end of [`Db::seed_requests`], for the monitor (once).
     pub fn take_seed_requests(
         &mut self,
-    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<SeedReply>> {
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<SeedRequest>> {
         self.seed_rx.take()
     }
 
@@ -731,6 +745,9 @@ impl Db {
     /// Time to close the connection: idle long enough (at once when open connections exceed
     /// the descriptor budget), small enough, and nothing pending.
     fn dormancy_due(&self, now: Instant) -> bool {
+        if self.keep_awake {
+            return false;
+        }
         let after = self.settings.dormant_after;
         let Some(open) = &self.open else { return false };
         let pressed = AWAKE.load(Ordering::Relaxed) > AWAKE_BUDGET.load(Ordering::Relaxed);

@@ -112,7 +112,7 @@ impl FileClient {
         let dest = self.file_path(level, min, max);
         let io = |e| StorageError::from_io("put", &dest, e);
         fsutil::create_dir_all_durable(&self.level_dir(level)).map_err(io)?;
-        let tmp = fsutil::tmp_path(&dest);
+        let tmp = fsutil::unique_tmp_path(&dest);
         let size = fs::copy(src, &tmp).map_err(|e| {
             let _ = fs::remove_file(&tmp);
             match e.kind() {
@@ -249,7 +249,7 @@ impl ReplicaClient for FileClient {
         blocking(move || {
             let io = |e| StorageError::from_io("put", &path, e);
             fsutil::create_dir_all_durable(&root).map_err(io)?;
-            let tmp = fsutil::tmp_path(&path);
+            let tmp = fsutil::unique_tmp_path(&path);
             fs::write(&tmp, &data).map_err(|e| {
                 let _ = fs::remove_file(&tmp);
                 io(e)

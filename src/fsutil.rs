@@ -14,6 +14,18 @@ pub fn tmp_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// A temporary sibling of `path` no other writer uses (`<name>.<pid>-<random>.tmp`): two
+/// processes writing one name (two daemons on one replica) must never share a temporary file.
+pub fn unique_tmp_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(format!(
+        ".{}-{:016x}.tmp",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    PathBuf::from(s)
+}
+
 /// fsyncs a directory so a rename or unlink inside it is durable.
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()

@@ -112,6 +112,20 @@ pub enum LeaseError {
         /// The new holder, or a description when there is none.
         holder: String,
     },
+    /// Another instance's lease looks expired: it is taken over only once it stayed unchanged
+    /// for its TTL, which a start does not wait for (the replica connects in the background).
+    #[error(
+        "replica {replica} is held by {holder}, whose lease looks expired: taking it over once \
+         it has stayed unchanged for its TTL ({ttl_s}s)"
+    )]
+    Expired {
+        /// Replica location.
+        replica: String,
+        /// The holder.
+        holder: Box<LeaseRecord>,
+        /// Its TTL in seconds.
+        ttl_s: u64,
+    },
     /// Our lease object is gone (the replica was emptied, or the lease deleted alone).
     #[error(
         "the lease of replica {replica} was removed (the replica was emptied, or its lease \
@@ -146,6 +160,7 @@ impl LeaseError {
     /// True if retrying later may succeed (storage hiccups only).
     pub fn is_retryable(&self) -> bool {
         matches!(self, LeaseError::Storage { error, .. } if error.is_retryable())
+            || matches!(self, LeaseError::Expired { .. })
     }
 
     /// True if another writer is involved (held, lost or foreign lease), as opposed to a
@@ -153,7 +168,7 @@ impl LeaseError {
     pub fn is_conflict(&self) -> bool {
         !matches!(
             self,
-            LeaseError::Storage { .. } | LeaseError::Vanished { .. }
+            LeaseError::Storage { .. } | LeaseError::Vanished { .. } | LeaseError::Expired { .. }
         )
     }
 
@@ -327,6 +342,11 @@ impl Lease {
             // Refused, without writing: 412, or 404 where the lease does not exist (AWS).
             Err(StorageError::Conflict { .. } | StorageError::NotFound(_)) => Mode::Conditional,
             Ok(_) => Mode::ReadCheck,
+            // A store that rejects the header itself (400, 501) has no conditional writes.
+            Err(e @ StorageError::Permanent { .. }) => {
+                tracing::info!(replica = %self.client.location(), error = %e, "conditional writes refused; keeping the lease with read-backs");
+                Mode::ReadCheck
+            }
             Err(e) => return Err(self.storage(e)),
         };
         Ok(())
@@ -345,6 +365,16 @@ impl Lease {
 
     /// Takes the lease (see the module docs), or says who holds it.
     pub async fn acquire(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        self.acquire_inner(counters, true).await
+    }
+
+    /// [`Lease::acquire`]; without `watch`, a lease that looks expired is
+    /// [`LeaseError::Expired`] instead of being watched for its TTL.
+    async fn acquire_inner(
+        &mut self,
+        counters: &ReplicaCounters,
+        watch: bool,
+    ) -> Result<(), LeaseError> {
         let replica = self.client.location();
         let mut version = None;
         if let Some((held, v)) = self.read_versioned(counters).await? {
@@ -358,6 +388,12 @@ impl Lease {
                 return Err(LeaseError::Held {
                     replica,
                     age_s: age_ms / 1000,
+                    ttl_s: held.ttl_ms / 1000,
+                    holder: Box::new(held),
+                });
+            } else if !watch {
+                return Err(LeaseError::Expired {
+                    replica,
                     ttl_s: held.ttl_ms / 1000,
                     holder: Box::new(held),
                 });
@@ -451,7 +487,8 @@ impl Lease {
             crate::retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut attempt = 1;
         loop {
-            match self.acquire(counters).await {
+            match self.acquire_inner(counters, false).await {
+                Err(e @ LeaseError::Expired { .. }) => return Err(e),
                 Err(e) if e.is_retryable() && attempt < attempts => {
                     tracing::debug!(attempt, error = %e, "taking the lease failed; retrying");
                     attempt += 1;
@@ -464,9 +501,9 @@ impl Lease {
 
     /// Checks that the lease is still ours (one GET), and refreshes it when due.
     pub async fn check(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
-        match self.read(counters).await? {
-            Some(held) if self.is_mine(&held) => {}
-            Some(other) => {
+        let version = match self.read_versioned(counters).await? {
+            Some((held, v)) if self.is_mine(&held) => v,
+            Some((other, _)) => {
                 return Err(LeaseError::Lost {
                     replica: self.client.location(),
                     holder: other.to_string(),
@@ -477,6 +514,10 @@ impl Lease {
                     replica: self.client.location(),
                 });
             }
+        };
+        // The version just read is ours (a refresh whose answer was lost moved it on).
+        if version.is_some() {
+            self.version = version;
         }
         if self.refresh_in().is_zero() {
             let cond = Self::replacing(self.version.clone());
@@ -485,17 +526,18 @@ impl Lease {
                     error: StorageError::Conflict { .. },
                     ..
                 }) => {
-                    // Our version is no longer there: another instance wrote the lease.
-                    let holder = self
-                        .read(counters)
-                        .await
-                        .ok()
-                        .flatten()
-                        .map_or_else(|| "unknown".to_string(), |h| h.to_string());
-                    return Err(LeaseError::Lost {
-                        replica: self.client.location(),
-                        holder,
-                    });
+                    // Changed between our read and our write: ours still (adopt its
+                    // version), or another instance's.
+                    match self.read_versioned(counters).await? {
+                        Some((held, v)) if self.is_mine(&held) => self.version = v,
+                        other => {
+                            return Err(LeaseError::Lost {
+                                replica: self.client.location(),
+                                holder: other
+                                    .map_or_else(|| "nobody".to_string(), |(h, _)| h.to_string()),
+                            });
+                        }
+                    }
                 }
                 r => r?,
             }

@@ -181,10 +181,8 @@ impl Replica {
     /// in the background (lease, then listing), with backoff, while the others go ahead. It
     /// is reported as not protected until then.
     pub fn deferred(mut self, why: String) -> Replica {
-        tracing::error!(db = %self.db, replica = %self.name, error = %why, "replica unreachable at start; replicating to the others and connecting to it in the background");
-        self.stats
-            .health
-            .fail(format!("not written: unreachable since start: {why}"));
+        tracing::error!(db = %self.db, replica = %self.name, error = %why, "replica not connected at start; replicating to the others and connecting to it in the background");
+        self.stats.health.fail(format!("not written: {why}"));
         self.deferred = true;
         self
     }
@@ -195,13 +193,12 @@ impl Replica {
     async fn connect(&mut self, db_txid: TxId) -> Result<(), RoundError> {
         self.lease.acquire(&self.stats.counters).await?;
         let tip = self.init_with(1).await.map_err(RoundError::Storage)?;
-        if tip.txid > db_txid {
-            return Err(RoundError::Ahead {
-                remote: tip.txid,
-                db: db_txid,
-            });
-        }
-        if tip.full_reason.is_some() || (tip.page_size != 0 && tip.page_size != self.page_size()) {
+        // Beyond the database's position (its local state was lost while this replica was
+        // down, or another chain), or a chain that is not ours: a seed after it.
+        if tip.txid > db_txid
+            || tip.full_reason.is_some()
+            || (tip.page_size != 0 && tip.page_size != self.page_size())
+        {
             self.pending_seed = Some(SeedReason::Behind);
         }
         tracing::info!(db = %self.db, replica = %self.name, remote_txid = %tip.txid, "replica connected");
@@ -469,9 +466,16 @@ impl Replica {
             let path = self.staging.path(txid);
             let header = match self.staging.header(txid) {
                 Ok(h) => h,
-                Err(e) => {
+                Err(e) if !path.exists() => {
                     tracing::debug!(db = %self.db, replica = %self.name, %txid, error = %e, "next segment not in staging");
                     return Err(RoundError::NeedsSeed(self.seed_reason()));
+                }
+                Err(e) => {
+                    return Err(RoundError::Storage(StorageError::Transient {
+                        op: "read staged segment",
+                        key: path.display().to_string(),
+                        reason: e.to_string(),
+                    }));
                 }
             };
             let started = Instant::now();
@@ -524,7 +528,7 @@ impl Replica {
 
     /// Re-seeds the replica: asks the database for a snapshot of its current state, stores
     /// it at level 9, and moves the remote position to it.
-    async fn reseed(&mut self, reason: SeedReason) -> Result<(), RoundError> {
+    async fn reseed(&mut self, reason: SeedReason, db_txid: TxId) -> Result<(), RoundError> {
         let seed_err = |why: String| {
             RoundError::Seed(StorageError::Transient {
                 op: "seed",
@@ -540,8 +544,11 @@ impl Replica {
         };
         tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, reason = reason.label(), "{}: re-seeding it with a snapshot of the live database", reason.explain());
         let (tx, rx) = tokio::sync::oneshot::channel();
+        // Holding TXIDs the database has not reached (or the same one, from another chain):
+        // the database moves past them first.
+        let past = (self.remote.0 > 0 && self.remote >= db_txid).then_some(self.remote);
         seeds
-            .send(tx)
+            .send(crate::db::SeedRequest { past, reply: tx })
             .map_err(|_| seed_err("the database's monitor has stopped".into()))?;
         let seed = rx
             .await
@@ -567,26 +574,7 @@ impl Replica {
         let bytes = put.as_ref().map_or(0, |info| info.size);
         PHASES.record(Phase::Upload, bytes, started.elapsed());
         self.stats.counters.observe(0, started, &put);
-        let info = match put {
-            // Our own snapshot of that TXID (maintenance wrote it): as good as the seed.
-            Err(StorageError::Conflict { .. })
-                if self
-                    .index
-                    .level(level)
-                    .iter()
-                    .any(|f| f.max_txid == seed.txid) =>
-            {
-                LtxFileInfo {
-                    level,
-                    min_txid: TxId(1),
-                    max_txid: seed.txid,
-                    size: bytes,
-                    created_at: chrono::Utc::now(),
-                    encrypted: false,
-                }
-            }
-            put => put.map_err(RoundError::Storage)?,
-        };
+        let info = put.map_err(RoundError::Storage)?;
         tracing::info!(db = %self.db, replica = %self.name, txid = %seed.txid, bytes, elapsed = ?started.elapsed(), reason = reason.label(), "replica re-seeded");
         self.wiped = false;
         self.stats.counters.reseeds[reason as usize].inc();
@@ -603,16 +591,22 @@ impl Replica {
         let listed = self.client.list_all().await;
         self.stats.counters.observe(2, started, &listed);
         let files = listed.map_err(RoundError::Storage)?;
-        let tip = files.iter().map(|f| f.max_txid).max().unwrap_or_default();
-        if tip < self.remote {
-            tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, listed_tip = %tip, "the replica was emptied or truncated behind replicad's back (its lease vanished with its files)");
+        // Intact only if it still restores up to our position: an upload racing the wipe can
+        // leave the newest file standing with nothing under it.
+        let restorable = crate::restore::calc_plan(&files, None)
+            .ok()
+            .and_then(|plan| plan.last().map(|f| f.max_txid));
+        if restorable.is_none_or(|t| t < self.remote) {
+            tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, restorable = ?restorable, "the replica was emptied or truncated behind replicad's back (its lease vanished with its files)");
             self.index = RemoteIndex::default();
             for f in files {
                 self.index.insert(f);
             }
-            self.remote = tip;
-            self.stats.remote_txid.store(tip.0, Ordering::Relaxed);
-            self.stats.counters.txid.set(tip.0 as i64);
+            // From nothing: a seed, then every staged segment after it again (objects that
+            // survived compare equal and are kept).
+            self.remote = TxId(0);
+            self.stats.remote_txid.store(0, Ordering::Relaxed);
+            self.stats.counters.txid.set(0);
             self.wiped = true;
             self.send_ack();
         } else {
@@ -700,18 +694,19 @@ impl Replica {
                     }
                     self.connect(target).await?;
                 }
-                if let Some(reason) = self.pending_seed {
-                    self.reseed(reason).await?;
-                    self.pending_seed = None;
-                }
-                let checked = if self.remote < target || growing.is_some() {
-                    self.lease.check(&self.stats.counters).await
-                } else {
-                    self.lease.refresh_if_due(&self.stats.counters).await
-                };
+                let checked =
+                    if self.remote < target || growing.is_some() || self.pending_seed.is_some() {
+                        self.lease.check(&self.stats.counters).await
+                    } else {
+                        self.lease.refresh_if_due(&self.stats.counters).await
+                    };
                 match checked {
                     Err(e) if e.is_vanished() => self.lease_vanished().await?,
                     r => r?,
+                }
+                if let Some(reason) = self.pending_seed {
+                    self.reseed(reason, target).await?;
+                    self.pending_seed = None;
                 }
                 if let Some(seg) = &growing {
                     self.upload_growing(seg)
@@ -720,12 +715,12 @@ impl Replica {
                 }
                 match self.upload_until(target).await {
                     Err(RoundError::NeedsSeed(reason)) => {
-                        self.reseed(reason).await?;
+                        self.reseed(reason, target).await?;
                         self.upload_until(target).await
                     }
                     Err(RoundError::Diverged(txid)) => {
                         self.diverged(txid).await?;
-                        self.reseed(SeedReason::Behind).await?;
+                        self.reseed(SeedReason::Behind, target).await?;
                         self.pending_seed = None;
                         self.upload_until(target).await
                     }
@@ -751,11 +746,6 @@ impl Replica {
                 }
                 Err(RoundError::Lease(e)) if e.is_conflict() => {
                     self.lease_lost(&e);
-                    return;
-                }
-                Err(e @ RoundError::Ahead { .. }) => {
-                    tracing::error!(db = %self.db, replica = %self.name, error = %e, "replica stopped");
-                    self.stats.health.stop(format!("stopped: {e}"));
                     return;
                 }
                 Err(RoundError::NotYet) => Some(Duration::from_secs(1)),
@@ -819,18 +809,6 @@ enum RoundError {
     /// Another writer stored this TXID with other bytes.
     #[error("another writer stored TXID {0} on the replica")]
     Diverged(TxId),
-    /// A replica connected late holds more than the database: another chain.
-    #[error(
-        "the replica holds TXID {remote}, beyond the database's {db}: it was written by a run \
-         whose local state is gone; give this database a new replica path, or restart replicad \
-         while this replica is reachable to continue its chain"
-    )]
-    Ahead {
-        /// The replica's tip.
-        remote: TxId,
-        /// The database's position.
-        db: TxId,
-    },
     /// A deferred replica waits for the database's first position.
     #[error("waiting for the database's first sync")]
     NotYet,

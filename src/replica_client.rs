@@ -275,18 +275,14 @@ pub async fn put_new<C: ReplicaClient + Sync>(
     match client.put(level, min, max, src, timestamp_ms).await {
         Err(StorageError::Conflict { op, key }) => {
             if same_content(client, level, min, max, src).await? {
-                let size = tokio::fs::metadata(src)
-                    .await
-                    .map_err(|e| StorageError::from_io("put", src, e))?
-                    .len();
-                Ok(LtxFileInfo {
-                    level,
-                    min_txid: min,
-                    max_txid: max,
-                    size,
-                    created_at: Utc::now(),
-                    encrypted: false,
-                })
+                // As listed (its stored size, and whether it is the encrypted name).
+                let listed = client.list(level).await?;
+                listed
+                    .into_iter()
+                    .find(|f| (f.min_txid, f.max_txid) == (min, max))
+                    .ok_or(StorageError::NotFound(crate::ltx::format_filename(
+                        min, max,
+                    )))
             } else {
                 Err(StorageError::Conflict { op, key })
             }
@@ -383,6 +379,15 @@ impl AnyClient {
             AnyClient::File(_) => true,
             AnyClient::Age(c) => c.plain().is_local(),
             _ => false,
+        }
+    }
+
+    /// The root directory of a directory replica (through the age wrapper too).
+    pub fn local_root(&self) -> Option<&Path> {
+        match self {
+            AnyClient::File(c) => Some(c.root()),
+            AnyClient::Age(c) => c.plain().local_root(),
+            _ => None,
         }
     }
 

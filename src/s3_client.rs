@@ -963,8 +963,9 @@ where
         (Some(c), None) => c.clone(),
         _ => aws_sdk_s3::error::DisplayErrorContext(&e).to_string(),
     };
+    // 409 ConditionalRequestConflict: two conditional writes raced; the retry decides.
     let permanent_status =
-        matches!(status, Some(Some(s)) if (400..500).contains(&s) && !matches!(s, 408 | 429));
+        matches!(status, Some(Some(s)) if (400..500).contains(&s) && !matches!(s, 408 | 409 | 429));
     if permanent_status
         || matches!(
             code.as_deref(),

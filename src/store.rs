@@ -37,7 +37,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::compaction::RetentionPolicy;
 use crate::config::{Config, DbConfig};
-use crate::db::{Db, DbError, DbPos, DbStats, RemoteTip, SeedReply};
+use crate::db::{Db, DbError, DbPos, DbStats, RemoteTip, SeedRequest};
 use crate::discovery::Discovery;
 use crate::dormant_watch::{DormantWatch, Parked};
 use crate::lease::Lease;
@@ -338,8 +338,12 @@ impl StoreCore {
                 .await
             {
                 Ok(()) => None,
-                // Unreachable for now: the others go ahead; this one connects when it can.
-                Err(e) if e.is_retryable() => Some(e.to_string()),
+                // Another host's lease to watch for its TTL, or unreachable for now: the
+                // others go ahead; this one connects in the background.
+                Err(e @ crate::lease::LeaseError::Expired { .. }) => {
+                    Some(format!("waiting to take its lease over: {e}"))
+                }
+                Err(e) if e.is_retryable() => Some(format!("unreachable since start: {e}")),
                 Err(e) => {
                     // Hand back what this database already took: the other instance may need
                     // those replicas too.
@@ -391,7 +395,7 @@ impl StoreCore {
                 .map_err(|e| StoreError::Io(e.to_string()))?;
             match r.init_with(STARTUP_LIST_ATTEMPTS).await {
                 Err(e) if e.is_retryable() => {
-                    replicas.push(r.deferred(e.to_string()));
+                    replicas.push(r.deferred(format!("unreachable since start: {e}")));
                     continue;
                 }
                 Ok(t) => {
@@ -628,6 +632,9 @@ pub fn unprotected(dbs: &[DbHandle]) -> Vec<String> {
                     "database {db}: replica {name}: holds TXID {remote} of {}: not fully uploaded{why}",
                     txid.0
                 ));
+            } else if let Some(p) = r.health.problem() {
+                // Holding as much as the database, but not its chain (a seed still owed).
+                out.push(format!("database {db}: replica {name}: {}", p.reason));
             }
         }
     }
@@ -674,7 +681,7 @@ fn maintenance_of(s: &crate::config::DbSettings, tmp_dir: std::path::PathBuf) ->
 #[allow(clippy::too_many_arguments)]
 async fn monitor(
     mut db: Db,
-    mut seeds: Option<tokio::sync::mpsc::UnboundedReceiver<SeedReply>>,
+    mut seeds: Option<tokio::sync::mpsc::UnboundedReceiver<SeedRequest>>,
     lock: Arc<StagingLock>,
     mut acks: Vec<watch::Receiver<TxId>>,
     ingest: CancellationToken,
@@ -694,7 +701,7 @@ async fn monitor(
     let mut opened = false;
     let stats = db.stats();
     // Replicas waiting for a seed snapshot.
-    let mut wanted: Vec<SeedReply> = Vec::new();
+    let mut wanted: Vec<SeedRequest> = Vec::new();
     // While dormant, the watch checks the files instead of our own ticks; we wake for a
     // change, a request, or an upload to prune after.
     let mut parked: Option<Parked> = None;
@@ -736,8 +743,16 @@ async fn monitor(
             permits.clone().acquire_owned().await.ok()
         };
         let want_seed = !wanted.is_empty();
+        let past = wanted.iter().filter_map(|r| r.past).max();
         let (back, (result, seed)) = match run_blocking(db, move |d| {
-            let r = d.sync(true);
+            if let Some(txid) = past {
+                d.continue_after(txid);
+            }
+            let r = if want_seed {
+                d.sync_awake()
+            } else {
+                d.sync(true)
+            };
             let seed = (want_seed && r.is_ok()).then(|| d.build_seed());
             (r, seed)
         })
@@ -755,13 +770,13 @@ async fn monitor(
         db = back;
         match seed {
             Some(Ok(snap)) => {
-                for reply in wanted.drain(..) {
-                    let _ = reply.send(Ok(snap.clone()));
+                for r in wanted.drain(..) {
+                    let _ = r.reply.send(Ok(snap.clone()));
                 }
             }
             Some(Err(e)) => {
-                for reply in wanted.drain(..) {
-                    let _ = reply.send(Err(e.to_string()));
+                for r in wanted.drain(..) {
+                    let _ = r.reply.send(Err(e.to_string()));
                 }
             }
             None => {}

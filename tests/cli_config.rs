@@ -123,6 +123,15 @@ fn restore_with_config_picks_the_named_replica_and_defaults_to_the_db_path() {
     let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 10);
     assert_eq!(rows[9]["level"], 9);
+    // Each row carries the segment's own time, as restore reads it from the header.
+    for r in rows.as_array().unwrap() {
+        let ts = r["timestamp"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no timestamp: {r}"));
+        let t = chrono::DateTime::parse_from_rfc3339(ts).unwrap();
+        assert!(t.timestamp() > 1_700_000_000, "{r}");
+        assert!(r["stored"].is_string(), "{r}");
+    }
 }
 
 /// A replica that fails every upload keeps the drain waiting; a second SIGTERM ends it at

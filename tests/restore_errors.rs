@@ -177,6 +177,57 @@ fn empty_replica_fails_unless_if_replica_exists() {
 }
 
 #[test]
+fn a_replica_directory_that_does_not_exist_is_not_an_empty_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.db");
+    let missing = dir.path().join("no-such-replica");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "restore",
+            "-o",
+            out.to_str().unwrap(),
+            "--if-replica-exists",
+        ];
+        args.extend_from_slice(extra);
+        args.push(missing.to_str().unwrap());
+        Command::new(env!("CARGO_BIN_EXE_replicad"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    let o = run(&[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("does not exist") && err.contains("--if-replica-missing-ok"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let o = run(&["--if-replica-missing-ok"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn a_directory_as_the_output_is_refused_before_any_work() {
+    let f = Fixture::new();
+    fs::create_dir(f.out()).unwrap();
+    let o = f.restore(&["--force"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("is a directory"), "{err}");
+    assert!(
+        !f.dir.path().join("out.db.tmp").exists(),
+        "a tmp was written"
+    );
+}
+
+#[test]
 fn usage_errors_exit_2() {
     let bin = env!("CARGO_BIN_EXE_replicad");
     let cases: &[&[&str]] = &[

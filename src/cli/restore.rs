@@ -52,9 +52,14 @@ pub struct RestoreArgs {
     /// Do nothing, successfully, if the output database already exists.
     #[arg(long)]
     pub if_db_not_exists: bool,
-    /// Do nothing, successfully, if the replica holds no backup.
+    /// Do nothing, successfully, if the replica holds no backup. A directory replica whose
+    /// directory does not exist is still an error (a typo must not start an application on
+    /// an empty database), unless --if-replica-missing-ok.
     #[arg(long)]
     pub if_replica_exists: bool,
+    /// With --if-replica-exists: a directory replica that does not exist counts as empty.
+    #[arg(long, requires = "if_replica_exists")]
+    pub if_replica_missing_ok: bool,
     /// Print the plan (files, levels, sizes) and write nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -121,6 +126,12 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
             ));
         }
     };
+    if !args.dry_run && to.is_dir() {
+        return Err(CliError::Usage(format!(
+            "--to {} is a directory: give the path of the database file to write",
+            to.display()
+        )));
+    }
     if !args.dry_run && !args.while_replicating && to.exists() {
         let meta = match meta_of_db {
             Some((path, Some(meta))) if path == to => meta,
@@ -153,6 +164,15 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
     let plan = match restore::plan(&client, target).await {
         Ok(plan) => plan,
         Err(RestoreError::NoBackups(_)) if args.if_replica_exists => {
+            if let Some(root) = client.local_root().filter(|r| !r.exists())
+                && !args.if_replica_missing_ok
+            {
+                return Err(CliError::Runtime(anyhow!(
+                    "replica directory {} does not exist (a typo?); nothing was restored. \
+                     Pass --if-replica-missing-ok to treat a missing replica like an empty one",
+                    root.display()
+                )));
+            }
             println!(
                 "no backups found on {}, skipping restore",
                 client.location()

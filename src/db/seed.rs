@@ -44,13 +44,36 @@ impl Drop for SeedSnapshot {
     }
 }
 
-/// A replica's request for a seed: answered with the snapshot, or why it could not be built.
-pub type SeedReply = oneshot::Sender<Result<Arc<SeedSnapshot>, String>>;
+/// A replica's request to its database's monitor for a seed snapshot.
+#[derive(Debug)]
+pub struct SeedRequest {
+    /// The replica holds TXIDs up to this one, at or beyond the database's position (another
+    /// writer's files, or this database's own history when its local state was lost): the
+    /// database first moves past it ([`Db::continue_after`]), so that the seed and everything
+    /// after it land on TXIDs no replica has.
+    pub past: Option<TxId>,
+    /// The snapshot, or why it could not be built.
+    pub reply: oneshot::Sender<Result<Arc<SeedSnapshot>, String>>,
+}
 
-/// Where replicas send [`SeedReply`] requests to their database's monitor.
-pub type SeedRequests = mpsc::UnboundedSender<SeedReply>;
+/// Where replicas send [`SeedRequest`]s to their database's monitor.
+pub type SeedRequests = mpsc::UnboundedSender<SeedRequest>;
 
 impl Db {
+    /// Moves the position past `txid`, which a replica holds at or beyond ours: TXID
+    /// `txid + 1` is skipped and the next sync writes a full segment at `txid + 2`, so no
+    /// replica's chain can take it for a continuation of its own (every replica behind it is
+    /// then re-seeded, which is what they need: their chains and ours part there).
+    pub fn continue_after(&mut self, txid: TxId) {
+        if txid < self.pos {
+            return;
+        }
+        tracing::warn!(db = %self.path.display(), txid = %self.pos, replica_tip = %txid, "a replica holds TXIDs at or beyond this database's position; continuing after them with a full segment");
+        self.reopen("a replica holds TXIDs at or beyond this database's position");
+        self.remote_tip.txid = TxId(txid.0 + 1);
+        self.remote_tip.post_apply_checksum = 0;
+    }
+
     /// Builds a seed snapshot at the current position (right after a sync). Reuses the last
     /// one while the position has not moved and a replica still holds it.
     pub fn build_seed(&mut self) -> Result<Arc<SeedSnapshot>, DbError> {
@@ -91,10 +114,14 @@ impl Db {
                 (p, src.map_or(PageSrc::DbFile, PageSrc::Wal))
             })
             .collect();
-        let timestamp = match self.pos_tx.borrow().timestamp_ms {
-            0 => now_ms(),
-            t => t,
+        // A position known only from a replica has no timestamp: the first seed's time is
+        // kept, so that a seed built again for a retry holds the same bytes.
+        let timestamp = match (self.pos_tx.borrow().timestamp_ms, self.seed_time) {
+            (0, Some((txid, t))) if txid == self.pos => t,
+            (0, _) => now_ms(),
+            (t, _) => t,
         };
+        self.seed_time = Some((self.pos, timestamp));
         let header = Header {
             flags: if self.checksums {
                 0
@@ -109,9 +136,12 @@ impl Db {
             ..Header::default()
         };
         fsutil::create_dir_all_durable(&self.seed_dir).map_err(io_err("create", &self.seed_dir))?;
-        let path = self
-            .seed_dir
-            .join(crate::ltx::format_filename(TxId(1), self.pos));
+        // A name of its own: an older seed of the same TXID may still be dropping its file.
+        let path = self.seed_dir.join(format!(
+            "{}.{:016x}",
+            crate::ltx::format_filename(TxId(1), self.pos),
+            rand::random::<u64>()
+        ));
         let tmp = fsutil::tmp_path(&path);
         let built = self.encode_seed(&tmp, header, wal_file.as_ref(), &pages);
         let built = built.and_then(|post| {
