@@ -33,8 +33,9 @@
 //! reused in place (`Db::checkpoint` says why), and a reader of the application can also keep
 //! a restart from happening. In such a WAL, longer than our position, the fast path also
 //! reads the frame header where our position ends: a commit writes its first frame there with
-//! the current salts, a stale tail holds another generation's. The first quiet tick after
-//! the writer (or the reader) is gone shrinks the file.
+//! the current salts, a stale tail holds another generation's. After our own restart in
+//! place, the first quiet tick once the writer (and any reader holding it) is gone shrinks
+//! the file.
 //!
 //! Dormancy (`dormant-after`, `dormant-max-size`): a small database whose WAL has not changed
 //! for a while closes its connection, so an idle database costs no descriptor, no shared-memory
@@ -1543,9 +1544,6 @@ impl Db {
             // frame there is not of the current generation (see `unchanged_since_sync`).
             (Some(m), Some(len)) if len > m.offset && m.offset >= WAL_HEADER_SIZE => {
                 self.fast_tail = Some(m.offset);
-                // However it got long (our restart in place, or the application's), a quiet
-                // tick shrinks it once no reader holds it.
-                self.wal_oversized = true;
                 Some((len, m.salt1, m.salt2))
             }
             // An empty or missing WAL while we hold the read transaction: any commit makes it
