@@ -354,6 +354,18 @@ impl Cycle {
     }
 }
 
+/// The highest TXID at which `replica` was re-seeded, from the daemons' logs (0: never).
+fn seeded_up_to(logs: &str, replica: &str) -> u64 {
+    logs.lines()
+        .filter(|l| l.contains("replica re-seeded") && l.contains(&format!("replica={replica} ")))
+        .filter_map(|l| {
+            let at = l.find(" txid=")? + " txid=".len();
+            u64::from_str_radix(l[at..].split_whitespace().next()?, 16).ok()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Whether a `.tmp` file (a segment being written) is anywhere under `dir`.
 fn has_tmp(dir: &Path) -> bool {
     let Ok(rd) = fs::read_dir(dir) else {
@@ -773,8 +785,14 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
                 String::from_utf8_lossy(&o.stdout),
                 String::from_utf8_lossy(&o.stderr)
             );
-            if !o.status.success() && short_l0 && txid.is_some_and(|t| t < final_txid) {
-                // Pruned by the 2 s level-0 retention: a clean refusal, nothing written.
+            // A point at or before a seed of this replica was restorable only through the
+            // seed snapshot, which the 3 s snapshot retention may have removed since.
+            let before_seed = txid.is_some_and(|t| t <= seeded_up_to(&c.dir.logs_all(), name));
+            if !o.status.success()
+                && (short_l0 || before_seed)
+                && txid.is_some_and(|t| t < final_txid)
+            {
+                // Pruned by retention: a clean refusal, nothing written.
                 assert_eq!(o.status.code(), Some(1), "cycle {n}: {text}");
                 assert!(
                     !out.exists(),

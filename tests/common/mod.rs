@@ -80,6 +80,16 @@ impl TestDir {
     pub fn logs(&self) -> String {
         logs(&self.path)
     }
+
+    /// Every line of every daemon log under this directory.
+    pub fn logs_all(&self) -> String {
+        let Ok(rd) = fs::read_dir(self.path.join("logs")) else {
+            return String::new();
+        };
+        rd.flatten()
+            .map(|e| fs::read_to_string(e.path()).unwrap_or_default())
+            .collect()
+    }
 }
 
 impl Drop for TestDir {
