@@ -108,6 +108,8 @@ pub struct Replica {
     deferred: bool,
     /// A seed to store before anything else (set when a late listing asks for a new chain).
     pending_seed: Option<SeedReason>,
+    /// A file of ours was found missing: list the replica before the next upload.
+    recheck: bool,
 }
 
 /// Why a replica was re-seeded (the `reason` label of `replicad_replica_reseeds_total`).
@@ -174,6 +176,7 @@ impl Replica {
             wiped: false,
             deferred: false,
             pending_seed: None,
+            recheck: false,
         }
     }
 
@@ -258,6 +261,18 @@ impl Replica {
         let mut tip = RemoteTip::default();
         let mut newest = None;
         let files = self.list_with_retries(attempts).await?;
+        // Files that do not restore up to their own tip (a wipe that spared the newest, or
+        // history retired without a snapshot): the chain starts over with a seed.
+        let tip_txid = files.iter().map(|f| f.max_txid).max().unwrap_or_default();
+        let broken = tip_txid.0 > 0
+            && crate::restore::calc_plan(&files, None)
+                .ok()
+                .and_then(|p| p.last().map(|f| f.max_txid))
+                .is_none_or(|t| t < tip_txid);
+        if broken {
+            tracing::warn!(db = %self.db, replica = %self.name, tip = %tip_txid, "the replica's files do not restore up to its newest one; it gets a seed snapshot");
+            self.pending_seed = Some(SeedReason::Wiped);
+        }
         for f in &files {
             self.index.insert(f.clone());
         }
@@ -429,6 +444,11 @@ impl Replica {
                 }
                 Err(e) => {
                     tracing::warn!(db = %self.db, replica = %self.name, ?job, error = %e, "maintenance failed; retrying at its next interval");
+                    // A file we stored is gone: the replica may have been wiped around a
+                    // lease write (which then survived); the next round lists it.
+                    if matches!(e, StorageError::NotFound(_)) {
+                        self.recheck = true;
+                    }
                 }
             }
         }
@@ -583,37 +603,43 @@ impl Replica {
         Ok(())
     }
 
-    /// Our lease vanished: one listing tells a wiped (or truncated) replica, whose position
-    /// then goes back to what it still holds, from a lease deleted alone. Then the lease is
-    /// taken again.
+    /// Our lease vanished: one listing tells a wiped (or truncated) replica from a lease
+    /// deleted alone. Then the lease is taken again.
     async fn lease_vanished(&mut self) -> Result<(), RoundError> {
-        let started = Instant::now();
-        let listed = self.client.list_all().await;
-        self.stats.counters.observe(2, started, &listed);
-        let files = listed.map_err(RoundError::Storage)?;
-        // Intact only if it still restores up to our position: an upload racing the wipe can
-        // leave the newest file standing with nothing under it.
-        let restorable = crate::restore::calc_plan(&files, None)
-            .ok()
-            .and_then(|plan| plan.last().map(|f| f.max_txid));
-        if restorable.is_none_or(|t| t < self.remote) {
-            tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, restorable = ?restorable, "the replica was emptied or truncated behind replicad's back (its lease vanished with its files)");
-            self.index = RemoteIndex::default();
-            for f in files {
-                self.index.insert(f);
-            }
-            // From nothing: a seed, then every staged segment after it again (objects that
-            // survived compare equal and are kept).
-            self.remote = TxId(0);
-            self.stats.remote_txid.store(0, Ordering::Relaxed);
-            self.stats.counters.txid.set(0);
-            self.wiped = true;
-            self.send_ack();
-        } else {
+        if !self.recheck_listing().await? {
             tracing::warn!(db = %self.db, replica = %self.name, "the replica's lease object was removed but its files are intact; taking the lease again");
         }
         self.lease.acquire(&self.stats.counters).await?;
         Ok(())
+    }
+
+    /// Lists the replica and, unless it still restores up to our position, starts it over:
+    /// a seed, then every staged segment after it again (objects that survived compare
+    /// equal and are kept). An upload racing the wipe can leave the newest file standing with
+    /// nothing under it, so the test is the restore plan, not the tip. True when it was wiped.
+    async fn recheck_listing(&mut self) -> Result<bool, RoundError> {
+        self.recheck = false;
+        let started = Instant::now();
+        let listed = self.client.list_all().await;
+        self.stats.counters.observe(2, started, &listed);
+        let files = listed.map_err(RoundError::Storage)?;
+        let restorable = crate::restore::calc_plan(&files, None)
+            .ok()
+            .and_then(|plan| plan.last().map(|f| f.max_txid));
+        if restorable.is_some_and(|t| t >= self.remote) {
+            return Ok(false);
+        }
+        tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, restorable = ?restorable, "the replica was emptied or truncated behind replicad's back");
+        self.index = RemoteIndex::default();
+        for f in files {
+            self.index.insert(f);
+        }
+        self.remote = TxId(0);
+        self.stats.remote_txid.store(0, Ordering::Relaxed);
+        self.stats.counters.txid.set(0);
+        self.wiped = true;
+        self.send_ack();
+        Ok(true)
     }
 
     /// Uploads the segment after the remote position while it is being staged (see
@@ -703,6 +729,9 @@ impl Replica {
                 match checked {
                     Err(e) if e.is_vanished() => self.lease_vanished().await?,
                     r => r?,
+                }
+                if self.recheck {
+                    self.recheck_listing().await?;
                 }
                 if let Some(reason) = self.pending_seed {
                     self.reseed(reason, target).await?;
