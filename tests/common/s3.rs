@@ -495,7 +495,12 @@ async fn serve(
                         let (parts, body) = req.into_parts();
                         let bytes = match body.collect().await {
                             Ok(b) => b.to_bytes(),
-                            Err(_) => bytes::Bytes::new(),
+                            // The client went away mid-body: nothing is written, as on S3.
+                            Err(_) => {
+                                let mut r = hyper::Response::new(s3s::Body::from(bytes::Bytes::new()));
+                                *r.status_mut() = hyper::StatusCode::BAD_REQUEST;
+                                return Ok(r);
+                            }
                         };
                         let _one_at_a_time = atomic.lock().await;
                         service
