@@ -271,7 +271,6 @@ impl Replica {
                 .is_none_or(|t| t < tip_txid);
         if broken {
             tracing::warn!(db = %self.db, replica = %self.name, tip = %tip_txid, "the replica's files do not restore up to its newest one; it gets a seed snapshot");
-            self.pending_seed = Some(SeedReason::Wiped);
         }
         for f in &files {
             self.index.insert(f.clone());
@@ -327,9 +326,13 @@ impl Replica {
             let ms = f.created_at.timestamp_millis().max(0) as u64;
             self.stats.remote_timestamp_ms.store(ms, Ordering::Relaxed);
         }
-        self.remote = tip.txid;
-        self.stats.remote_txid.store(tip.txid.0, Ordering::Relaxed);
-        self.stats.counters.txid.set(tip.txid.0 as i64);
+        // A replica that does not restore holds nothing usable: it starts over from a seed
+        // (the database still continues after its tip, so no TXID is used twice).
+        let holds = if broken { TxId(0) } else { tip.txid };
+        self.wiped |= broken;
+        self.remote = holds;
+        self.stats.remote_txid.store(holds.0, Ordering::Relaxed);
+        self.stats.counters.txid.set(holds.0 as i64);
         self.send_ack();
         Ok(tip)
     }
