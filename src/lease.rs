@@ -197,7 +197,7 @@ fn host_name() -> String {
 }
 
 /// True unless the process `pid` certainly does not exist on this host.
-fn pid_alive(pid: u32) -> bool {
+pub(crate) fn pid_alive(pid: u32) -> bool {
     let Some(pid) = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)

@@ -28,17 +28,20 @@ pub struct StagedTip {
     pub post_apply_checksum: u64,
 }
 
-/// The exclusive lock of one database's local state (`<meta>/lock`): one daemon per database.
-/// Held (an open descriptor with `flock`) for as long as the value lives.
+/// The claim of one database's local state (`<meta>/lock`): one daemon per database. The file
+/// names the claiming process; a claim by a process that is gone (a crash, kill -9) or by our
+/// own pid (a container restarted as pid 1) is free. No descriptor is held while it lives (at
+/// 10,000 databases that would be 10,000 descriptors); `flock` only makes the claim itself
+/// atomic. Removed when the value is dropped.
 #[derive(Debug)]
 pub struct StagingLock {
-    _file: File,
+    path: PathBuf,
 }
 
 impl StagingLock {
-    /// Takes the lock in `meta` (creating the directory), or says which process holds it.
+    /// Claims `meta` (creating the directory), or says which live process holds it.
     pub fn acquire(meta: &Path) -> Result<StagingLock, String> {
-        use std::io::Write;
+        use std::io::{Seek, Write};
         fsutil::create_dir_all_durable(meta)
             .map_err(|e| format!("create {}: {e}", meta.display()))?;
         let path = meta.join("lock");
@@ -49,36 +52,46 @@ impl StagingLock {
             .truncate(false)
             .open(&path)
             .map_err(|e| format!("open {}: {e}", path.display()))?;
-        if let Err(e) =
-            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-        {
-            let holder = fs::read_to_string(&path).unwrap_or_default();
-            return Err(match e {
-                rustix::io::Errno::WOULDBLOCK => format!(
-                    "another replicad already replicates this database (pid {}, lock {}); \
-                     run one daemon per database, with every replica in its config",
-                    holder.trim(),
-                    path.display()
-                ),
-                e => format!("lock {}: {e}", path.display()),
-            });
+        // Two daemons claiming at once take turns here; the descriptor closes below.
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| format!("lock {}: {e}", path.display()))?;
+        let mut text = String::new();
+        let _ = file.read_to_string(&mut text);
+        if let Some(pid) = claimed_by_another(&text) {
+            return Err(format!(
+                "another replicad already replicates this database (pid {pid}, lock {}); \
+                 run one daemon per database, with every replica in its config",
+                path.display()
+            ));
         }
-        let _ = file.set_len(0);
-        let _ = write!(file, "{}", std::process::id());
-        Ok(StagingLock { _file: file })
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| write!(file, "{}", std::process::id()))
+            .and_then(|()| file.sync_data())
+            .map_err(|e| format!("write {}: {e}", path.display()))?;
+        Ok(StagingLock { path })
     }
 
-    /// True when a live process holds the lock of `meta` (used before writing over a
-    /// database: a running daemon would keep replicating the file it has open).
+    /// True when a live process (other than this one) has claimed `meta` (checked before
+    /// writing over a database: a running daemon would keep replicating the file it has open).
     pub fn is_held(meta: &Path) -> bool {
-        let Ok(file) = File::open(meta.join("lock")) else {
-            return false;
-        };
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
-            Ok(()) => false,
-            Err(e) => e == rustix::io::Errno::WOULDBLOCK,
+        fs::read_to_string(meta.join("lock")).is_ok_and(|t| claimed_by_another(&t).is_some())
+    }
+}
+
+impl Drop for StagingLock {
+    fn drop(&mut self) {
+        if fs::read_to_string(&self.path).is_ok_and(|t| t.trim() == std::process::id().to_string())
+        {
+            let _ = fs::remove_file(&self.path);
         }
     }
+}
+
+/// The pid in a claim, when it is a live process other than this one.
+fn claimed_by_another(text: &str) -> Option<u32> {
+    let pid: u32 = text.trim().parse().ok()?;
+    (pid != std::process::id() && crate::lease::pid_alive(pid)).then_some(pid)
 }
 
 impl Staging {
