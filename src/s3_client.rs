@@ -454,6 +454,29 @@ impl S3Client {
         Ok(())
     }
 
+    /// The PUT of an auxiliary object `key` (the lease): whole, with the replica's
+    /// server-side encryption.
+    async fn aux_put(
+        &self,
+        key: &str,
+        data: Vec<u8>,
+    ) -> Result<aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder, StorageError>
+    {
+        let c = self.client().await?;
+        let mut req = c
+            .put_object()
+            .bucket(&self.cfg.bucket)
+            .key(key)
+            .content_length(data.len() as i64)
+            .body(ByteStream::from(data));
+        if let Some(kms) = &self.cfg.sse_kms_key_id {
+            req = req
+                .server_side_encryption("aws:kms".into())
+                .ssekms_key_id(kms);
+        }
+        Ok(with_sse_c!(self, req))
+    }
+
     /// Reads a small object `name` at the replica's root.
     pub async fn get_small(&self, name: &str) -> Result<Vec<u8>, StorageError> {
         let key = format!("{}{name}", self.prefix());
@@ -1150,19 +1173,7 @@ impl ReplicaClient for S3Client {
 
     async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
         let key = format!("{}{name}", self.prefix());
-        let c = self.client().await?;
-        let mut req = c
-            .put_object()
-            .bucket(&self.cfg.bucket)
-            .key(&key)
-            .content_length(data.len() as i64)
-            .body(ByteStream::from(data));
-        if let Some(kms) = &self.cfg.sse_kms_key_id {
-            req = req
-                .server_side_encryption("aws:kms".into())
-                .ssekms_key_id(kms);
-        }
-        req = with_sse_c!(self, req);
+        let req = self.aux_put(&key, data).await?;
         req.send().await.map_err(|e| classify("put", &key, e))?;
         Ok(())
     }
@@ -1197,19 +1208,7 @@ impl ReplicaClient for S3Client {
         cond: WriteIf,
     ) -> Result<Option<String>, StorageError> {
         let key = format!("{}{name}", self.prefix());
-        let c = self.client().await?;
-        let mut req = c
-            .put_object()
-            .bucket(&self.cfg.bucket)
-            .key(&key)
-            .content_length(data.len() as i64)
-            .body(ByteStream::from(data));
-        if let Some(kms) = &self.cfg.sse_kms_key_id {
-            req = req
-                .server_side_encryption("aws:kms".into())
-                .ssekms_key_id(kms);
-        }
-        req = with_sse_c!(self, req);
+        let mut req = self.aux_put(&key, data).await?;
         let probe = cond == WriteIf::Version(PROBE_VERSION.into());
         req = match &cond {
             WriteIf::Absent => req.if_none_match("*"),

@@ -139,19 +139,7 @@ impl Target {
 
     /// Restores the latest state to `out`.
     fn restore(&self, out: &Path) {
-        let mut cmd = Command::new(common::bin());
-        cmd.args(["restore", "--to", s(out)]);
-        match self {
-            Target::File(p) => {
-                cmd.arg(p);
-            }
-            Target::S3 { server, prefix } => {
-                cmd.arg(server.url(prefix))
-                    .env("AWS_ACCESS_KEY_ID", &server.access_key)
-                    .env("AWS_SECRET_ACCESS_KEY", &server.secret_key);
-            }
-        }
-        let o = cmd.output().unwrap();
+        let o = restore_output(self, out);
         assert!(
             o.status.success(),
             "restore failed: {}{}",
@@ -696,6 +684,11 @@ async fn s3_conditional_writes_keep_one_chain_through_50_takeovers() {
 
 /// [`Target::restore`], answering whether it worked instead of failing the test.
 fn restore_quietly(target: &Target, out: &Path) -> bool {
+    restore_output(target, out).status.success()
+}
+
+/// `replicad restore --to OUT` of the target's replica.
+fn restore_output(target: &Target, out: &Path) -> std::process::Output {
     let mut cmd = Command::new(common::bin());
     cmd.args(["restore", "--to", s(out)]);
     match target {
@@ -708,5 +701,5 @@ fn restore_quietly(target: &Target, out: &Path) -> bool {
                 .env("AWS_SECRET_ACCESS_KEY", &server.secret_key);
         }
     }
-    cmd.output().is_ok_and(|o| o.status.success())
+    cmd.output().expect("run replicad restore")
 }
