@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use replicad::config::DbSettings;
-use replicad::db::{Db, RemoteTip};
-use replicad::wal;
+use replicad::replicate::db::{Db, RemoteTip};
+use replicad::sqlite::wal;
 
 /// Counts allocations made by the thread that set `COUNTING`.
 struct CountingAlloc;

@@ -24,10 +24,10 @@ use criterion::{
     BenchmarkGroup, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
     measurement::WallTime,
 };
-use replicad::file_client::FileClient;
 use replicad::ltx::{self, Codec, Decoder, Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId};
-use replicad::replica_client::{AnyClient, SNAPSHOT_LEVEL};
 use replicad::restore::{self, RestoreOptions, Target};
+use replicad::storage::file::FileClient;
+use replicad::storage::{AnyClient, SNAPSHOT_LEVEL};
 
 const CODECS: [Codec; 5] = [
     Codec::Lz4,

@@ -69,7 +69,7 @@
 //!   top-level only. `snapshot` or `retention` with no value (all sub-keys commented
 //!   out) means the defaults.
 //! - `addr` (top level only, default off): where the HTTP endpoint listens (`/metrics`,
-//!   `/healthz`, `/readyz`, see [`crate::http`]). `":9090"` or `"9090"` means
+//!   `/healthz`, `/readyz`, see [`crate::ops::http`]). `":9090"` or `"9090"` means
 //!   **127.0.0.1:9090**: unlike Litestream, which then listens on every interface, replicad
 //!   binds the loopback address unless a host is given (`"0.0.0.0:9090"` for every interface,
 //!   `"[::]:9090"`, `"10.0.0.5:9090"`, `"localhost:9090"`). An empty value means off. The
@@ -88,7 +88,7 @@
 //!   line's `--log-level` take precedence over `level`. An empty `logging` means defaults.
 //! - `socket` (top level only, as Litestream): a map with `enabled` (default false), `path`
 //!   (default `/var/run/replicad.sock`) and `permissions` (an octal string, default
-//!   `"0600"`): the control socket of `replicad sync` ([`crate::control`]).
+//!   `"0600"`): the control socket of `replicad sync` ([`crate::ops::control`]).
 //! - `max-lag` (top level only, replicad's own, default 60s): `/readyz` reports a replica
 //!   ready while it holds the database's TXID or its newest uploaded segment is less than
 //!   this much older than the database's newest segment.
@@ -106,7 +106,7 @@
 //!   replicas (in any database) may share a destination: a directory for file replicas,
 //!   (endpoint, bucket, path) for S3 replicas.
 //! - A `dbs` entry may name a directory instead of one database (**directory discovery**,
-//!   [`crate::discovery`]): `dir` (absolute after `~` expansion and
+//!   [`crate::daemon::discovery`]): `dir` (absolute after `~` expansion and
 //!   [`std::path::absolute`]; `replicate` refuses to start unless it is an existing
 //!   directory, [`Config::check_dirs`]),
 //!   `pattern` (a glob on the file name, default `*`; the file header decides what is a
@@ -162,13 +162,17 @@ use std::time::Duration;
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
-use crate::age_keys::AgeKeys;
 use crate::ltx::Codec;
-use crate::replica_client::AnyClient;
-use crate::s3_client::{
+use crate::storage::AnyClient;
+use crate::storage::age::keys::AgeKeys;
+use crate::storage::s3::{
     DEFAULT_PART_SIZE, S3Client, S3Config, Secret, parse_size, reject_skip_verify,
 };
 
+/// Default of `lease-ttl`: how long a replica's single-writer lease stays valid unrefreshed.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(600);
+/// Smallest accepted `lease-ttl`.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(1);
 /// Default of `max-lag`.
 pub const DEFAULT_MAX_LAG: Duration = Duration::from_secs(60);
 /// Default of `shutdown-sync-timeout`.
@@ -226,7 +230,7 @@ pub struct Config {
 /// Default of `socket.path`.
 pub const DEFAULT_SOCKET_PATH: &str = "/var/run/replicad.sock";
 
-/// The `socket` map: the Unix-socket control endpoint ([`crate::control`]).
+/// The `socket` map: the Unix-socket control endpoint ([`crate::ops::control`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SocketConfig {
     /// Key `enabled` (default false).
@@ -294,7 +298,7 @@ pub struct DbConfig {
 }
 
 /// A `dbs` entry with `dir`: every SQLite database found under a directory
-/// ([`crate::discovery`]).
+/// ([`crate::daemon::discovery`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DirConfig {
     /// Key `dir` (required instead of `path`): absolute; `replicate` checks that it exists
@@ -390,12 +394,12 @@ pub struct DbSettings {
     /// Key `heartbeat-interval` (default 60s, must be > 0): idle heartbeat of upload tasks.
     pub heartbeat_interval: Duration,
     /// Key `lease-ttl` (default 10m, at least 1s): how long the single-writer lease on each
-    /// replica stays valid without a refresh ([`crate::lease`]); it is refreshed every half
+    /// replica stays valid without a refresh ([`crate::replicate::lease`]); it is refreshed every half
     /// of it. Another instance takes over a replica whose lease is older than this.
     pub lease_ttl: Duration,
     /// Key `dormant-after` (default 30s; `0s` = never): a database whose WAL has not changed
     /// for this long releases its SQLite connection (and its read transaction, descriptors
-    /// and shared-memory mapping) until it changes again; see [`crate::db`] on dormancy.
+    /// and shared-memory mapping) until it changes again; see [`crate::replicate::db`] on dormancy.
     pub dormant_after: Duration,
     /// Key `dormant-max-size` (default 64MiB): only databases up to this size go dormant, as
     /// waking one after the application restarted the WAL costs a full segment.
@@ -433,7 +437,7 @@ impl Default for DbSettings {
             full_verify_interval: Duration::from_secs(60),
             compression: Codec::Zstd(crate::ltx::codec::DEFAULT_ZSTD_LEVEL),
             heartbeat_interval: Duration::from_secs(60),
-            lease_ttl: crate::lease::DEFAULT_LEASE_TTL,
+            lease_ttl: DEFAULT_LEASE_TTL,
             dormant_after: Duration::from_secs(30),
             dormant_max_size: 64 * 1024 * 1024,
             levels: DEFAULT_LEVELS.to_vec(),
@@ -464,7 +468,7 @@ impl DbSettings {
                 return Err(format!("{key} must be greater than zero"));
             }
         }
-        if self.lease_ttl < crate::lease::MIN_LEASE_TTL {
+        if self.lease_ttl < MIN_LEASE_TTL {
             return Err("lease-ttl must be at least 1s".into());
         }
         if self.levels.is_empty() {
@@ -522,7 +526,7 @@ impl ReplicaConfig {
     }
 
     /// The client to replicate and restore with: [`ReplicaConfig::client`] seen through both
-    /// plain and age-encrypted names, with this replica's keys (see [`crate::age_client`]).
+    /// plain and age-encrypted names, with this replica's keys (see [`crate::storage::age`]).
     pub fn age_client(&self) -> Result<AnyClient, String> {
         let keys = self.age.clone().unwrap_or_default();
         Ok(self.client()?.with_age(keys))
@@ -1273,7 +1277,7 @@ fn positive_duration(s: Scalar<'_>) -> Result<Duration, String> {
 
 fn lease_ttl(s: Scalar<'_>) -> Result<Duration, String> {
     let d = duration(s)?;
-    if d < crate::lease::MIN_LEASE_TTL {
+    if d < MIN_LEASE_TTL {
         return Err("must be at least 1s".into());
     }
     Ok(d)
@@ -1312,7 +1316,7 @@ fn bucket(s: Scalar<'_>) -> Result<String, String> {
             "bucket {b:?} contains `/`: give the key prefix in `path`"
         ));
     }
-    crate::s3_client::check_bucket_name(&b)?;
+    crate::storage::s3::check_bucket_name(&b)?;
     Ok(b)
 }
 
@@ -3109,7 +3113,7 @@ mod tests {
         assert_eq!(c.dbs[0].settings.lease_ttl, Duration::from_secs(2));
         assert_eq!(
             parse(MINIMAL).unwrap().dbs[0].settings.lease_ttl,
-            crate::lease::DEFAULT_LEASE_TTL
+            DEFAULT_LEASE_TTL
         );
         assert_fail(
             &format!("lease-ttl: 500ms\n{MINIMAL}"),

@@ -26,37 +26,13 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-pub mod age_client;
-pub mod age_keys;
 pub mod cli;
-pub mod compaction;
-pub mod compactor;
 pub mod config;
-pub mod control;
-pub mod db;
-pub mod discovery;
-pub mod dormant_watch;
-pub mod download_window;
-pub mod faulty_client;
-pub mod file_client;
-pub mod follow;
-pub mod fsutil;
-pub mod health;
-pub mod http;
-pub mod lease;
+pub mod daemon;
 pub mod ltx;
-pub mod maintenance;
-pub mod metrics;
-pub mod notify;
-pub mod output_file;
-pub mod registry;
-pub mod replica;
-pub mod replica_client;
+pub mod ops;
+pub mod replicate;
 pub mod restore;
-pub mod retry;
-pub mod s3_client;
-pub mod segment_feed;
-pub mod staging;
-pub mod store;
-pub mod tick;
-pub mod wal;
+pub mod sqlite;
+pub mod storage;
+pub mod util;

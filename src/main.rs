@@ -16,7 +16,7 @@ use replicad::cli::{self, Cli, Command};
 use replicad::config::LogFormat;
 
 fn main() {
-    replicad::db::configure_sqlite_memory();
+    replicad::replicate::db::configure_sqlite_memory();
     // Litestream-style (Go flag) command lines: `-config FILE` is `--config FILE`.
     let matches = Cli::command()
         .get_matches_from(cli::golang_flags::normalize(std::env::args_os().collect()));

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::s3::S3Server;
 use common::{TestDir, content_hash, integrity_ok, s, spawn_replicate, write_file};
-use replicad::replica_client::{AnyClient, ReplicaClient, SNAPSHOT_LEVEL};
-use replicad::s3_client::{S3Client, S3Config, Secret};
+use replicad::storage::s3::{S3Client, S3Config, Secret};
+use replicad::storage::{AnyClient, ReplicaClient, SNAPSHOT_LEVEL};
 use rusqlite::{Connection, params};
 use tokio::io::AsyncReadExt;
 
@@ -501,7 +501,7 @@ fn switching_a_replica_from_plain_to_encrypted_starts_a_chain_with_a_snapshot() 
 
     // The first encrypted file is a full snapshot of the database.
     let first = backup.join(format!("ltx/0/{0:016x}-{0:016x}.ltx.age", before + 1));
-    let keys = replicad::age_keys::AgeKeys::from_identity_files(&[&identity]).unwrap();
+    let keys = replicad::storage::age::keys::AgeKeys::from_identity_files(&[&identity]).unwrap();
     let mut plain = Vec::new();
     std::io::Read::read_to_end(
         &mut keys

@@ -29,12 +29,12 @@ use tokio::io::AsyncReadExt;
 
 use common::TestDir;
 use common::s3::{S3Server, plant_file};
-use replicad::file_client::FileClient;
 use replicad::ltx::{self, Codec, Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId};
-use replicad::replica_client::{
+use replicad::storage::file::FileClient;
+use replicad::storage::s3::{S3Client, S3Config, Secret};
+use replicad::storage::{
     AnyClient, LtxFileInfo, PROBE_VERSION, ReplicaClient, StorageError, WriteIf, put_new,
 };
-use replicad::s3_client::{S3Client, S3Config, Secret};
 
 const MIB: usize = 1024 * 1024;
 
@@ -394,7 +394,7 @@ enum Env<'a> {
     File {
         dir: PathBuf,
         /// Run through the age wrapper (encrypting to a fresh key).
-        age: Option<std::sync::Arc<replicad::age_keys::AgeKeys>>,
+        age: Option<std::sync::Arc<replicad::storage::age::keys::AgeKeys>>,
     },
     S3 {
         server: &'a S3Server,
@@ -994,10 +994,11 @@ async fn file_backend_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn age_wrapped_file_backend_conforms() {
     let dir = TestDir::new("conformance-age");
-    let (identity, public) = replicad::age_keys::generate_identity();
+    let (identity, public) = replicad::storage::age::keys::generate_identity();
     let id = dir.path().join("id.txt");
     std::fs::write(&id, identity).unwrap();
-    let keys = replicad::age_keys::AgeKeys::load(&[public], &[id.display().to_string()]).unwrap();
+    let keys = replicad::storage::age::keys::AgeKeys::load(&[public], &[id.display().to_string()])
+        .unwrap();
     conformance(&Env::File {
         dir: dir.path().to_path_buf(),
         age: Some(std::sync::Arc::new(keys)),
@@ -1465,7 +1466,7 @@ async fn s3_server_errors_retry_then_abort_cleanly() {
 /// ends within a part stores nothing (the plain put takes over).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_streamed_upload_completes_only_once_published() {
-    use replicad::segment_feed::{GrowingSegment, SegmentFeed};
+    use replicad::storage::feed::{GrowingSegment, SegmentFeed};
     use std::io::Write;
 
     let server = S3Server::start().await;
@@ -1591,22 +1592,22 @@ fn growing(
     txid: u64,
     timestamp_ms: i64,
 ) -> (
-    std::sync::Arc<replicad::segment_feed::GrowingSegment>,
-    replicad::segment_feed::Tap<std::fs::File>,
+    std::sync::Arc<replicad::storage::feed::GrowingSegment>,
+    replicad::storage::feed::Tap<std::fs::File>,
 ) {
     let file = std::fs::File::create(tmp).unwrap();
-    let seg = replicad::segment_feed::GrowingSegment::new(
+    let seg = replicad::storage::feed::GrowingSegment::new(
         TxId(txid),
         timestamp_ms,
         std::fs::File::open(tmp).unwrap(),
     );
-    let tap = replicad::segment_feed::Tap::new(file, Some(seg.clone()));
+    let tap = replicad::storage::feed::Tap::new(file, Some(seg.clone()));
     (seg, tap)
 }
 
 async fn s3_streamed_put(
     client: AnyClient,
-    seg: std::sync::Arc<replicad::segment_feed::GrowingSegment>,
+    seg: std::sync::Arc<replicad::storage::feed::GrowingSegment>,
 ) -> Result<Option<LtxFileInfo>, StorageError> {
     client.streaming().unwrap().put_streamed(0, &seg).await
 }

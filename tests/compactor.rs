@@ -1,4 +1,4 @@
-//! Tests for `replicad::compactor`: golden Litestream replicas compacted into level-9
+//! Tests for `replicad::replicate::maintenance::compactor`: golden Litestream replicas compacted into level-9
 //! snapshots and L1 files must restore to exactly the bytes Litestream restored; synthetic
 //! files check the header, checksum and latest-copy-wins rules; broken inputs are refused and
 //! their output discarded.
@@ -7,13 +7,15 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use replicad::compactor::{CompactError, CompactOptions, CompactSummary, compact};
-use replicad::fsutil;
 use replicad::ltx::{
     self, Codec, Decoder, Encoder, HEADER_FLAG_CODEC_MASK, HEADER_FLAG_NO_CHECKSUM, Header,
     LtxError, TxId,
     checksum::{DbChecksum, page_checksum},
 };
+use replicad::replicate::maintenance::compactor::{
+    CompactError, CompactOptions, CompactSummary, compact,
+};
+use replicad::util::fsutil;
 use sha2::{Digest, Sha256};
 
 fn data_dir() -> PathBuf {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use replicad::config::DbSettings;
-use replicad::db::{Db, DbStats, RemoteTip};
+use replicad::replicate::db::{Db, DbStats, RemoteTip};
 use rusqlite::Connection;
 
 fn settings(codec: &str) -> DbSettings {
@@ -237,8 +237,8 @@ fn descriptor_pressure_makes_idle_databases_dormant_at_once() {
         !db.stats().dormant.load(Ordering::Relaxed),
         "no pressure: awake"
     );
-    replicad::db::set_awake_budget(0);
+    replicad::replicate::db::set_awake_budget(0);
     put_to_sleep(&mut db);
-    replicad::db::set_awake_budget(usize::MAX);
+    replicad::replicate::db::set_awake_budget(usize::MAX);
     assert!(open_fds(&path).is_empty());
 }

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
-use replicad::fsutil::evict_range;
+use replicad::util::fsutil::evict_range;
 
 const MIB: u64 = 1024 * 1024;
 

@@ -17,8 +17,8 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::*;
-use replicad::compactor::{CompactOptions, compact};
 use replicad::ltx::Decoder;
+use replicad::replicate::maintenance::compactor::{CompactOptions, compact};
 use rusqlite::Connection;
 use sha2::{Digest, Sha256};
 

@@ -11,10 +11,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use replicad::config::{Config, DbSettings};
-use replicad::faulty_client::{Faults, FaultyClient};
-use replicad::http::{self, Status};
-use replicad::replica_client::AnyClient;
-use replicad::store::{ClientWrapper, DbHandle, Store};
+use replicad::daemon::{ClientWrapper, DbHandle, Store};
+use replicad::ops::http::{self, Status};
+use replicad::storage::AnyClient;
+use replicad::storage::faulty::{Faults, FaultyClient};
 use tokio_util::sync::CancellationToken;
 
 fn settings(monitor: Duration) -> DbSettings {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use replicad::config::{Config, DbSettings};
-use replicad::store::{DbHandle, Store};
+use replicad::daemon::{DbHandle, Store};
 
 fn settings() -> DbSettings {
     DbSettings {
@@ -152,7 +152,7 @@ async fn dormant_database_is_checked_by_the_watch_and_woken_by_a_commit() {
     .await;
     conn.execute("INSERT INTO t(v) VALUES ('second')", [])
         .unwrap();
-    let staged = replicad::db::default_meta_path(&db_path)
+    let staged = replicad::replicate::db::default_meta_path(&db_path)
         .join("ltx")
         .join("0");
     let staged = move || std::fs::read_dir(&staged).unwrap().count();

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use replicad::config::DbSettings;
-use replicad::db::{Db, RemoteTip};
+use replicad::replicate::db::{Db, RemoteTip};
 
 struct CountingAlloc;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use replicad::config::DbSettings;
-use replicad::db::{Db, RemoteTip};
+use replicad::replicate::db::{Db, RemoteTip};
 
 fn case(codec: &str) {
     let dir = TestDir::new(&format!("large-segment-{}", codec.replace(':', "")));

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use common::{TestDir, Writer, assert_same_content, content_hash, level_ranges};
 use replicad::config::{Config, DbSettings};
+use replicad::daemon::{DbHandle, Store};
 use replicad::ltx::{Codec, TxId};
-use replicad::replica_client::AnyClient;
 use replicad::restore::{self, RestoreOptions, Target};
-use replicad::store::{DbHandle, Store};
+use replicad::storage::AnyClient;
 
 fn fast(codec: Codec) -> DbSettings {
     DbSettings {
@@ -340,7 +340,7 @@ async fn periodic_verify_reports_a_corrupted_replica() {
         0,
         "a corrupted replica must fail verification"
     );
-    let text = store.metrics().render();
+    let text = replicad::ops::metrics::Metrics::of(&store).render();
     assert!(
         text.lines()
             .any(|l| l.starts_with("replicad_replica_verify_ok{") && l.ends_with(" 0")),

@@ -1,7 +1,7 @@
 //! Per-phase throughput metrics (`replicad_phase_*_total{phase}`) and the `/status` endpoint,
 //! in-process and through `replicad status` against a running `replicad replicate`.
 //!
-//! Phase totals are process-wide (see `replicad::metrics::PHASES`): tests in this binary only
+//! Phase totals are process-wide (see `replicad::util::phase::PHASES`): tests in this binary only
 //! assert that they grow, never exact values.
 
 mod common;
@@ -12,12 +12,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use replicad::config::{Config, DbSettings};
-use replicad::faulty_client::{Faults, FaultyClient};
-use replicad::http::{self, Status};
-use replicad::metrics::{PHASES, Phase};
-use replicad::replica_client::AnyClient;
+use replicad::daemon::{DbHandle, Store};
+use replicad::ops::http::{self, Status};
 use replicad::restore::{self, RestoreOptions, Target};
-use replicad::store::{DbHandle, Store};
+use replicad::storage::AnyClient;
+use replicad::storage::faulty::{Faults, FaultyClient};
+use replicad::util::phase::{PHASES, Phase};
 use tokio_util::sync::CancellationToken;
 
 async fn wait_until(what: &str, mut f: impl AsyncFnMut() -> bool) {

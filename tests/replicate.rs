@@ -621,7 +621,7 @@ fn back_to_back_commits_through_checkpoints_restore_exactly() {
 #[test]
 fn checkpoints_keep_up_with_a_writer_committing_back_to_back() {
     use replicad::config::DbSettings;
-    use replicad::db::{Db, RemoteTip};
+    use replicad::replicate::db::{Db, RemoteTip};
 
     let t = Setup::new("hot-writer");
     create_wal_table(&t.db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)");
@@ -678,7 +678,7 @@ fn checkpoints_keep_up_with_a_writer_committing_back_to_back() {
 #[test]
 fn after_our_checkpoint_the_application_cannot_restart_the_wal() {
     use replicad::config::DbSettings;
-    use replicad::db::{Db, RemoteTip};
+    use replicad::replicate::db::{Db, RemoteTip};
 
     let t = Setup::new("read-mark");
     create_wal_table(&t.db, "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)");

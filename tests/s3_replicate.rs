@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use common::s3::S3Server;
 use common::{TestDir, Writer, assert_same_content};
 use replicad::config::{Config, DbSettings};
-use replicad::faulty_client::{Faults, FaultyClient};
-use replicad::replica_client::AnyClient;
+use replicad::daemon::{ClientWrapper, DbHandle, Store};
 use replicad::restore::{self, RestoreOptions, Target};
-use replicad::s3_client::{S3Client, S3Config, Secret};
-use replicad::store::{ClientWrapper, DbHandle, Store};
+use replicad::storage::AnyClient;
+use replicad::storage::faulty::{Faults, FaultyClient};
+use replicad::storage::s3::{S3Client, S3Config, Secret};
 
 fn settings() -> DbSettings {
     DbSettings {
@@ -99,7 +99,7 @@ async fn restore_to(client: AnyClient, out: &Path) {
 
 /// L0 TXIDs on the bucket are 1..=N with no gap and no duplicate.
 async fn assert_contiguous(client: &S3Client) -> u64 {
-    use replicad::replica_client::ReplicaClient;
+    use replicad::storage::ReplicaClient;
     let files = client.list(0).await.unwrap();
     let txids: Vec<u64> = files.iter().map(|f| f.min_txid.0).collect();
     let expected: Vec<u64> = (1..=txids.len() as u64).collect();
@@ -192,7 +192,7 @@ async fn idle_database_makes_zero_requests_and_metrics_count_operations() {
     }
     assert_eq!(h.replicas[0].1.total_ops(), ops0);
 
-    let text = store.metrics().render();
+    let text = replicad::ops::metrics::Metrics::of(&store).render();
     let put_line = text
         .lines()
         .find(|l| {
@@ -343,7 +343,7 @@ async fn daemon_survives_a_server_restart_and_restores_from_the_s3_url() {
     let wait_remote = |n: u64| {
         let client = client.clone();
         async move {
-            use replicad::replica_client::ReplicaClient;
+            use replicad::storage::ReplicaClient;
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 if client

@@ -464,7 +464,7 @@ async fn a_replica_whose_lease_was_taken_stops_uploading_and_is_not_ready() {
     };
     let config =
         Config::single(db.clone(), &[s(&dir.join("replica")).to_string()], settings).unwrap();
-    let store = replicad::store::Store::open(&config).await.unwrap();
+    let store = replicad::daemon::Store::open(&config).await.unwrap();
     let h = store.dbs()[0].clone();
     let stats = h.replicas[0].1.clone();
     let deadline = Instant::now() + WAIT;
@@ -473,7 +473,7 @@ async fn a_replica_whose_lease_was_taken_stops_uploading_and_is_not_ready() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let uploaded = target.l0_ranges();
-    assert!(replicad::http::readiness(&store.dbs(), Duration::from_secs(60), 0).is_ok());
+    assert!(replicad::ops::http::readiness(&store.dbs(), Duration::from_secs(60), 0).is_ok());
 
     let foreign = r#"{"instance":"other","host":"elsewhere","pid":4242,"db":"/other/app.db","ttl_ms":600000,"refreshed_ms":0,"version":"x"}"#;
     std::fs::write(target.lease_path(), foreign).unwrap();
@@ -491,7 +491,8 @@ async fn a_replica_whose_lease_was_taken_stops_uploading_and_is_not_ready() {
         uploaded,
         "uploaded after losing the lease"
     );
-    let reasons = replicad::http::readiness(&store.dbs(), Duration::from_secs(60), 0).unwrap_err();
+    let reasons =
+        replicad::ops::http::readiness(&store.dbs(), Duration::from_secs(60), 0).unwrap_err();
     assert!(
         reasons.iter().any(|r| r.contains("single-writer lease")),
         "{reasons:?}"

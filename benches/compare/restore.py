@@ -25,7 +25,7 @@ What it does (tools and databases are cached under target/, see s3_snapshot.py):
   4. verifies every restored file: PRAGMA integrity_check = ok and the row count equal to the
      source's. A file byte-identical (BLAKE2b) to one already verified in this run is not
      checked again (recorded as such);
-  5. prints a table and writes benches/compare/results-restore-<UTC time>.json.
+  5. prints a table and writes benches/compare/results/results-restore-<UTC time>.json.
 
 Python 3 standard library only, plus GNU time (/usr/bin/time; `apt-get install -y time`).
 """
@@ -514,7 +514,9 @@ def main():
         "replicas": replicas,
         "results": results,
     }
-    path = os.path.join(HERE, f"results-restore-{stamp}.json")
+    results_dir = os.path.join(HERE, "results")
+    os.makedirs(results_dir, exist_ok=True)
+    path = os.path.join(results_dir, f"results-restore-{stamp}.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=2)
     print(f"results: {os.path.relpath(path, REPO)} (total {out['total_s']} s)")

@@ -10,7 +10,7 @@ Both tools run alternately (the order flips from one figure to the next) against
 loopback S3 server (s3s-fs) and the same generated databases. The idle figures of one tool
 come from one window in which its 1-, 100- and 400-database processes run side by side.
 Prints one table, each figure for both tools and the ratio replicad / Litestream, then the
-wall time of each phase, and writes benches/compare/results-compare-<UTC time>.json with
+wall time of each phase, and writes benches/compare/results/results-compare-<UTC time>.json with
 every raw figure (phase_s and setup_s: the wall times).
 
 Figures: idle CPU / RSS / threads / fds at 1, 100 and 400 databases, syscalls per idle tick
@@ -793,7 +793,9 @@ def main():
     r["elapsed_s"] = round(time.monotonic() - started, 1)
     table = build_table(r)
     r["table"] = [dict(zip(("figure", "replicad", "litestream", "ratio", "target"), row)) for row in table]
-    out = os.path.join(h.HERE, f"results-compare-{stamp}.json")
+    results_dir = os.path.join(h.HERE, "results")
+    os.makedirs(results_dir, exist_ok=True)
+    out = os.path.join(results_dir, f"results-compare-{stamp}.json")
     with open(out, "w") as f:
         json.dump(r, f, indent=1, default=str)
     print(f"\nreplicad {r['versions']['replicad']} vs Litestream {r['versions']['litestream']}, "

@@ -22,7 +22,8 @@ What it does (idempotent; tools and data are cached under target/):
      (so that the follow-up level-1/level-9 uploads are counted), then reads peak RSS
      (VmHWM) and CPU time, sends SIGTERM and waits for the exit;
   5. counts the S3 requests of each run by operation from the server's log, and writes a
-     table to stdout and the results to benches/compare/results-s3-snapshot-<UTC time>.json.
+     table to stdout and the results to
+     benches/compare/results/results-s3-snapshot-<UTC time>.json.
 
 Python 3 standard library only.
 """
@@ -756,7 +757,9 @@ def main():
                   "loadavg_at_start": "1/5/15-minute load average when the run started"},
         "results": results,
     }
-    path = os.path.join(HERE, f"results-s3-snapshot-{stamp}.json")
+    results_dir = os.path.join(HERE, "results")
+    os.makedirs(results_dir, exist_ok=True)
+    path = os.path.join(results_dir, f"results-s3-snapshot-{stamp}.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=2)
     print(f"results: {os.path.relpath(path, REPO)}")

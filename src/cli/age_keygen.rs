@@ -12,7 +12,7 @@ use anyhow::anyhow;
 use clap::Args;
 
 use super::CliError;
-use crate::age_keys::generate_identity;
+use crate::storage::age::keys::generate_identity;
 
 /// Arguments of `replicad age-keygen`.
 #[derive(Debug, Args)]
@@ -46,7 +46,7 @@ pub async fn run(args: AgeKeygenArgs) -> Result<(), CliError> {
     file.write_all(text.as_bytes())
         .and_then(|()| file.sync_all())
         .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
-    crate::fsutil::fsync_dir(crate::fsutil::parent_dir(&path))
+    crate::util::fsutil::fsync_dir(crate::util::fsutil::parent_dir(&path))
         .map_err(|e| anyhow!("sync the directory of {}: {e}", path.display()))?;
     eprintln!("Public key: {public}");
     Ok(())

@@ -1,5 +1,5 @@
 //! `replicad databases`: lists configured databases and their replicas, with the databases
-//! that `dir` entries find now ([`crate::discovery`]).
+//! that `dir` entries find now ([`crate::daemon::discovery`]).
 
 use std::path::PathBuf;
 
@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::CliError;
 use crate::config::Config;
-use crate::discovery::Discovery;
+use crate::daemon::discovery::Discovery;
 
 /// Arguments of `replicad databases`.
 #[derive(Debug, Args)]

@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::faulty_client::{Faults, FaultyClient};
-use crate::replica_client::AnyClient;
-use crate::store::ClientWrapper;
+use crate::daemon::ClientWrapper;
+use crate::storage::AnyClient;
+use crate::storage::faulty::{Faults, FaultyClient};
 
 /// The environment variable: comma-separated `key=value` pairs, keys `fail-rate` (0.0-1.0:
 /// probability that a call fails), `fail-first` (the first N calls fail), `latency` (a Go

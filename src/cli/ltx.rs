@@ -9,7 +9,7 @@ use clap::Args;
 use futures_util::StreamExt;
 
 use super::CliError;
-use crate::replica_client::{AnyClient, ReplicaClient};
+use crate::storage::{AnyClient, ReplicaClient};
 
 /// Arguments of `replicad ltx`.
 #[derive(Debug, Args)]
@@ -26,7 +26,7 @@ pub struct LtxArgs {
 pub async fn run(args: LtxArgs) -> Result<(), CliError> {
     let as_db = Path::new(&args.target);
     let client = if as_db.is_file() {
-        let meta = crate::db::default_meta_path(as_db);
+        let meta = crate::replicate::db::default_meta_path(as_db);
         AnyClient::from_url(&meta.display().to_string()).map_err(CliError::Usage)?
     } else {
         // Seen through both plain and `.ltx.age` names (listing needs no key).

@@ -10,10 +10,10 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::CliError;
 use crate::config::{Config, DbSettings};
+use crate::daemon::Store;
 use crate::ltx::Codec;
-use crate::notify::{self, Notify};
-use crate::store::Store;
-use crate::{control, http};
+use crate::ops::notify::{self, Notify};
+use crate::ops::{control, http};
 
 /// Arguments of `replicad replicate`.
 #[derive(Debug, Args)]
@@ -152,7 +152,7 @@ pub async fn run(args: ReplicateArgs) -> Result<(), CliError> {
 /// With `exec`, the child starts once every database is open; SIGTERM and SIGINT are
 /// forwarded to it, and the daemon shuts down when it exits. Without a child, the first signal
 /// starts the shutdown. Either way a further signal during the drain aborts it. systemd is
-/// notified along the way when `NOTIFY_SOCKET` is set ([`crate::notify`]).
+/// notified along the way when `NOTIFY_SOCKET` is set ([`crate::ops::notify`]).
 pub async fn run_config(config: Config) -> Result<i32, CliError> {
     // Read before anything binds: a malformed drill spec is a usage error.
     let drill = super::drill::wrapper_from_env().map_err(CliError::Usage)?;
@@ -175,12 +175,12 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     // shared memory) plus headroom for staging writes, sockets and replicas: past that,
     // idle databases go dormant at once rather than after `dormant-after`.
     if let Some(limit) = fd_limit {
-        crate::db::set_awake_budget((limit.saturating_sub(1024) / 5) as usize);
+        crate::replicate::db::set_awake_budget((limit.saturating_sub(1024) / 5) as usize);
     }
     let store = Store::open_with(&config, drill)
         .await
         .map_err(|e| match e {
-            crate::store::StoreError::Config(m) => CliError::Usage(m),
+            crate::daemon::StoreError::Config(m) => CliError::Usage(m),
             e => CliError::Runtime(anyhow::anyhow!(e)),
         })?;
     let control_stop = tokio_util::sync::CancellationToken::new();

@@ -8,8 +8,8 @@ use clap::Args;
 
 use super::CliError;
 use super::source::{source, target};
-use crate::replica_client::ReplicaClient;
 use crate::restore::{self, RestoreError, RestoreOptions};
+use crate::storage::ReplicaClient;
 
 /// Arguments of `replicad restore`.
 #[derive(Debug, Args)]
@@ -135,9 +135,9 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
     if !args.dry_run && !args.while_replicating && to.exists() {
         let meta = match meta_of_db {
             Some((path, Some(meta))) if path == to => meta,
-            _ => crate::db::default_meta_path(&to),
+            _ => crate::replicate::db::default_meta_path(&to),
         };
-        if crate::staging::StagingLock::is_held(&meta) {
+        if crate::replicate::staging::StagingLock::is_held(&meta) {
             return Err(CliError::Runtime(anyhow!(
                 "{} is being replicated by a running replicad (lock {}); stop it first, or \
                  pass --while-replicating to write over it anyway",
@@ -147,13 +147,13 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         }
     }
     if args.follow {
-        let opts = crate::follow::FollowOptions {
+        let opts = crate::restore::follow::FollowOptions {
             to,
             interval: args.follow_interval,
             force: args.force,
             integrity_check: !args.no_integrity_check,
         };
-        return crate::follow::run_until_signal(&client, &opts)
+        return crate::restore::follow::run_until_signal(&client, &opts)
             .await
             .map_err(CliError::Runtime);
     }
@@ -221,7 +221,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn print_plan(plan: &[crate::replica_client::LtxFileInfo], json: bool) {
+fn print_plan(plan: &[crate::storage::LtxFileInfo], json: bool) {
     let files: Vec<restore::PlannedFile> = plan.iter().map(Into::into).collect();
     if json {
         let total: u64 = files.iter().map(|f| f.size).sum();

@@ -23,8 +23,8 @@ use flate2::write::GzEncoder;
 
 use super::CliError;
 use super::source::{source, target};
-use crate::fsutil;
 use crate::restore::{self, RestoreOptions};
+use crate::util::fsutil;
 
 /// The gzip level of `.gz` snapshots.
 const GZIP_LEVEL: u32 = 6;

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::CliError;
-use crate::age_keys::AgeKeys;
 use crate::config::{Config, DbConfig};
 use crate::ltx::TxId;
-use crate::replica_client::AnyClient;
 use crate::restore::Target;
+use crate::storage::AnyClient;
+use crate::storage::age::keys::AgeKeys;
 
 /// The restore target of `--txid` / `--timestamp` (latest when neither is given).
 pub fn target(txid: Option<&str>, timestamp: Option<&str>) -> Result<Target, CliError> {

@@ -1,5 +1,5 @@
 //! `replicad sync`: asks a running daemon, over its control socket (config key `socket`), to
-//! sync a database now (`POST /sync`, see [`crate::control`]); with `--wait`, returns once
+//! sync a database now (`POST /sync`, see [`crate::ops::control`]); with `--wait`, returns once
 //! every replica holds the database's latest TXID. Meant for Kubernetes preStop hooks and
 //! backup scripts. Prints the daemon's JSON answer.
 

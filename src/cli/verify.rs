@@ -28,12 +28,12 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::CliError;
 use crate::config::DbConfig;
-use crate::db::default_meta_path;
 use crate::ltx::checksum::{DbChecksum, page_checksum};
 use crate::ltx::{self, TxId, lock_pgno};
-use crate::replica_client::{AnyClient, ReplicaClient};
+use crate::replicate::db::default_meta_path;
 use crate::restore::{self, RestoreOptions, RestoreReport, Target};
-use crate::wal;
+use crate::sqlite::wal;
+use crate::storage::{AnyClient, ReplicaClient};
 
 /// How many times the live state is re-read when the WAL changed generation while it was read.
 const LIVE_READ_ATTEMPTS: usize = 3;

@@ -1,0 +1,563 @@
+//! Directory discovery: the databases of a `dbs` entry with `dir` ([`DirConfig`]).
+//!
+//! Invariants:
+//! - What is a database is decided by the file's first 16 bytes (`SQLite format 3\0`), never
+//!   by its name; the name only has to match `pattern`. A file shorter than that (SQLite has
+//!   created it but not yet written page 1) is not a database yet: its next change event, or
+//!   the periodic rescan, looks again.
+//! - `-wal`, `-shm` and `-journal` files are never candidates, and replicad's own state
+//!   directories (`.NAME-replicad`) are never looked into; symbolic links to directories are
+//!   not followed (no loops).
+//! - Each database is replicated under its path relative to `dir`
+//!   ([`DirConfig::db`], [`crate::config::replica_under`]).
+//! - Without `watch`, the databases are those present at start. With `watch`, inotify
+//!   watches each directory (not the state directories, whose staging writes would wake this
+//!   task at every sync). An event only names a path to look at again, so a lost, merged or
+//!   reordered event costs a delay, never a wrong state: a rescan every [`RESCAN_INTERVAL`]
+//!   (and after an inotify queue overflow) reconciles whatever was missed. Idle, the task
+//!   sleeps; the events of WAL writes are dropped on inotify's thread.
+//! - A database is removed only when its file no longer exists; the Store then stops that
+//!   database alone ([`StoreCore::remove`]). A database that fails to start is retried at
+//!   the next rescan.
+//! - All file-system work (walks, header reads, inotify calls) runs on the blocking pool.
+//! - The follow task is spawned through the Store ([`StoreCore`]), tracked like every other
+//!   task, and ends when the Store stops ingesting; only the Store starts database tasks.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use globset::{Glob, GlobMatcher};
+use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind};
+use notify::{EventKind, INotifyWatcher, RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+use crate::config::DirConfig;
+use crate::daemon::{Added, StoreCore, StoreError};
+
+/// The first 16 bytes of every SQLite 3 database file.
+pub const HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// How often a watched directory is rescanned in full, in case an event was missed.
+pub const RESCAN_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How long events are gathered before they are looked at: SQLite's creation of a database
+/// is several events in a row.
+const SETTLE: Duration = Duration::from_millis(50);
+
+/// Whether a file name is never a database of its own: SQLite's side files.
+pub fn is_side_file(name: &OsStr) -> bool {
+    let name = name.to_string_lossy();
+    ["-wal", "-shm", "-journal"]
+        .iter()
+        .any(|s| name.ends_with(s))
+}
+
+/// Whether a directory name is replicad's state directory of a database (`.NAME-replicad`,
+/// [`crate::replicate::db::default_meta_path`]).
+pub fn is_state_dir(name: &OsStr) -> bool {
+    let name = name.to_string_lossy();
+    name.starts_with('.') && name.ends_with("-replicad")
+}
+
+/// Whether the file at `path` starts with the SQLite header (false for short files).
+pub fn has_sqlite_header(path: &Path) -> bool {
+    let mut buf = [0u8; 16];
+    match std::fs::File::open(path) {
+        Ok(mut f) => f.read_exact(&mut buf).is_ok() && &buf == HEADER,
+        Err(_) => false,
+    }
+}
+
+/// The discovery of one `dir` entry.
+pub struct Discovery {
+    cfg: DirConfig,
+    matcher: GlobMatcher,
+}
+
+/// What one look at the directory found, against what is tracked.
+#[derive(Debug, Default, PartialEq)]
+struct Changes {
+    added: Vec<PathBuf>,
+    removed: Vec<PathBuf>,
+}
+
+/// What inotify's thread passes on.
+enum Signal {
+    /// Look at this path again.
+    Path(PathBuf),
+    /// Events were lost: rescan everything.
+    Rescan,
+}
+
+/// The inotify watcher and the directories it watches.
+struct Watches {
+    watcher: Option<INotifyWatcher>,
+    watched: HashSet<PathBuf>,
+}
+
+impl Watches {
+    fn watch(&mut self, dir: &Path, again: bool) {
+        let Some(w) = self.watcher.as_mut() else {
+            return;
+        };
+        if !again && self.watched.contains(dir) {
+            return;
+        }
+        match w.watch(dir, RecursiveMode::NonRecursive) {
+            Ok(()) => {
+                self.watched.insert(dir.to_path_buf());
+            }
+            Err(e) => tracing::warn!(dir = %dir.display(), error = %e,
+                "cannot watch directory; the periodic rescan still finds its databases"),
+        }
+    }
+}
+
+impl Discovery {
+    /// The discovery of `cfg`; fails on an invalid pattern.
+    pub fn new(cfg: DirConfig) -> Result<Discovery, String> {
+        let matcher = Glob::new(&cfg.pattern)
+            .map_err(|e| format!("invalid pattern {:?}: {e}", cfg.pattern))?
+            .compile_matcher();
+        Ok(Discovery { cfg, matcher })
+    }
+
+    /// Whether a file with this name may be a database of this entry.
+    fn candidate_name(&self, name: &OsStr) -> bool {
+        !is_side_file(name) && self.matcher.is_match(name)
+    }
+
+    /// Whether `dir` is looked into: the root, or (with `recursive`) a directory below it
+    /// that is not a state directory nor inside one.
+    fn may_enter(&self, dir: &Path) -> bool {
+        let Ok(rel) = dir.strip_prefix(&self.cfg.dir) else {
+            return false;
+        };
+        if rel.as_os_str().is_empty() {
+            return true;
+        }
+        self.cfg.recursive
+            && rel
+                .components()
+                .all(|c| matches!(c, Component::Normal(n) if !is_state_dir(n)))
+    }
+
+    /// Whether `path` is a database of this entry now.
+    fn is_database(&self, path: &Path) -> bool {
+        let (Some(name), Some(parent)) = (path.file_name(), path.parent()) else {
+            return false;
+        };
+        self.candidate_name(name) && self.may_enter(parent) && has_sqlite_header(path)
+    }
+
+    /// Collects the databases under `from` (a directory [`Discovery::may_enter`] allows),
+    /// calling `on_dir` on each directory before listing it (so that a watch is in place
+    /// before the listing: nothing created meanwhile is missed).
+    fn walk(&self, from: &Path, on_dir: &mut dyn FnMut(&Path), found: &mut Vec<PathBuf>) {
+        let mut stack = vec![from.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            on_dir(&dir);
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) => {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        tracing::warn!(dir = %dir.display(), error = %e, "cannot list directory");
+                    }
+                    continue;
+                }
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let Ok(kind) = entry.file_type() else {
+                    continue;
+                };
+                if kind.is_dir() {
+                    if self.cfg.recursive && !is_state_dir(&entry.file_name()) {
+                        stack.push(path);
+                    }
+                } else if self.candidate_name(&entry.file_name()) && has_sqlite_header(&path) {
+                    found.push(path);
+                }
+            }
+        }
+        found.sort();
+    }
+
+    /// The databases under `dir` now.
+    pub fn scan(&self) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        self.walk(&self.cfg.dir, &mut |_| {}, &mut found);
+        found
+    }
+
+    /// The path of `db` relative to `dir`.
+    fn rel<'a>(&self, db: &'a Path) -> Option<&'a Path> {
+        db.strip_prefix(&self.cfg.dir).ok()
+    }
+
+    /// A full rescan: every directory watched, every database found.
+    fn rescan(&self, st: &mut Watches, tracked: &HashSet<PathBuf>) -> Changes {
+        let mut found = Vec::new();
+        let mut dirs = HashSet::new();
+        self.walk(
+            &self.cfg.dir,
+            &mut |d| {
+                dirs.insert(d.to_path_buf());
+                st.watch(d, false);
+            },
+            &mut found,
+        );
+        // inotify drops the watches of deleted directories by itself.
+        st.watched.retain(|d| dirs.contains(d));
+        changes(found, tracked)
+    }
+
+    /// Looks again at the paths events named.
+    fn look(
+        &self,
+        st: &mut Watches,
+        paths: &HashSet<PathBuf>,
+        tracked: &HashSet<PathBuf>,
+    ) -> Changes {
+        let mut found = Vec::new();
+        let mut gone = Vec::new();
+        for p in paths {
+            match std::fs::symlink_metadata(p) {
+                Ok(m) if m.is_dir() => {
+                    if self.may_enter(p) {
+                        // A directory created (or moved in) under a known name: watch anew.
+                        st.watch(p, true);
+                        self.walk(p, &mut |d| st.watch(d, false), &mut found);
+                    }
+                }
+                Ok(_) => {
+                    if !tracked.contains(p) && self.is_database(p) {
+                        found.push(p.clone());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    gone.extend(tracked.iter().filter(|t| t.starts_with(p)).cloned());
+                }
+                Err(_) => {}
+            }
+        }
+        let mut c = changes(found, tracked);
+        c.removed = gone;
+        c.removed.sort();
+        c.removed.dedup();
+        c
+    }
+
+    /// What inotify's thread passes on for one event: nothing for reads and for the
+    /// side files (every WAL write is an event).
+    fn signals(&self, res: notify::Result<notify::Event>) -> Vec<Signal> {
+        let ev = match res {
+            Ok(ev) => ev,
+            Err(e) => {
+                tracing::debug!(error = %e, "inotify error: rescanning");
+                return vec![Signal::Rescan];
+            }
+        };
+        if ev.need_rescan() {
+            return vec![Signal::Rescan];
+        }
+        let structural = matches!(
+            ev.kind,
+            EventKind::Create(CreateKind::Folder | CreateKind::Any | CreateKind::Other)
+                | EventKind::Remove(RemoveKind::Folder | RemoveKind::Any | RemoveKind::Other)
+                | EventKind::Modify(ModifyKind::Name(_))
+                | EventKind::Any
+                | EventKind::Other
+        );
+        let content = matches!(
+            ev.kind,
+            EventKind::Create(_)
+                | EventKind::Remove(_)
+                | EventKind::Modify(_)
+                | EventKind::Access(AccessKind::Close(AccessMode::Write))
+        );
+        ev.paths
+            .into_iter()
+            .filter(|p| match p.file_name() {
+                Some(name) => {
+                    !is_side_file(name) && (structural || (content && self.matcher.is_match(name)))
+                }
+                None => false,
+            })
+            .map(Signal::Path)
+            .collect()
+    }
+
+    /// Adds the databases present now to `core`; with `watch`, spawns (through the Store)
+    /// the task that follows the directory.
+    pub(crate) async fn start(self, core: &StoreCore) -> Result<(), StoreError> {
+        let me = Arc::new(self);
+        let d = me.clone();
+        let found = tokio::task::spawn_blocking(move || d.scan())
+            .await
+            .map_err(|e| StoreError::Io(format!("scan {}: {e}", me.cfg.dir.display())))?;
+        let mut tracked = HashSet::new();
+        for path in found {
+            if me.add(core, &path).await? {
+                tracked.insert(path);
+            }
+        }
+        tracing::info!(dir = %me.cfg.dir.display(), pattern = %me.cfg.pattern,
+            recursive = me.cfg.recursive, watch = me.cfg.watch, databases = tracked.len(),
+            "directory discovery");
+        if me.cfg.watch {
+            core.spawn(follow(me, core.clone(), tracked));
+        }
+        Ok(())
+    }
+
+    /// Starts the database at `path`; whether it is now replicated by this entry.
+    async fn add(&self, core: &StoreCore, path: &Path) -> Result<bool, StoreError> {
+        let Some(rel) = self.rel(path) else {
+            return Ok(false);
+        };
+        let dbc = self.cfg.db(rel);
+        match core.add(&dbc).await? {
+            Added::Started => {
+                let replicas: Vec<&str> = dbc.replicas.iter().map(|r| r.url.as_str()).collect();
+                tracing::info!(db = %path.display(), rel = %rel.display(), ?replicas,
+                    "database discovered: replicating");
+                Ok(true)
+            }
+            Added::AlreadyRunning => {
+                tracing::debug!(db = %path.display(), "discovered database is already replicated");
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// Databases in `found` not tracked yet, and tracked ones whose file is gone.
+fn changes(found: Vec<PathBuf>, tracked: &HashSet<PathBuf>) -> Changes {
+    let mut removed: Vec<PathBuf> = tracked
+        .iter()
+        .filter(|t| matches!(std::fs::symlink_metadata(t), Err(e) if e.kind() == std::io::ErrorKind::NotFound))
+        .cloned()
+        .collect();
+    removed.sort();
+    Changes {
+        added: found.into_iter().filter(|p| !tracked.contains(p)).collect(),
+        removed,
+    }
+}
+
+/// The task of a watched directory: inotify events and the periodic rescan, until the Store
+/// stops ingesting.
+async fn follow(me: Arc<Discovery>, core: StoreCore, mut tracked: HashSet<PathBuf>) {
+    let stop = core.ingest().clone();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Signal>();
+    let filter = me.clone();
+    let handler = move |res: notify::Result<notify::Event>| {
+        for s in filter.signals(res) {
+            let _ = tx.send(s);
+        }
+    };
+    let watcher = match INotifyWatcher::new(handler, notify::Config::default()) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::error!(dir = %me.cfg.dir.display(), error = %e,
+                "cannot start inotify; only the periodic rescan finds new databases");
+            None
+        }
+    };
+    let events = watcher.is_some();
+    let mut st = Some(Watches {
+        watcher,
+        watched: HashSet::new(),
+    });
+    // The first pass is a full rescan: it puts the watches in place, then catches what was
+    // created since the start-up scan.
+    let mut full = true;
+    let mut paths = HashSet::new();
+    let mut next_rescan = tokio::time::Instant::now();
+    loop {
+        if full {
+            next_rescan = tokio::time::Instant::now() + RESCAN_INTERVAL;
+        }
+        let (Some(mut watches), d, known) = (st.take(), me.clone(), tracked.clone()) else {
+            return;
+        };
+        let batch = std::mem::take(&mut paths);
+        let looked = tokio::task::spawn_blocking(move || {
+            let c = if full {
+                d.rescan(&mut watches, &known)
+            } else {
+                d.look(&mut watches, &batch, &known)
+            };
+            (watches, c)
+        })
+        .await;
+        let changes = match looked {
+            Ok((w, c)) => {
+                st = Some(w);
+                c
+            }
+            Err(e) => {
+                tracing::error!(error = %e, dir = %me.cfg.dir.display(),
+                    "directory discovery panicked; no more databases are added or removed here");
+                return;
+            }
+        };
+        for path in changes.removed {
+            if tracked.remove(&path) && core.remove(&path).await {
+                tracing::info!(db = %path.display(),
+                    "database removed: stopping its replication (final sync, staged files are uploaded)");
+            }
+        }
+        for path in changes.added {
+            if stop.is_cancelled() {
+                break;
+            }
+            match me.add(&core, &path).await {
+                Ok(true) => {
+                    tracked.insert(path);
+                }
+                Ok(false) => {}
+                Err(e) => tracing::error!(db = %path.display(), error = %e,
+                    "cannot start the discovered database; retrying at the next rescan"),
+            }
+        }
+        full = false;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep_until(next_rescan) => full = true,
+            s = rx.recv(), if events => {
+                tokio::time::sleep(SETTLE).await;
+                let mut next = s;
+                while let Some(sig) = next {
+                    match sig {
+                        Signal::Path(p) => {
+                            paths.insert(p);
+                        }
+                        Signal::Rescan => full = true,
+                    }
+                    next = rx.try_recv().ok();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DbSettings, ReplicaConfig, replica_under};
+    use crate::storage::s3::S3Config;
+
+    fn dir_config(dir: &Path, pattern: &str, recursive: bool) -> DirConfig {
+        DirConfig {
+            dir: dir.to_path_buf(),
+            pattern: pattern.into(),
+            recursive,
+            watch: false,
+            replicas: vec![ReplicaConfig {
+                name: "file".into(),
+                url: "file:///backup/data".into(),
+                s3: None,
+                age: None,
+            }],
+            settings: DbSettings::default(),
+        }
+    }
+
+    fn make_db(path: &Path) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let c = rusqlite::Connection::open(path).unwrap();
+        c.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(x);")
+            .unwrap();
+    }
+
+    #[test]
+    fn replica_paths_follow_the_relative_path() {
+        let file = ReplicaConfig {
+            name: "file".into(),
+            url: "file:///backup/data/".into(),
+            s3: None,
+            age: None,
+        };
+        let r = replica_under(&file, Path::new("sub/app.db"));
+        assert_eq!(r.url, "file:///backup/data/sub/app.db");
+        assert_eq!(r.name, "file");
+        let s3 = |prefix: &str| ReplicaConfig {
+            name: "s3".into(),
+            url: String::new(),
+            s3: Some(S3Config {
+                bucket: "b".into(),
+                path: prefix.into(),
+                ..S3Config::default()
+            }),
+            age: None,
+        };
+        let r = replica_under(&s3("backups/"), Path::new("sub/app.db"));
+        assert_eq!(r.s3.as_ref().unwrap().path, "backups/sub/app.db");
+        assert_eq!(r.url, "s3://b/backups/sub/app.db");
+        let r = replica_under(&s3(""), Path::new("app.db"));
+        assert_eq!(r.s3.as_ref().unwrap().path, "app.db");
+        assert_eq!(r.url, "s3://b/app.db");
+        let cfg = dir_config(Path::new("/data"), "*", true);
+        let db = cfg.db(Path::new("a/b.db"));
+        assert_eq!(db.path, Path::new("/data/a/b.db"));
+        assert_eq!(db.replicas[0].url, "file:///backup/data/a/b.db");
+        assert_eq!(db.meta_path, None);
+    }
+
+    #[test]
+    fn scan_checks_headers_names_and_depth() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        make_db(&root.join("a.db"));
+        make_db(&root.join("sub/b.db"));
+        make_db(&root.join("other.sqlite"));
+        std::fs::write(
+            root.join("fake.db"),
+            b"not a database at all, longer than 16",
+        )
+        .unwrap();
+        std::fs::write(root.join("empty.db"), b"").unwrap();
+        // A state directory holding something that looks like a database.
+        make_db(&root.join(".a.db-replicad/c.db"));
+        // A side file with a header must not count either.
+        std::fs::copy(root.join("a.db"), root.join("x.db-journal")).unwrap();
+        let flat = Discovery::new(dir_config(root, "*.db", false)).unwrap();
+        assert_eq!(flat.scan(), vec![root.join("a.db")]);
+        let deep = Discovery::new(dir_config(root, "*.db", true)).unwrap();
+        assert_eq!(deep.scan(), vec![root.join("a.db"), root.join("sub/b.db")]);
+        let all = Discovery::new(dir_config(root, "*", true)).unwrap();
+        assert_eq!(
+            all.scan(),
+            vec![
+                root.join("a.db"),
+                root.join("other.sqlite"),
+                root.join("sub/b.db")
+            ]
+        );
+        // The empty file becomes a database once SQLite has written its header.
+        make_db(&root.join("empty.db"));
+        assert!(flat.scan().contains(&root.join("empty.db")));
+        assert!(!flat.may_enter(&root.join("sub")));
+        assert!(!deep.may_enter(&root.join(".a.db-replicad")));
+        assert!(deep.may_enter(&root.join("sub")));
+    }
+
+    #[test]
+    fn changes_add_new_and_remove_vanished() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = tmp.path().join("a.db");
+        make_db(&a);
+        let gone = tmp.path().join("gone.db");
+        let tracked: HashSet<PathBuf> = [a.clone(), gone.clone()].into();
+        let b = tmp.path().join("b.db");
+        let c = changes(vec![a, b.clone()], &tracked);
+        assert_eq!(c.added, vec![b]);
+        assert_eq!(c.removed, vec![gone]);
+    }
+}

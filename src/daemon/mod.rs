@@ -1,0 +1,625 @@
+//! The Store owns every database, every long-lived task and the shutdown sequence.
+//!
+//! ```text
+//! Store (root token, ingest = root.child_token(), TaskTracker)
+//!  ├─ per Db: monitor task (cancel: db = ingest.child_token())
+//!  │           --watch DbPos-->  per Replica: upload task (cancel: root)
+//!  └─ per watched `dir`: discovery task (cancel: ingest) -> StoreCore::add / remove
+//! ```
+//!
+//! Shutdown: cancelling `ingest` makes each monitor run a final sync and drop its position
+//! sender; upload tasks see the channel close, upload what is left, and return. The Store
+//! waits for that within `shutdown-sync-timeout`; on timeout or a second signal it cancels
+//! `root`, which stops uploads mid-flight. Nothing is lost either way: segments stay staged
+//! and the next start resumes from staging and the replicas' listings.
+//!
+//! Databases can be added and removed at run time ([`StoreCore`], used by
+//! [`crate::daemon::discovery`]). Removing one cancels only its own token: its monitor runs the same
+//! final sync (it fails harmlessly when the file is gone) and its upload tasks drain what is
+//! staged, exactly as at shutdown, while every other database goes on untouched. A path
+//! that comes back is started again only once its previous tasks have all ended, so two
+//! monitors never share one staging directory.
+//!
+//! Invariant: only the Store spawns long-lived tasks, and every one is tracked (by the
+//! Store's tracker, and a database's tasks also by that database's own tracker).
+
+pub mod discovery;
+pub mod registry;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, DbConfig};
+use crate::daemon::discovery::Discovery;
+use crate::ltx::TxId;
+use crate::replicate::counters::{ReplicaCounters, ReplicaMetrics};
+use crate::replicate::db::{Db, RemoteTip};
+use crate::replicate::dormant::DormantWatch;
+use crate::replicate::lease::Lease;
+use crate::replicate::maintenance::Maintenance;
+use crate::replicate::maintenance::schedule::RetentionPolicy;
+use crate::replicate::replica::Replica;
+use crate::replicate::staging::{Staging, StagingLock};
+use crate::storage::AnyClient;
+pub use registry::{DbHandle, DbRegistry, SyncTrigger};
+
+mod monitor;
+use monitor::monitor;
+
+/// Databases opened (replica listings, first sync) at the same time: thousands of databases
+/// must start without a thundering herd on the disk and the object store.
+const OPEN_CONCURRENCY: usize = 16;
+/// Attempts at taking a replica's lease when the replica fails transiently (about 0.7 s);
+/// past them the replica is left to connect in the background and the others go ahead.
+const STARTUP_LEASE_ATTEMPTS: u32 = 4;
+/// Attempts at a replica's first listing, likewise.
+const STARTUP_LIST_ATTEMPTS: u32 = 4;
+
+/// The running replication of every configured database.
+pub struct Store {
+    core: StoreCore,
+    shutdown_timeout: Duration,
+}
+
+/// Wraps each replica's client (database path, replica name, client): fault injection in
+/// tests and drills.
+pub type ClientWrapper = Arc<dyn Fn(&str, &str, AnyClient) -> AnyClient + Send + Sync>;
+
+/// Why the Store could not start (or add a database).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A replica URL or setting is invalid.
+    #[error("{0}")]
+    Config(String),
+    /// A local directory could not be prepared.
+    #[error("{0}")]
+    Io(String),
+    /// Another instance writes a replica (its single-writer lease is held), or the lease
+    /// could not be taken.
+    #[error("{0}")]
+    Lease(String),
+}
+
+/// The part of the Store that adds and removes databases while it runs (cheap to clone).
+#[derive(Clone)]
+pub struct StoreCore {
+    inner: Arc<Core>,
+}
+
+struct Core {
+    root: CancellationToken,
+    ingest: CancellationToken,
+    tracker: TaskTracker,
+    permits: Arc<Semaphore>,
+    prometheus: prometheus::Registry,
+    counters: ReplicaMetrics,
+    started_ms: i64,
+    wrap: Option<ClientWrapper>,
+    registry: DbRegistry,
+    /// The tasks of each database started and not yet finished, removed ones included until
+    /// their tasks end. An async lock: it is held while a database starts.
+    running: tokio::sync::Mutex<HashMap<PathBuf, Running>>,
+    /// One watch of dormant databases per monitor interval in use (nearly always one).
+    dormant: std::sync::Mutex<HashMap<Duration, Arc<DormantWatch>>>,
+}
+
+/// One database's own cancellation and tasks.
+struct Running {
+    token: CancellationToken,
+    tasks: TaskTracker,
+}
+
+/// What [`StoreCore::add`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Added {
+    /// The database is now replicated.
+    Started,
+    /// The path was already replicated (e.g. also configured by `path`); nothing changed.
+    AlreadyRunning,
+}
+
+impl StoreCore {
+    /// The current databases.
+    pub fn registry(&self) -> &DbRegistry {
+        &self.inner.registry
+    }
+
+    /// Starts replicating `dbc` (replica listings first, within the open concurrency).
+    pub async fn add(&self, dbc: &DbConfig) -> Result<Added, StoreError> {
+        let core = &*self.inner;
+        let token = core.ingest.child_token();
+        let tasks = TaskTracker::new();
+        {
+            let mut running = core.running.lock().await;
+            if core.ingest.is_cancelled() {
+                return Err(StoreError::Io("shutting down".into()));
+            }
+            if let Some(prev) = running.get(&dbc.path) {
+                if !prev.token.is_cancelled() {
+                    return Ok(Added::AlreadyRunning);
+                }
+                // Removed, and maybe still draining: never two monitors on one staging dir.
+                prev.tasks.wait().await;
+            }
+            // Reserved before the (slow) start, so that starts of other databases run
+            // concurrently while a second add of this path sees it running.
+            running.insert(
+                dbc.path.clone(),
+                Running {
+                    token: token.clone(),
+                    tasks: tasks.clone(),
+                },
+            );
+        }
+        // Boxed: a start nests leases, listings and every client wrapper; unboxed, the
+        // layout of the futures that await it exceeds the compiler's type query depth.
+        let started = Box::pin(self.start_db(dbc, &token, &tasks)).await;
+        tasks.close();
+        match started {
+            // Removed while starting: its tasks are already stopping; never list it.
+            Ok(_) if token.is_cancelled() => Ok(Added::Started),
+            Ok(handle) => {
+                core.registry.insert(handle);
+                Ok(Added::Started)
+            }
+            Err(e) => {
+                token.cancel();
+                let mut running = core.running.lock().await;
+                if running.get(&dbc.path).is_some_and(|r| r.token == token) {
+                    running.remove(&dbc.path);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Stops replicating the database at `path`: a final sync, then its uploads drain. The
+    /// other databases are not touched. Returns when its tasks are stopping, not ended.
+    pub async fn remove(&self, path: &Path) -> bool {
+        let core = &*self.inner;
+        let mut running = core.running.lock().await;
+        // Forget databases removed earlier whose tasks have all ended.
+        running.retain(|_, r| !r.token.is_cancelled() || !r.tasks.is_empty());
+        if let Some(handle) = core.registry.remove(path) {
+            let label = path.display().to_string();
+            for (name, _) in &handle.replicas {
+                core.counters.forget_replica(&label, name);
+            }
+        }
+        match running.get(path) {
+            Some(r) if !r.token.is_cancelled() => {
+                r.token.cancel();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Spawns `fut` as a tracked long-lived task of the Store.
+    pub(crate) fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        self.inner.tracker.spawn(fut);
+    }
+
+    /// The token cancelled when the Store stops ingesting.
+    pub(crate) fn ingest(&self) -> &CancellationToken {
+        &self.inner.ingest
+    }
+
+    /// The watch of dormant databases ticking every `interval`; its task starts with it.
+    fn dormant_watch(&self, interval: Duration) -> Arc<DormantWatch> {
+        let core = &*self.inner;
+        let mut watches = core.dormant.lock().unwrap_or_else(|e| e.into_inner());
+        watches
+            .entry(interval)
+            .or_insert_with(|| {
+                let watch = DormantWatch::new(interval);
+                core.tracker
+                    .spawn(watch.clone().run(core.ingest.child_token()));
+                watch
+            })
+            .clone()
+    }
+
+    async fn start_db(
+        &self,
+        dbc: &DbConfig,
+        token: &CancellationToken,
+        tasks: &TaskTracker,
+    ) -> Result<DbHandle, StoreError> {
+        let core = &*self.inner;
+        let db_label = dbc.path.display().to_string();
+        let meta = dbc
+            .meta_path
+            .clone()
+            .unwrap_or_else(|| crate::replicate::db::default_meta_path(&dbc.path));
+        let parent = crate::util::fsutil::parent_dir(&dbc.path);
+        if !parent.is_dir() {
+            return Err(StoreError::Config(format!(
+                "database {}: its directory {} does not exist (check the path)",
+                dbc.path.display(),
+                parent.display()
+            )));
+        }
+        // One daemon per database: a second one would share (and clean) this staging.
+        let lock = Arc::new(
+            StagingLock::acquire(&meta)
+                .map_err(|e| StoreError::Lease(format!("database {}: {e}", dbc.path.display())))?,
+        );
+        // Every replica's lease comes first, before anything local or remote is touched: a
+        // second daemon for this database must not clean up the first one's staging or
+        // build files, and what is listed below is then ours alone to extend.
+        // (config, client, counters, lease, why it is deferred: unreachable at start).
+        let mut leased: Vec<(_, AnyClient, _, Lease, Option<String>)> =
+            Vec::with_capacity(dbc.replicas.len());
+        for rc in &dbc.replicas {
+            let client = match rc.client() {
+                Ok(c) => c,
+                Err(e) => {
+                    release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
+                    return Err(StoreError::Config(e));
+                }
+            };
+            let client = match &core.wrap {
+                Some(w) => w(&db_label, &rc.name, client),
+                None => client,
+            };
+            // Every replica sees both plain and `.age` names, so a switch is never silent.
+            let client = client.with_age(rc.age.clone().unwrap_or_default());
+            let counters = core.counters.replica(&db_label, &rc.name);
+            let mut lease = Lease::new(client.clone(), &db_label, dbc.settings.lease_ttl);
+            let _permit = core
+                .permits
+                .acquire()
+                .await
+                .map_err(|e| StoreError::Io(e.to_string()))?;
+            let deferred = match lease
+                .acquire_with_retries(&counters, STARTUP_LEASE_ATTEMPTS)
+                .await
+            {
+                Ok(()) => None,
+                // Another host's lease to watch for its TTL, or unreachable for now: the
+                // others go ahead; this one connects in the background.
+                Err(e @ crate::replicate::lease::LeaseError::Expired { .. }) => {
+                    Some(format!("waiting to take its lease over: {e}"))
+                }
+                Err(e) if e.is_retryable() => Some(format!("unreachable since start: {e}")),
+                Err(e) => {
+                    // Hand back what this database already took: the other instance may need
+                    // those replicas too.
+                    release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
+                    return Err(StoreError::Lease(format!(
+                        "replica {} of {}: {e}",
+                        rc.name,
+                        dbc.path.display()
+                    )));
+                }
+            };
+            leased.push((rc, client, counters, lease, deferred));
+        }
+        let staging_dir = meta.join("ltx").join("0");
+        let staging = match Staging::open(staging_dir.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
+                return Err(StoreError::Io(format!(
+                    "open staging {}: {e}",
+                    staging_dir.display()
+                )));
+            }
+        };
+        // Seed snapshots of a previous run: never uploaded whole, rebuilt on demand.
+        let _ = std::fs::remove_dir_all(meta.join("seed"));
+        let mut replicas: Vec<Replica> = Vec::new();
+        let mut tip = RemoteTip::default();
+        let mut leased = leased.into_iter();
+        while let Some((rc, client, counters, lease, deferred)) = leased.next() {
+            let mut r = Replica::new(
+                rc.name.clone(),
+                db_label.clone(),
+                client,
+                staging.clone(),
+                dbc.settings.heartbeat_interval,
+                counters,
+                maintenance_of(&dbc.settings, meta.join("tmp").join(&rc.name)),
+                lease,
+            );
+            if let Some(why) = deferred {
+                replicas.push(r.deferred(why));
+                continue;
+            }
+            let _permit = core
+                .permits
+                .acquire()
+                .await
+                .map_err(|e| StoreError::Io(e.to_string()))?;
+            match r.init_with(STARTUP_LIST_ATTEMPTS).await {
+                Err(e) if e.is_retryable() => {
+                    replicas.push(r.deferred(format!("unreachable since start: {e}")));
+                    continue;
+                }
+                Ok(t) => {
+                    let forced = tip.full_reason.or(t.full_reason);
+                    if t.txid > tip.txid {
+                        tip = t;
+                    }
+                    tip.full_reason = forced;
+                }
+                Err(e) => {
+                    drop(_permit);
+                    let rest = leased.map(|(_, _, c, l, _)| (c, l));
+                    release_all(rest.chain(replicas.into_iter().map(Replica::into_lease))).await;
+                    r.release_lease().await;
+                    return Err(StoreError::Io(format!(
+                        "list replica {} of {}: {e}",
+                        rc.name,
+                        dbc.path.display()
+                    )));
+                }
+            }
+            replicas.push(r);
+        }
+        let mut db = Db::new(dbc.path.clone(), Some(meta), dbc.settings.clone(), tip);
+        let seeds = db.take_seed_requests();
+        let replicas: Vec<Replica> = replicas
+            .into_iter()
+            .map(|r| r.with_seeds(db.seed_requests()))
+            .collect();
+        let trigger = Arc::new(SyncTrigger::default());
+        let handle = DbHandle {
+            path: dbc.path.clone(),
+            stats: db.stats(),
+            replicas: replicas
+                .iter()
+                .map(|r| (r.name().to_string(), r.stats()))
+                .collect(),
+            pos: db.subscribe(),
+            sync: trigger.clone(),
+        };
+        let acks: Vec<watch::Receiver<TxId>> = replicas.iter().map(Replica::acks).collect();
+        for r in replicas {
+            let span =
+                tracing::info_span!("replica", db = %dbc.path.display(), replica = %r.name());
+            let rx = db.subscribe();
+            let feed = (r.streams_segments() && crate::storage::feed::supported())
+                .then(|| db.segment_feed());
+            let abort = core.root.clone();
+            let held = lock.clone();
+            let run = async move {
+                r.run(rx, feed, abort).await;
+                drop(held);
+            };
+            let fut = tracing::Instrument::instrument(run, span);
+            core.tracker.spawn(tasks.track_future(fut));
+        }
+        let span = tracing::info_span!("db", db = %dbc.path.display());
+        let monitor = monitor(
+            db,
+            seeds,
+            lock,
+            acks,
+            token.clone(),
+            core.permits.clone(),
+            dbc.settings.monitor_interval,
+            trigger,
+            (!dbc.settings.dormant_after.is_zero())
+                .then(|| self.dormant_watch(dbc.settings.monitor_interval)),
+        );
+        let fut = tracing::Instrument::instrument(monitor, span);
+        core.tracker.spawn(tasks.track_future(fut));
+        Ok(handle)
+    }
+}
+
+impl Store {
+    /// Starts replication of every database in `config`, and the discovery of `dirs`. Replica
+    /// listings happen here (one LIST per level per replica, bounded concurrency); a replica
+    /// that cannot be listed fails the start.
+    pub async fn open(config: &Config) -> Result<Store, StoreError> {
+        Self::open_with(config, None).await
+    }
+
+    /// [`Store::open`], with every replica client passed through `wrap`.
+    pub async fn open_with(
+        config: &Config,
+        wrap: Option<ClientWrapper>,
+    ) -> Result<Store, StoreError> {
+        let root = CancellationToken::new();
+        let ingest = root.child_token();
+        let prometheus = prometheus::Registry::new();
+        let core = StoreCore {
+            inner: Arc::new(Core {
+                root,
+                ingest,
+                tracker: TaskTracker::new(),
+                permits: Arc::new(Semaphore::new(OPEN_CONCURRENCY)),
+                prometheus: prometheus.clone(),
+                counters: ReplicaMetrics::register(&prometheus),
+                started_ms: crate::util::clock::now_ms(),
+                wrap,
+                registry: DbRegistry::default(),
+                running: tokio::sync::Mutex::new(HashMap::new()),
+                dormant: std::sync::Mutex::new(HashMap::new()),
+            }),
+        };
+        // Databases start concurrently (listing a replica is a network round trip: thousands
+        // started one by one would take minutes).
+        // Every start runs to its end (a start dropped half-way would keep its leases).
+        let added: Vec<Result<Added, StoreError>> = futures_util::stream::iter(&config.dbs)
+            .map(|dbc| core.add(dbc))
+            .buffer_unordered(OPEN_CONCURRENCY)
+            .collect()
+            .await;
+        let added: Result<Vec<Added>, StoreError> = added.into_iter().collect();
+        let store = Store {
+            core: core.clone(),
+            shutdown_timeout: config.shutdown_sync_timeout,
+        };
+        if let Err(e) = added {
+            // Databases that did start stop cleanly, handing back their leases.
+            store.abandon().await;
+            return Err(e);
+        }
+        for dir in &config.dirs {
+            let discovery = Discovery::new(dir.clone()).map_err(StoreError::Config)?;
+            // Failures here would stop the start half-way: let the shutdown reap what started.
+            if let Err(e) = discovery.start(&core).await {
+                store.abandon().await;
+                return Err(e);
+            }
+        }
+        Ok(store)
+    }
+
+    /// The Prometheus registry the replicas count into ([`crate::ops::metrics::Metrics::of`]
+    /// renders it with the databases' figures).
+    pub fn prometheus(&self) -> &prometheus::Registry {
+        &self.core.inner.prometheus
+    }
+
+    /// When the Store started (ms since the epoch).
+    pub fn started_ms(&self) -> i64 {
+        self.core.inner.started_ms
+    }
+
+    /// The current databases.
+    pub fn registry(&self) -> &DbRegistry {
+        self.core.registry()
+    }
+
+    /// A snapshot of the current databases.
+    pub fn dbs(&self) -> Arc<Vec<DbHandle>> {
+        self.core.registry().snapshot()
+    }
+
+    /// Dormant databases whose idle checks the dormant watch runs now (monitors that left
+    /// since its last pass over their slot included).
+    pub fn parked(&self) -> usize {
+        let watches = self
+            .core
+            .inner
+            .dormant
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        watches.values().map(|w| w.parked()).sum()
+    }
+
+    /// Stops ingesting, drains uploads within the timeout, and returns when every task ended.
+    /// `abort` (a second signal) cuts the drain short. Returns what was left unprotected:
+    /// one line per database whose last sync failed and per replica that does not hold its
+    /// database's last TXID (empty: every segment was uploaded).
+    pub async fn shutdown(self, abort: impl Future<Output = ()>) -> Vec<String> {
+        let core = &*self.core.inner;
+        core.ingest.cancel();
+        core.tracker.close();
+        let started = Instant::now();
+        let drained = tokio::select! {
+            _ = core.tracker.wait() => true,
+            _ = tokio::time::sleep(self.shutdown_timeout) => {
+                tracing::warn!(timeout = ?self.shutdown_timeout, "shutdown sync timed out; segments stay staged for the next start");
+                false
+            }
+            _ = abort => {
+                tracing::warn!("second signal: aborting the shutdown sync; segments stay staged for the next start");
+                false
+            }
+        };
+        if !drained {
+            core.root.cancel();
+            core.tracker.wait().await;
+        }
+        let left = unprotected(&self.core.registry().snapshot());
+        if left.is_empty() {
+            tracing::info!(elapsed = ?started.elapsed(), "shutdown complete: every segment uploaded");
+        } else {
+            for line in &left {
+                tracing::error!("shutdown: {line}");
+            }
+        }
+        left
+    }
+
+    /// Stops everything at once after a failed start (leases are released by the upload
+    /// tasks as they end).
+    async fn abandon(self) {
+        let core = &*self.core.inner;
+        core.ingest.cancel();
+        core.tracker.close();
+        if tokio::time::timeout(self.shutdown_timeout, core.tracker.wait())
+            .await
+            .is_err()
+        {
+            core.root.cancel();
+            core.tracker.wait().await;
+        }
+    }
+}
+
+/// What is not protected now: databases with a problem, replicas behind their database or
+/// stopped. One line each, naming them.
+pub fn unprotected(dbs: &[DbHandle]) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in dbs {
+        let db = d.path.display();
+        if let Some(p) = d.stats.health.problem() {
+            out.push(format!("database {db}: {}", p.reason));
+        }
+        let txid = d.pos.borrow().txid;
+        for (name, r) in &d.replicas {
+            let remote = r.remote_txid.load(Ordering::Relaxed);
+            if r.lease_lost.load(Ordering::Relaxed) {
+                out.push(format!(
+                    "database {db}: replica {name}: stopped at TXID {remote}: its single-writer lease was taken"
+                ));
+            } else if remote < txid.0 {
+                let why = r
+                    .health
+                    .problem()
+                    .map_or(String::new(), |p| format!(" ({})", p.reason));
+                out.push(format!(
+                    "database {db}: replica {name}: holds TXID {remote} of {}: not fully uploaded{why}",
+                    txid.0
+                ));
+            } else if let Some(p) = r.health.problem() {
+                // Holding as much as the database, but not its chain (a seed still owed).
+                out.push(format!("database {db}: replica {name}: {}", p.reason));
+            }
+        }
+    }
+    out
+}
+
+/// Releases leases taken by a start that failed: the next start (or another host) must not
+/// wait out their TTL.
+async fn release_all(leases: impl Iterator<Item = (ReplicaCounters, Lease)>) {
+    for (counters, mut lease) in leases {
+        lease.release(&counters).await;
+    }
+}
+
+/// A replica's maintenance settings; removes build leftovers of a previous run.
+fn maintenance_of(s: &crate::config::DbSettings, tmp_dir: std::path::PathBuf) -> Maintenance {
+    // Leftovers are partial outputs of a crashed compaction: never uploaded, safe to drop.
+    let _ = std::fs::remove_dir_all(&tmp_dir);
+    Maintenance {
+        levels: s.levels.clone(),
+        snapshot_interval: s.snapshot_interval,
+        retention: RetentionPolicy {
+            snapshot_retention: s.snapshot_retention,
+            l0_retention: s.l0_retention,
+        },
+        retention_check: s.l0_retention_check_interval,
+        retention_enabled: s.retention_enabled,
+        codec: s.compression,
+        tmp_dir,
+        verify_interval: s.verify_interval,
+    }
+}

@@ -1,0 +1,240 @@
+//! The monitor task of one database: its ticks, the idle fast path, syncs, seed requests from
+//! its replicas, staging pruning, and the final sync at shutdown (see [`super`] for the task
+//! tree). A failed sync is never the end: it is reported through the database's health and
+//! retried with backoff.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::SyncTrigger;
+use crate::ltx::TxId;
+use crate::replicate::db::{Db, DbError, SeedRequest};
+use crate::replicate::dormant::{DormantWatch, Parked};
+use crate::replicate::staging::StagingLock;
+use crate::replicate::tick::TickGrid;
+use crate::util::retry::Backoff;
+
+/// The monitor task of one database: ticks, runs the idle fast path, and syncs when the WAL
+/// changed. The first tick fires at once (a new database's initial snapshot starts without
+/// waiting; the start permits bound how many run together), then on the database's
+/// [`TickGrid`] (a random slot, every interval).
+/// A [`SyncTrigger::request`] starts a tick at once, without the idle fast path; so does a
+/// replica's request for a seed snapshot, answered right after that tick's sync.
+///
+/// A failed sync is never the end: it sets the database's health (logged at ERROR once when
+/// it starts, at INFO when it ends) and is retried with backoff; a missing database file is
+/// checked again every interval.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn monitor(
+    mut db: Db,
+    mut seeds: Option<tokio::sync::mpsc::UnboundedReceiver<SeedRequest>>,
+    lock: Arc<StagingLock>,
+    mut acks: Vec<watch::Receiver<TxId>>,
+    ingest: CancellationToken,
+    permits: Arc<Semaphore>,
+    interval: Duration,
+    trigger: Arc<SyncTrigger>,
+    watch: Option<Arc<DormantWatch>>,
+) {
+    let grid = TickGrid::new(interval);
+    let mut next = tokio::time::Instant::now();
+    let mut backoff = Backoff::new(
+        interval.max(Duration::from_millis(100)),
+        Duration::from_secs(300),
+    );
+    let mut failing: Option<(Instant, u32)> = None;
+    let mut pruned = TxId(0);
+    let mut opened = false;
+    let stats = db.stats();
+    // Replicas waiting for a seed snapshot.
+    let mut wanted: Vec<SeedRequest> = Vec::new();
+    // While dormant, the watch checks the files instead of our own ticks; we wake for a
+    // change, a request, or an upload to prune after.
+    let mut parked: Option<Parked> = None;
+    loop {
+        let forced = tokio::select! {
+            _ = ingest.cancelled() => break,
+            _ = until_tick(parked.as_ref(), next) => false,
+            _ = trigger.wake.notified() => true,
+            Some(req) = async { match seeds.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            } } => {
+                wanted.push(req);
+                true
+            }
+            _ = any_changed(&mut acks), if parked.is_some() => {
+                prune(&db, &acks, &mut pruned);
+                continue;
+            }
+        };
+        parked = None;
+        let tick = trigger.begin();
+        if !forced {
+            next = grid.after(tokio::time::Instant::now());
+        }
+        if !forced && wanted.is_empty() && db.fast_path_skip(Instant::now()) {
+            prune(&db, &acks, &mut pruned);
+            trigger.done(tick);
+            if let Some(watch) = &watch {
+                parked = db
+                    .dormant_probe()
+                    .map(|probe| watch.park(grid.slot(), probe));
+            }
+            continue;
+        }
+        let permit = if opened {
+            None
+        } else {
+            permits.clone().acquire_owned().await.ok()
+        };
+        let want_seed = !wanted.is_empty();
+        let past = wanted.iter().filter_map(|r| r.past).max();
+        let (back, (result, seed)) = match run_blocking(db, move |d| {
+            if let Some(txid) = past {
+                d.continue_after(txid);
+            }
+            let r = if want_seed {
+                d.sync_awake()
+            } else {
+                d.sync(true)
+            };
+            let seed = (want_seed && r.is_ok()).then(|| d.build_seed());
+            (r, seed)
+        })
+        .await
+        {
+            Some(v) => v,
+            None => {
+                stats
+                    .health
+                    .stop("stopped: the sync task panicked; restart replicad");
+                return;
+            }
+        };
+        drop(permit);
+        db = back;
+        match seed {
+            Some(Ok(snap)) => {
+                for r in wanted.drain(..) {
+                    let _ = r.reply.send(Ok(snap.clone()));
+                }
+            }
+            Some(Err(e)) => {
+                for r in wanted.drain(..) {
+                    let _ = r.reply.send(Err(e.to_string()));
+                }
+            }
+            None => {}
+        }
+        match result {
+            Ok(_) => {
+                opened = true;
+                trigger.done(tick);
+                if let Some((since, n)) = failing.take() {
+                    tracing::info!(failures = n, after = ?since.elapsed(), "sync recovered: the database is protected again");
+                }
+                stats.health.recover();
+                backoff.reset();
+            }
+            Err(e) => {
+                let reason = format!("not protected: {e}");
+                stats.health.fail(reason);
+                match &mut failing {
+                    None => {
+                        tracing::error!(error = %e, "sync failed; the database is NOT protected until it succeeds; retrying with backoff");
+                        failing = Some((Instant::now(), 1));
+                    }
+                    Some((_, n)) => *n += 1,
+                }
+                // A missing file costs one stat to check again: every interval, so that a
+                // database created later is replicated at once.
+                let delay = if matches!(e, DbError::Missing(_)) {
+                    Duration::ZERO
+                } else {
+                    backoff.next_delay()
+                };
+                next = grid.after(tokio::time::Instant::now() + delay);
+            }
+        }
+        prune(&db, &acks, &mut pruned);
+    }
+    drop(wanted);
+    drop(seeds);
+    let tick = trigger.begin();
+    if let Some((back, result)) = run_blocking(db, |d| d.final_sync()).await {
+        match result {
+            Ok(_) => {
+                trigger.done(tick);
+                if stats.health.recover().is_some() {
+                    tracing::info!("final sync succeeded: the database is protected again");
+                }
+            }
+            Err(e) => {
+                stats.health.fail(format!("final sync failed: {e}"));
+                tracing::error!(error = %e, "final sync failed; the next start resumes from the WAL")
+            }
+        }
+        // Dropping the Db closes the position channel: upload tasks drain and return.
+        drop(back);
+    }
+    drop(lock);
+}
+
+/// A monitor's wait for its next tick: its grid time, or while parked, a change the watch saw.
+async fn until_tick(parked: Option<&Parked>, next: tokio::time::Instant) {
+    match parked {
+        Some(p) => p.changed().await,
+        None => tokio::time::sleep_until(next).await,
+    }
+}
+
+/// Returns when any of `acks` changed; never when none can change any more.
+async fn any_changed(acks: &mut [watch::Receiver<TxId>]) {
+    if acks.is_empty() {
+        return std::future::pending().await;
+    }
+    let waits = acks.iter_mut().map(|a| {
+        Box::pin(async move {
+            if a.changed().await.is_err() {
+                // That replica's task ended: only another one can wake us.
+                std::future::pending::<()>().await
+            }
+        })
+    });
+    futures_util::future::select_all(waits).await;
+}
+
+/// Moves the Db to the blocking pool for `f` and back.
+async fn run_blocking<T: Send + 'static>(
+    mut db: Db,
+    f: impl FnOnce(&mut Db) -> T + Send + 'static,
+) -> Option<(Db, T)> {
+    match tokio::task::spawn_blocking(move || {
+        let r = f(&mut db);
+        (db, r)
+    })
+    .await
+    {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::error!(error = %e, "sync task panicked; this database stops replicating");
+            None
+        }
+    }
+}
+
+fn prune(db: &Db, acks: &[watch::Receiver<TxId>], pruned: &mut TxId) {
+    let Some(min) = acks.iter().map(|a| *a.borrow()).min() else {
+        return;
+    };
+    if min > *pruned {
+        match db.prune_staging(min) {
+            Ok(_) => *pruned = min,
+            Err(e) => tracing::warn!(error = %e, "pruning staging failed"),
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! The current set of replicated databases, as the outside world sees it.
+//!
+//! Databases come and go at run time ([`crate::daemon::discovery`]); the HTTP endpoints, the metrics
+//! collector, the control socket and the systemd notifier read this registry at each use
+//! instead of a list taken at start.
+//!
+//! Invariants:
+//! - Readers get an immutable snapshot (`Arc<Vec<DbHandle>>`): the lock is held only to clone
+//!   an `Arc` or to change the list, never across an `.await` or any I/O.
+//! - Only the Store changes the set ([`crate::daemon`]); a path appears at most once.
+//! - A change copies the list only while a reader still holds a snapshot of it
+//!   (`Arc::make_mut`): starting 10,000 databases must not copy the list 10,000 times.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::watch;
+
+use crate::replicate::db::{DbPos, DbStats};
+use crate::replicate::replica::ReplicaStats;
+
+/// What the outside world can see of one database.
+#[derive(Clone)]
+pub struct DbHandle {
+    /// Database path.
+    pub path: std::path::PathBuf,
+    /// Counters.
+    pub stats: Arc<DbStats>,
+    /// Replicas: name and counters.
+    pub replicas: Vec<(String, ReplicaStats)>,
+    /// Position updates.
+    pub pos: watch::Receiver<DbPos>,
+    /// "Sync now" requests to the monitor ([`crate::ops::control`]).
+    pub sync: Arc<SyncTrigger>,
+}
+
+/// Wakes a database's monitor for an immediate tick, and tells when a tick has completed.
+///
+/// Ticks are numbered from 1 in the order they start. A caller that reads [`started`]
+/// (`n`), then calls [`request`], knows that tick `n + 1` started after its read; once
+/// [`synced`] reaches `n + 1`, everything committed before the read is in a local segment.
+///
+/// [`started`]: SyncTrigger::started
+/// [`request`]: SyncTrigger::request
+/// [`synced`]: SyncTrigger::synced
+#[derive(Debug, Default)]
+pub struct SyncTrigger {
+    pub(crate) wake: tokio::sync::Notify,
+    started: AtomicU64,
+    synced: AtomicU64,
+}
+
+impl SyncTrigger {
+    /// Number of ticks started so far.
+    pub fn started(&self) -> u64 {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Number of the latest tick that completed without error (idle skip or sync).
+    pub fn synced(&self) -> u64 {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    /// Wakes the monitor: its next tick starts now (a pending wake-up is kept if it is busy),
+    /// and that tick bypasses the idle fast path.
+    pub fn request(&self) {
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn begin(&self) -> u64 {
+        self.started.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    pub(crate) fn done(&self, tick: u64) {
+        self.synced.fetch_max(tick, Ordering::SeqCst);
+    }
+}
+
+/// The shared, current list of databases (cheap to clone).
+#[derive(Clone, Default)]
+pub struct DbRegistry {
+    inner: Arc<RwLock<Listed>>,
+}
+
+#[derive(Default)]
+struct Listed {
+    dbs: Arc<Vec<DbHandle>>,
+    /// The paths in `dbs`, for the at-most-once check without a scan.
+    paths: HashSet<PathBuf>,
+}
+
+impl DbRegistry {
+    /// The databases now, in the order they were added.
+    pub fn snapshot(&self) -> Arc<Vec<DbHandle>> {
+        // A poisoned lock still holds a consistent list: nothing a writer does between
+        // changing `paths` and `dbs` can panic.
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .dbs
+            .clone()
+    }
+
+    /// Whether `path` is in the set.
+    pub fn contains(&self, path: &Path) -> bool {
+        let listed = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        listed.paths.contains(path)
+    }
+
+    /// Adds `db`; false (and nothing changed) when its path is already there.
+    pub(crate) fn insert(&self, db: DbHandle) -> bool {
+        let mut guard = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let listed = &mut *guard;
+        if !listed.paths.insert(db.path.clone()) {
+            return false;
+        }
+        Arc::make_mut(&mut listed.dbs).push(db);
+        true
+    }
+
+    /// Removes the database at `path`, returning it.
+    pub(crate) fn remove(&self, path: &Path) -> Option<DbHandle> {
+        let mut guard = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let listed = &mut *guard;
+        let i = listed.dbs.iter().position(|d| d.path == path)?;
+        listed.paths.remove(path);
+        Some(Arc::make_mut(&mut listed.dbs).remove(i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(path: &str) -> DbHandle {
+        DbHandle {
+            path: PathBuf::from(path),
+            stats: Default::default(),
+            replicas: Vec::new(),
+            pos: tokio::sync::watch::channel(Default::default()).1,
+            sync: Default::default(),
+        }
+    }
+
+    fn paths(dbs: &[DbHandle]) -> Vec<&Path> {
+        dbs.iter().map(|d| d.path.as_path()).collect()
+    }
+
+    #[test]
+    fn snapshots_keep_their_list_while_the_set_changes() {
+        let reg = DbRegistry::default();
+        assert!(reg.insert(handle("/a")));
+        assert!(reg.insert(handle("/b")));
+        assert!(!reg.insert(handle("/a")), "a path appears at most once");
+        let before = reg.snapshot();
+        assert!(reg.insert(handle("/c")));
+        assert!(reg.remove(Path::new("/a")).is_some());
+        assert!(reg.remove(Path::new("/a")).is_none());
+        assert_eq!(paths(&before), [Path::new("/a"), Path::new("/b")]);
+        assert_eq!(paths(&reg.snapshot()), [Path::new("/b"), Path::new("/c")]);
+        assert!(!reg.contains(Path::new("/a")));
+        assert!(reg.contains(Path::new("/c")));
+        // Removed, the path can come back (a database deleted and created again).
+        assert!(reg.insert(handle("/a")));
+        assert_eq!(
+            paths(&reg.snapshot()),
+            [Path::new("/b"), Path::new("/c"), Path::new("/a")]
+        );
+    }
+
+    #[test]
+    fn inserts_do_not_copy_the_list_when_no_snapshot_is_held() {
+        let reg = DbRegistry::default();
+        reg.insert(handle("/a"));
+        let first = Arc::as_ptr(&reg.snapshot());
+        for i in 0..100 {
+            reg.insert(handle(&format!("/db{i}")));
+        }
+        // Same allocation of the Arc: the list was changed in place.
+        assert_eq!(Arc::as_ptr(&reg.snapshot()), first);
+        assert_eq!(reg.snapshot().len(), 101);
+    }
+}

@@ -1,0 +1,402 @@
+//! Prometheus exposition of a running Store: the per-replica counters the tasks count into
+//! ([`crate::replicate::counters`]), plus collectors that read the databases' and replicas'
+//! atomics ([`DbStats`](crate::replicate::db::DbStats), [`ReplicaStats`]) and the phase totals
+//! ([`crate::util::phase`]) at scrape time, so the hot path never looks up a metric.
+//!
+//! Invariant: no label value is ever a secret: labels are database paths, replica names,
+//! operation names and phase names only.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use prometheus::Registry;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, MetricFamily, MetricType};
+
+use crate::daemon::Store;
+use crate::daemon::registry::{DbHandle, DbRegistry};
+use crate::replicate::db::DbPos;
+use crate::replicate::replica::ReplicaStats;
+use crate::util::phase::{PHASES, Phase};
+
+/// The metrics of one Store, ready to render.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    started_ms: i64,
+}
+
+impl Metrics {
+    /// The metrics of `store`: its registry, with the scrape-time collectors of its databases
+    /// and of the phase totals registered the first time.
+    pub fn of(store: &Store) -> Metrics {
+        let registry = store.prometheus().clone();
+        let started_ms = store.started_ms();
+        for c in [
+            Box::new(PhaseCollector::new()) as Box<dyn Collector>,
+            Box::new(DbCollector::new(store.registry().clone(), started_ms)),
+        ] {
+            match registry.register(c) {
+                Ok(()) | Err(prometheus::Error::AlreadyReg) => {}
+                Err(e) => tracing::warn!(error = %e, "registering metrics failed"),
+            }
+        }
+        Metrics {
+            registry,
+            started_ms,
+        }
+    }
+
+    /// When the Store started (ms since the epoch): the stand-in age of a replica that has
+    /// uploaded nothing since (see [`Lag::seconds`]).
+    pub fn started_ms(&self) -> i64 {
+        self.started_ms
+    }
+
+    /// The registry, for scraping.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let encoder = prometheus::TextEncoder::new();
+        if let Err(e) = encoder.encode_utf8(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+/// How far one replica is behind its database.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lag {
+    /// Database TXID minus the replica's TXID (0 when the replica is current).
+    pub txids: u64,
+    /// Header timestamp of the database's newest segment minus that of the replica's newest
+    /// uploaded segment, in seconds (0 when the replica is current). When the replica has
+    /// uploaded nothing since the process started (its timestamp is unknown), the age is
+    /// counted from `since_ms` (the process start) instead: a lower bound.
+    pub seconds: f64,
+}
+
+/// The lag of replica `r` behind database position `pos`.
+pub fn replica_lag(pos: DbPos, r: &ReplicaStats, since_ms: i64) -> Lag {
+    let remote = r.remote_txid.load(Ordering::Relaxed);
+    let txids = pos.txid.0.saturating_sub(remote);
+    if txids == 0 {
+        return Lag {
+            txids,
+            seconds: 0.0,
+        };
+    }
+    let remote_ms = match r.remote_timestamp_ms.load(Ordering::Relaxed) {
+        0 => since_ms,
+        ms => i64::try_from(ms).unwrap_or(i64::MAX),
+    };
+    let ms = pos.timestamp_ms.saturating_sub(remote_ms).max(0);
+    Lag {
+        txids,
+        seconds: ms as f64 / 1000.0,
+    }
+}
+
+/// Per-database metrics: `(name, help, type, value)`; labelled `db`.
+type DbMetric = (&'static str, &'static str, MetricType, fn(&DbHandle) -> f64);
+
+fn load(a: &std::sync::atomic::AtomicU64) -> f64 {
+    a.load(Ordering::Relaxed) as f64
+}
+
+const DB_METRICS: [DbMetric; 16] = [
+    (
+        "replicad_db_protected",
+        "1 while the database's changes are being captured (its last sync succeeded), 0 while \
+         it is not (see /status for why).",
+        MetricType::GAUGE,
+        |d| f64::from(u8::from(d.stats.health.is_ok())),
+    ),
+    (
+        "replicad_db_txid",
+        "Current TXID of the database (last segment staged locally).",
+        MetricType::GAUGE,
+        |d| load(&d.stats.txid),
+    ),
+    (
+        "replicad_db_syncs_total",
+        "Syncs that ran the full path.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.syncs),
+    ),
+    (
+        "replicad_db_sync_skipped_total",
+        "Ticks answered by the idle fast path.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.sync_skipped),
+    ),
+    (
+        "replicad_db_sync_errors_total",
+        "Failed syncs.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.sync_errors),
+    ),
+    (
+        "replicad_db_segments_total",
+        "Segments written.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.segments),
+    ),
+    (
+        "replicad_db_full_segments_total",
+        "Full-database segments written (a subset of segments).",
+        MetricType::COUNTER,
+        |d| load(&d.stats.full_segments),
+    ),
+    (
+        "replicad_db_checkpoints_total",
+        "Checkpoints run, any mode.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.checkpoints),
+    ),
+    (
+        "replicad_db_truncate_checkpoints_total",
+        "TRUNCATE checkpoints (the others are PASSIVE; RESTART is never used).",
+        MetricType::COUNTER,
+        |d| load(&d.stats.truncate_checkpoints),
+    ),
+    (
+        "replicad_db_checkpoint_write_lock_seconds_total",
+        "Time checkpoints held SQLite's write lock: the application's commits waited for it.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.write_lock_nanos) / 1e9,
+    ),
+    (
+        "replicad_db_wal_size_bytes",
+        "Logical WAL size: end of the last frame copied into a segment.",
+        MetricType::GAUGE,
+        |d| load(&d.stats.wal_size),
+    ),
+    (
+        "replicad_db_sync_seconds_total",
+        "Time spent in syncs (the full path).",
+        MetricType::COUNTER,
+        |d| load(&d.stats.sync_nanos) / 1e9,
+    ),
+    (
+        "replicad_db_staging_bytes",
+        "Bytes of segments in local staging (kept until every replica has them).",
+        MetricType::GAUGE,
+        |d| load(&d.stats.staging_bytes),
+    ),
+    (
+        "replicad_db_idle",
+        "1 while the last tick found nothing new.",
+        MetricType::GAUGE,
+        |d| f64::from(u8::from(d.stats.idle.load(Ordering::Relaxed))),
+    ),
+    (
+        "replicad_db_dormant",
+        "1 while the database is dormant (its SQLite connection closed until it changes).",
+        MetricType::GAUGE,
+        |d| f64::from(u8::from(d.stats.dormant.load(Ordering::Relaxed))),
+    ),
+    (
+        "replicad_db_wakes_total",
+        "Times the database woke from dormancy.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.wakes),
+    ),
+];
+
+const LAG_TXIDS: (&str, &str) = (
+    "replicad_replica_lag_txids",
+    "Database TXID minus the replica's TXID.",
+);
+const PROTECTED: (&str, &str) = (
+    "replicad_replica_protected",
+    "1 while the replica is being written (its last upload round succeeded), 0 while it is \
+     not (see /status for why).",
+);
+const LAG_SECONDS: (&str, &str) = (
+    "replicad_replica_lag_seconds",
+    "Age of the replica's newest segment relative to the database's newest segment.",
+);
+
+/// Reads [`DbStats`](crate::replicate::db::DbStats) and [`ReplicaStats`] at scrape time.
+struct DbCollector {
+    dbs: DbRegistry,
+    descs: Vec<Desc>,
+    since_ms: i64,
+}
+
+impl DbCollector {
+    fn new(dbs: DbRegistry, since_ms: i64) -> DbCollector {
+        let desc = |name: &str, help: &str, labels: &[&str]| {
+            Desc::new(
+                name.to_string(),
+                help.to_string(),
+                labels.iter().map(|l| l.to_string()).collect(),
+                HashMap::new(),
+            )
+            .expect("metric definitions are static and valid")
+        };
+        let mut descs: Vec<Desc> = DB_METRICS
+            .iter()
+            .map(|(name, help, _, _)| desc(name, help, &["db"]))
+            .collect();
+        for (name, help) in [LAG_TXIDS, LAG_SECONDS, PROTECTED] {
+            descs.push(desc(name, help, &["db", "replica"]));
+        }
+        DbCollector {
+            dbs,
+            descs,
+            since_ms,
+        }
+    }
+}
+
+fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<proto::Metric>) -> MetricFamily {
+    let mut mf = MetricFamily::default();
+    mf.set_name(name.to_string());
+    mf.set_help(help.to_string());
+    mf.set_field_type(kind);
+    mf.set_metric(metrics);
+    mf
+}
+
+fn sample(labels: &[(&str, &str)], kind: MetricType, value: f64) -> proto::Metric {
+    let mut m = proto::Metric::default();
+    m.set_label(
+        labels
+            .iter()
+            .map(|(n, v)| {
+                let mut l = proto::LabelPair::default();
+                l.set_name(n.to_string());
+                l.set_value(v.to_string());
+                l
+            })
+            .collect(),
+    );
+    if kind == MetricType::COUNTER {
+        let mut c = proto::Counter::default();
+        c.set_value(value);
+        m.set_counter(c);
+    } else {
+        let mut g = proto::Gauge::default();
+        g.set_value(value);
+        m.set_gauge(g);
+    }
+    m
+}
+
+impl Collector for DbCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let dbs = self.dbs.snapshot();
+        let labels: Vec<String> = dbs.iter().map(|d| d.path.display().to_string()).collect();
+        let mut out: Vec<MetricFamily> = DB_METRICS
+            .iter()
+            .map(|&(name, help, kind, value)| {
+                let metrics = dbs
+                    .iter()
+                    .zip(&labels)
+                    .map(|(d, db)| sample(&[("db", db)], kind, value(d)))
+                    .collect();
+                family(name, help, kind, metrics)
+            })
+            .collect();
+        let mut txids = Vec::new();
+        let mut seconds = Vec::new();
+        let mut protected = Vec::new();
+        for (d, db) in dbs.iter().zip(&labels) {
+            let pos = *d.pos.borrow();
+            for (name, r) in &d.replicas {
+                let lag = replica_lag(pos, r, self.since_ms);
+                let l = [("db", db.as_str()), ("replica", name.as_str())];
+                txids.push(sample(&l, MetricType::GAUGE, lag.txids as f64));
+                seconds.push(sample(&l, MetricType::GAUGE, lag.seconds));
+                let ok = r.health.is_ok() && !r.lease_lost.load(Ordering::Relaxed);
+                protected.push(sample(&l, MetricType::GAUGE, f64::from(u8::from(ok))));
+            }
+        }
+        out.push(family(LAG_TXIDS.0, LAG_TXIDS.1, MetricType::GAUGE, txids));
+        out.push(family(
+            LAG_SECONDS.0,
+            LAG_SECONDS.1,
+            MetricType::GAUGE,
+            seconds,
+        ));
+        out.push(family(
+            PROTECTED.0,
+            PROTECTED.1,
+            MetricType::GAUGE,
+            protected,
+        ));
+        out
+    }
+}
+
+const PHASE_BYTES: (&str, &str) = (
+    "replicad_phase_bytes_total",
+    "Bytes processed per data-path phase, process-wide (see the phase list in the docs).",
+);
+const PHASE_SECONDS: (&str, &str) = (
+    "replicad_phase_seconds_total",
+    "Time spent per data-path phase, process-wide; concurrent work adds up.",
+);
+
+/// Exports [`PHASES`] at scrape time.
+struct PhaseCollector {
+    descs: Vec<Desc>,
+}
+
+impl PhaseCollector {
+    fn new() -> PhaseCollector {
+        let descs = [PHASE_BYTES, PHASE_SECONDS]
+            .iter()
+            .map(|(name, help)| {
+                Desc::new(
+                    name.to_string(),
+                    help.to_string(),
+                    vec!["phase".to_string()],
+                    HashMap::new(),
+                )
+                .expect("metric definitions are static and valid")
+            })
+            .collect();
+        PhaseCollector { descs }
+    }
+}
+
+impl Collector for PhaseCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let per_phase = |value: &dyn Fn(Phase) -> f64| {
+            Phase::ALL
+                .iter()
+                .map(|&p| sample(&[("phase", p.name())], MetricType::COUNTER, value(p)))
+                .collect()
+        };
+        vec![
+            family(
+                PHASE_BYTES.0,
+                PHASE_BYTES.1,
+                MetricType::COUNTER,
+                per_phase(&|p| PHASES.bytes(p) as f64),
+            ),
+            family(
+                PHASE_SECONDS.0,
+                PHASE_SECONDS.1,
+                MetricType::COUNTER,
+                per_phase(&|p| PHASES.seconds(p)),
+            ),
+        ]
+    }
+}

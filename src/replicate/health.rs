@@ -1,0 +1,156 @@
+//! Whether one database or one replica is protected right now, and if not, why.
+//!
+//! The task that owns a database (its monitor) or a replica (its upload task) is the only
+//! writer of its cell; `/readyz`, `/status`, the metrics, systemd's STATUS and the shutdown
+//! report read it. A problem is logged at ERROR by the owner when it starts and at INFO when
+//! it ends ([`HealthCell::fail`] and [`HealthCell::recover`] say when).
+//!
+//! Invariant: a cell is "protected" only while its owner has evidence of it (a completed
+//! sync, a completed upload round); any failure it cannot heal on the spot sets a problem
+//! first, so no reader ever sees "fine" for a database or replica that is not.
+
+use std::sync::Mutex;
+
+/// Why something is not protected, since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// One line, for people: what is wrong and, where known, what to do.
+    pub reason: String,
+    /// When it started, ms since the Unix epoch.
+    pub since_ms: i64,
+    /// The owner stopped for good (no retry will heal it): reported at once, whatever the
+    /// readiness grace.
+    pub stopped: bool,
+}
+
+impl Problem {
+    /// Whether readiness reports it: at once when stopped, else once it has lasted `grace`
+    /// (a blip of the network must not flap a pod's readiness).
+    pub fn reportable(&self, grace: std::time::Duration, now_ms: i64) -> bool {
+        self.stopped || now_ms.saturating_sub(self.since_ms) >= grace.as_millis() as i64
+    }
+}
+
+/// The protection state of one database or replica.
+#[derive(Debug, Default)]
+pub struct HealthCell {
+    problem: Mutex<Option<Problem>>,
+}
+
+impl HealthCell {
+    /// Records `reason`; returns true when this starts a problem (the owner logs it then).
+    pub fn fail(&self, reason: impl Into<String>) -> bool {
+        self.set(reason.into(), false)
+    }
+
+    /// Records that the owner stopped for good, because of `reason`.
+    pub fn stop(&self, reason: impl Into<String>) {
+        self.set(reason.into(), true);
+    }
+
+    fn set(&self, reason: String, stopped: bool) -> bool {
+        let mut p = self.problem.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *p {
+            Some(old) => {
+                old.reason = reason;
+                old.stopped |= stopped;
+                false
+            }
+            None => {
+                *p = Some(Problem {
+                    reason,
+                    since_ms: crate::util::clock::now_ms(),
+                    stopped,
+                });
+                true
+            }
+        }
+    }
+
+    /// Clears the problem; returns it when there was one (the owner logs the recovery).
+    pub fn recover(&self) -> Option<Problem> {
+        self.problem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// The current problem, if any.
+    pub fn problem(&self) -> Option<Problem> {
+        self.problem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// True while no problem is recorded.
+    pub fn is_ok(&self) -> bool {
+        self.problem().is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_starts_once_and_ends_once() {
+        let h = HealthCell::default();
+        assert!(h.is_ok());
+        assert!(h.fail("disk full"));
+        assert!(
+            !h.fail("still full"),
+            "the same streak does not start twice"
+        );
+        assert_eq!(h.problem().map(|p| p.reason), Some("still full".into()));
+        assert_eq!(h.recover().map(|p| p.reason), Some("still full".into()));
+        assert!(h.recover().is_none());
+        assert!(h.is_ok());
+    }
+
+    #[test]
+    fn readiness_reports_a_problem_after_the_grace_or_at_once_when_stopped() {
+        let h = HealthCell::default();
+        h.fail("blip");
+        let p = h.problem().expect("set");
+        let grace = std::time::Duration::from_secs(60);
+        assert!(!p.reportable(grace, p.since_ms + 59_999));
+        assert!(p.reportable(grace, p.since_ms + 60_000));
+        h.stop("lease taken");
+        let p = h.problem().expect("set");
+        assert!(p.stopped && p.reportable(grace, p.since_ms));
+    }
+}
+
+/// Why a replica was re-seeded (the `reason` label of `replicad_replica_reseeds_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeedReason {
+    /// The replica held nothing of this database (new, or emptied before the start).
+    Empty,
+    /// Its files vanished while the daemon ran (the lease went with them).
+    Wiped,
+    /// It is behind what local staging still holds (staging pruned or lost meanwhile).
+    Behind,
+}
+
+impl SeedReason {
+    /// Every reason, in metric-label order.
+    pub const ALL: [SeedReason; 3] = [SeedReason::Empty, SeedReason::Wiped, SeedReason::Behind];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            SeedReason::Empty => "empty",
+            SeedReason::Wiped => "wiped",
+            SeedReason::Behind => "behind",
+        }
+    }
+
+    pub(crate) fn explain(self) -> &'static str {
+        match self {
+            SeedReason::Empty => "the replica holds nothing of this database",
+            SeedReason::Wiped => "the replica's files vanished while replicad ran",
+            SeedReason::Behind => "the replica is behind what local staging still holds",
+        }
+    }
+}

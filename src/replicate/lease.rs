@@ -1,0 +1,615 @@
+//! Single writer per replica: a small lease object, `replicad.lease`, at the replica root.
+//!
+//! Two daemons writing one replica (the same path from two hosts, or two databases pointed at
+//! one place) would interleave TXIDs and corrupt the chain. The lease makes that visible on the
+//! replica itself, for every backend, through [`ReplicaClient`]'s auxiliary objects: it lies
+//! beside the level directories, where neither replicad's nor Litestream's listings look.
+//!
+//! Protocol (every step is one request):
+//! - **Acquire**, before the replica is listed at start: read the lease. If another instance
+//!   holds it and refreshed it less than *its* TTL ago by our clock, refuse (the daemon exits
+//!   1 with an error naming the holder's host, pid and database). A lease left by a previous
+//!   run of the same database on the same host whose process is gone (or whose pid is ours: a
+//!   container restart) is taken over at once. Any other lease that looks expired is watched
+//!   for its TTL on our monotonic clock and taken over only if it did not change (a live
+//!   holder rewrites it every TTL/2): a clock that disagrees can delay a takeover, never make
+//!   one early.
+//! - **Mode**, learnt once by a probe at acquire: a write conditional on a version no object
+//!   has must be refused where the store honours conditions (AWS S3, MinIO, R2, s3s). Then
+//!   every write of the lease is a compare-and-swap (`If-None-Match: *` when absent,
+//!   `If-Match: <ETag>` to replace what we read or wrote), so two instances can never both
+//!   take it, and the S3 client puts objects with `If-None-Match: *`. Elsewhere (directory
+//!   replicas, stores without conditions) a write is followed by a read-back: when two
+//!   instances start together, the last writer wins and the other sees it and refuses.
+//! - **Check**, before each upload round: read the lease (one GET) and stop if it is not ours.
+//!   An idle replica sends nothing for this.
+//! - **Refresh**, when the lease is older than half its TTL (on the upload path or on an idle
+//!   wake-up): check, then rewrite it (conditionally on our last version). So an idle replica
+//!   costs two requests per TTL/2 (default 10 min: two requests every 5 min).
+//! - **Release** on a clean shutdown: delete it if it is still ours.
+//!
+//! Invariant: a replica whose lease another instance took makes no further write: its upload
+//! task stops, loudly, and `/readyz` reports it. A lease that vanished (the replica wiped, or
+//! the lease deleted alone) is taken again after one listing (see [`crate::replicate::replica`]).
+//! Residual window without conditional writes: a check and the PUTs of its round are not
+//! atomic; an instance paused for longer than the TTL between its check and its PUT can still
+//! write one round after a takeover (the next check stops it). With conditional writes that
+//! round's objects are refused, since the new holder's objects already hold those TXIDs or
+//! will be refused in turn (see `Replica::diverged`).
+
+use std::fmt;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::replicate::counters::ReplicaCounters;
+use crate::storage::{AnyClient, PROBE_VERSION, ReplicaClient, StorageError, WriteIf};
+
+/// Name of the lease object at the replica root.
+pub const LEASE_NAME: &str = "replicad.lease";
+pub use crate::config::{DEFAULT_LEASE_TTL, MIN_LEASE_TTL};
+
+/// What the lease object holds (JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    /// Random id of the daemon process that holds it.
+    pub instance: String,
+    /// Host name of that process.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// The database it replicates.
+    pub db: String,
+    /// Its TTL in milliseconds: others judge its liveness by the holder's TTL, not their own.
+    pub ttl_ms: u64,
+    /// Wall-clock time of the last write, milliseconds since the epoch.
+    pub refreshed_ms: i64,
+    /// replicad version.
+    pub version: String,
+}
+
+impl fmt::Display for LeaseRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "host {} pid {} (database {}, instance {})",
+            self.host, self.pid, self.db, self.instance
+        )
+    }
+}
+
+/// Why a replica may not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// Another live instance holds the lease.
+    #[error(
+        "replica {replica} is in use by another replicad: {holder}, lease refreshed {age_s}s ago \
+         (ttl {ttl_s}s); refusing to write to it. Stop that instance, or, if it crashed, wait \
+         for its lease to expire"
+    )]
+    Held {
+        /// Replica location.
+        replica: String,
+        /// The holder.
+        holder: Box<LeaseRecord>,
+        /// Seconds since its last refresh (negative: in the future).
+        age_s: i64,
+        /// Its TTL in seconds.
+        ttl_s: u64,
+    },
+    /// Our lease was replaced or removed while we ran.
+    #[error(
+        "lost the lease of replica {replica}: it is now held by {holder}; this replica stops \
+         uploading (restart this daemon once the other instance is gone)"
+    )]
+    Lost {
+        /// Replica location.
+        replica: String,
+        /// The new holder, or a description when there is none.
+        holder: String,
+    },
+    /// Another instance's lease looks expired: it is taken over only once it stayed unchanged
+    /// for its TTL, which a start does not wait for (the replica connects in the background).
+    #[error(
+        "replica {replica} is held by {holder}, whose lease looks expired: taking it over once \
+         it has stayed unchanged for its TTL ({ttl_s}s)"
+    )]
+    Expired {
+        /// Replica location.
+        replica: String,
+        /// The holder.
+        holder: Box<LeaseRecord>,
+        /// Its TTL in seconds.
+        ttl_s: u64,
+    },
+    /// Our lease object is gone (the replica was emptied, or the lease deleted alone).
+    #[error(
+        "the lease of replica {replica} was removed (the replica was emptied, or its lease \
+         deleted)"
+    )]
+    Vanished {
+        /// Replica location.
+        replica: String,
+    },
+    /// The lease object exists but is not a replicad lease.
+    #[error(
+        "replica {replica} has a {LEASE_NAME} that is not a replicad lease ({reason}); remove \
+         it if no other replicad writes there"
+    )]
+    Unreadable {
+        /// Replica location.
+        replica: String,
+        /// Parse error.
+        reason: String,
+    },
+    /// The replica could not be read or written.
+    #[error("lease of replica {replica}: {error}")]
+    Storage {
+        /// Replica location.
+        replica: String,
+        /// The failure.
+        error: StorageError,
+    },
+}
+
+impl LeaseError {
+    /// True if retrying later may succeed (storage hiccups only).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, LeaseError::Storage { error, .. } if error.is_retryable())
+            || matches!(self, LeaseError::Expired { .. })
+    }
+
+    /// True if another writer is involved (held, lost or foreign lease), as opposed to a
+    /// failure to reach the replica, which is retried like any upload failure.
+    pub fn is_conflict(&self) -> bool {
+        !matches!(
+            self,
+            LeaseError::Storage { .. } | LeaseError::Vanished { .. } | LeaseError::Expired { .. }
+        )
+    }
+
+    /// True when our lease object is gone: the replica may have been wiped.
+    pub fn is_vanished(&self) -> bool {
+        matches!(self, LeaseError::Vanished { .. })
+    }
+}
+
+/// Random id of this process, shared by all its leases.
+fn instance_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        use rand::RngExt;
+        let bytes: [u8; 16] = rand::rng().random();
+        hex::encode(bytes)
+    })
+}
+
+/// This host's name (`uname -n`).
+fn host_name() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// True unless the process `pid` certainly does not exist on this host.
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    !matches!(
+        rustix::process::test_kill_process(pid),
+        Err(rustix::io::Errno::SRCH)
+    )
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// The lease of one replica, as held by this process.
+pub struct Lease {
+    client: AnyClient,
+    me: LeaseRecord,
+    ttl: Duration,
+    /// When our lease was last written (monotonic).
+    written_at: Option<Instant>,
+    /// The version (ETag) of our last write, where the backend has versions.
+    version: Option<String>,
+    /// Whether the backend honours conditional writes (learnt by the probe at acquire).
+    mode: Mode,
+}
+
+/// How the lease is kept single: where the store allows it, every write of the lease is
+/// conditional (compare-and-swap on its version), so two writers can never both believe they
+/// hold it; elsewhere a write is followed by a read-back (last writer wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Not probed yet.
+    Unknown,
+    /// Conditional writes (`If-None-Match`, `If-Match`) are honoured.
+    Conditional,
+    /// They are not: write, then read back.
+    ReadCheck,
+}
+
+impl Mode {
+    /// For logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Unknown => "unknown",
+            Mode::Conditional => "conditional",
+            Mode::ReadCheck => "read-check",
+        }
+    }
+}
+
+impl Lease {
+    /// The lease this process would hold on `client` for database `db`.
+    pub fn new(client: AnyClient, db: &str, ttl: Duration) -> Lease {
+        Lease {
+            client,
+            me: LeaseRecord {
+                instance: instance_id().to_string(),
+                host: host_name(),
+                pid: std::process::id(),
+                db: db.to_string(),
+                ttl_ms: ttl.as_millis() as u64,
+                refreshed_ms: 0,
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            },
+            ttl,
+            written_at: None,
+            version: None,
+            mode: Mode::Unknown,
+        }
+    }
+
+    /// How this lease is kept single (known once acquired).
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    fn storage(&self, error: StorageError) -> LeaseError {
+        LeaseError::Storage {
+            replica: self.client.location(),
+            error,
+        }
+    }
+
+    async fn read(&self, counters: &ReplicaCounters) -> Result<Option<LeaseRecord>, LeaseError> {
+        Ok(self.read_versioned(counters).await?.map(|(r, _)| r))
+    }
+
+    /// The lease object and its version (S3: ETag), when it exists.
+    async fn read_versioned(
+        &self,
+        counters: &ReplicaCounters,
+    ) -> Result<Option<(LeaseRecord, Option<String>)>, LeaseError> {
+        let started = Instant::now();
+        let r = self.client.read_aux_versioned(LEASE_NAME).await;
+        counters.observe(1, started, &r);
+        match r.map_err(|e| self.storage(e))? {
+            None => Ok(None),
+            Some((bytes, version)) => serde_json::from_slice(&bytes)
+                .map(|rec| Some((rec, version)))
+                .map_err(|e| LeaseError::Unreadable {
+                    replica: self.client.location(),
+                    reason: e.to_string(),
+                }),
+        }
+    }
+
+    /// Writes our record. In conditional mode only if `cond` holds (a conflict means another
+    /// writer got there first); otherwise unconditionally.
+    async fn write(&mut self, counters: &ReplicaCounters, cond: WriteIf) -> Result<(), LeaseError> {
+        let at = Instant::now();
+        self.me.refreshed_ms = now_ms();
+        let body = serde_json::to_vec(&self.me).expect("a lease record always serialises");
+        let r = match self.mode {
+            Mode::ReadCheck => self.client.write_aux(LEASE_NAME, body).await.map(|()| None),
+            _ => self.client.write_aux_if(LEASE_NAME, body, cond).await,
+        };
+        counters.observe(0, at, &r);
+        self.version = r.map_err(|e| self.storage(e))?;
+        self.written_at = Some(at);
+        Ok(())
+    }
+
+    /// The condition under which our next write replaces `version` (absent: none exists).
+    fn replacing(version: Option<String>) -> WriteIf {
+        version.map_or(WriteIf::Absent, WriteIf::Version)
+    }
+
+    /// Learns whether the backend honours conditions: a write conditional on a version no
+    /// object has must fail. Where it does not fail, it wrote our record again (harmless).
+    async fn probe(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        let body = serde_json::to_vec(&self.me).expect("a lease record always serialises");
+        let at = Instant::now();
+        let r = self
+            .client
+            .write_aux_if(LEASE_NAME, body, WriteIf::Version(PROBE_VERSION.into()))
+            .await;
+        counters.observe(0, at, &r);
+        self.mode = match r {
+            // Refused, without writing: 412, or 404 where the lease does not exist (AWS).
+            Err(StorageError::Conflict { .. } | StorageError::NotFound(_)) => Mode::Conditional,
+            Ok(_) => Mode::ReadCheck,
+            // A store that rejects the header itself (400, 501) has no conditional writes.
+            Err(e @ StorageError::Permanent { .. }) => {
+                tracing::info!(replica = %self.client.location(), error = %e, "conditional writes refused; keeping the lease with read-backs");
+                Mode::ReadCheck
+            }
+            Err(e) => return Err(self.storage(e)),
+        };
+        Ok(())
+    }
+
+    fn is_mine(&self, other: &LeaseRecord) -> bool {
+        other.instance == self.me.instance && other.db == self.me.db
+    }
+
+    /// A previous run of this database on this host that is gone: safe to take over at once.
+    fn is_my_predecessor(&self, other: &LeaseRecord) -> bool {
+        other.host == self.me.host
+            && other.db == self.me.db
+            && (other.pid == self.me.pid || !pid_alive(other.pid))
+    }
+
+    /// Takes the lease (see the module docs), or says who holds it.
+    pub async fn acquire(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        self.acquire_inner(counters, true).await
+    }
+
+    /// [`Lease::acquire`]; without `watch`, a lease that looks expired is
+    /// [`LeaseError::Expired`] instead of being watched for its TTL.
+    async fn acquire_inner(
+        &mut self,
+        counters: &ReplicaCounters,
+        watch: bool,
+    ) -> Result<(), LeaseError> {
+        let replica = self.client.location();
+        let mut version = None;
+        if let Some((held, v)) = self.read_versioned(counters).await? {
+            version = v;
+            let age_ms = now_ms() - held.refreshed_ms;
+            if self.is_mine(&held) {
+                // Our own (a retried acquire): just refresh it.
+            } else if self.is_my_predecessor(&held) {
+                tracing::info!(%replica, previous = %held, "taking over the lease of a previous run of this database on this host");
+            } else if age_ms < 0 || (age_ms as u64) < held.ttl_ms {
+                return Err(LeaseError::Held {
+                    replica,
+                    age_s: age_ms / 1000,
+                    ttl_s: held.ttl_ms / 1000,
+                    holder: Box::new(held),
+                });
+            } else if !watch {
+                return Err(LeaseError::Expired {
+                    replica,
+                    ttl_s: held.ttl_ms / 1000,
+                    holder: Box::new(held),
+                });
+            } else {
+                // Old by our clock, but clocks may disagree: the holder is gone only if the
+                // lease stays unchanged for its TTL, as measured here.
+                version = self.watch_expire(counters, held, version).await?;
+            }
+        }
+        if self.mode == Mode::Unknown {
+            self.probe(counters).await?;
+        }
+        let cond = Self::replacing(version);
+        let written = match self.write(counters, cond).await {
+            // Another writer got there between our read and our write: the read-back says who.
+            Err(LeaseError::Storage {
+                error: StorageError::Conflict { .. },
+                ..
+            }) => false,
+            r => r.map(|()| true)?,
+        };
+        if self.mode == Mode::Conditional && written {
+            // The compare-and-swap went through: nobody else can have written since.
+            tracing::info!(replica = %replica, ttl = ?self.ttl, mode = self.mode.label(), "single-writer lease acquired");
+            return Ok(());
+        }
+        match self.read_versioned(counters).await? {
+            Some((held, v)) if self.is_mine(&held) => {
+                self.version = v;
+                tracing::info!(replica = %replica, ttl = ?self.ttl, mode = self.mode.label(), "single-writer lease acquired");
+                Ok(())
+            }
+            Some((held, _)) => Err(LeaseError::Held {
+                replica,
+                age_s: (now_ms() - held.refreshed_ms) / 1000,
+                ttl_s: held.ttl_ms / 1000,
+                holder: Box::new(held),
+            }),
+            None => Err(LeaseError::Lost {
+                replica,
+                holder: "nobody (the lease vanished right after it was written)".into(),
+            }),
+        }
+    }
+
+    /// Watches another instance's lease, which looks expired by our clock, for its TTL on our
+    /// monotonic clock: a live holder rewrites it within half its TTL. Returns the version to
+    /// replace once it stayed unchanged; [`LeaseError::Held`] when it changed.
+    async fn watch_expire(
+        &self,
+        counters: &ReplicaCounters,
+        held: LeaseRecord,
+        version: Option<String>,
+    ) -> Result<Option<String>, LeaseError> {
+        let replica = self.client.location();
+        let ttl = Duration::from_millis(held.ttl_ms);
+        tracing::warn!(%replica, previous = %held, ttl = ?ttl, "the lease looks expired; taking it over if it stays unchanged for its TTL");
+        let until = Instant::now() + ttl;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(%replica, previous = %held, "taking over an expired lease");
+                return Ok(version);
+            }
+            tokio::time::sleep(left.min(ttl / 4).max(Duration::from_millis(50))).await;
+            match self.read_versioned(counters).await? {
+                Some((now, v)) if now == held && v == version => {}
+                // Gone meanwhile: nobody holds it any more.
+                None => return Ok(None),
+                Some((now, _)) => {
+                    return Err(LeaseError::Held {
+                        replica,
+                        age_s: (now_ms() - now.refreshed_ms) / 1000,
+                        ttl_s: now.ttl_ms / 1000,
+                        holder: Box::new(now),
+                    });
+                }
+            }
+        }
+    }
+
+    /// [`Lease::acquire`], retrying transient storage failures with backoff (a replica that
+    /// blinks at startup must not stop the daemon); a held lease or a permanent failure
+    /// returns at once.
+    pub async fn acquire_with_retries(
+        &mut self,
+        counters: &ReplicaCounters,
+        attempts: u32,
+    ) -> Result<(), LeaseError> {
+        let mut backoff =
+            crate::util::retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut attempt = 1;
+        loop {
+            match self.acquire_inner(counters, false).await {
+                Err(e @ LeaseError::Expired { .. }) => return Err(e),
+                Err(e) if e.is_retryable() && attempt < attempts => {
+                    tracing::debug!(attempt, error = %e, "taking the lease failed; retrying");
+                    attempt += 1;
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Checks that the lease is still ours (one GET), and refreshes it when due.
+    pub async fn check(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        let version = match self.read_versioned(counters).await? {
+            Some((held, v)) if self.is_mine(&held) => v,
+            Some((other, _)) => {
+                return Err(LeaseError::Lost {
+                    replica: self.client.location(),
+                    holder: other.to_string(),
+                });
+            }
+            None => {
+                return Err(LeaseError::Vanished {
+                    replica: self.client.location(),
+                });
+            }
+        };
+        // The version just read is ours (a refresh whose answer was lost moved it on).
+        if version.is_some() {
+            self.version = version;
+        }
+        if self.refresh_in().is_zero() {
+            let cond = Self::replacing(self.version.clone());
+            match self.write(counters, cond).await {
+                Err(LeaseError::Storage {
+                    error: StorageError::Conflict { .. },
+                    ..
+                }) => {
+                    // Changed between our read and our write: ours still (adopt its
+                    // version), or another instance's.
+                    match self.read_versioned(counters).await? {
+                        Some((held, v)) if self.is_mine(&held) => self.version = v,
+                        other => {
+                            return Err(LeaseError::Lost {
+                                replica: self.client.location(),
+                                holder: other
+                                    .map_or_else(|| "nobody".to_string(), |(h, _)| h.to_string()),
+                            });
+                        }
+                    }
+                }
+                r => r?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Refreshes the lease if half its TTL has passed since it was written (check + write);
+    /// otherwise sends nothing.
+    pub async fn refresh_if_due(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        if self.refresh_in().is_zero() {
+            self.check(counters).await
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Time until the next refresh is due (zero: now).
+    pub fn refresh_in(&self) -> Duration {
+        match self.written_at {
+            Some(at) => (self.ttl / 2).saturating_sub(at.elapsed()),
+            None => Duration::ZERO,
+        }
+    }
+
+    /// Deletes the lease if it is still ours (clean shutdown); failures are only logged.
+    pub async fn release(&mut self, counters: &ReplicaCounters) {
+        match self.read(counters).await {
+            Ok(Some(held)) if self.is_mine(&held) => {
+                let started = Instant::now();
+                let r = self.client.delete_aux(LEASE_NAME).await;
+                counters.observe(3, started, &r);
+                match r {
+                    Ok(()) => tracing::debug!(replica = %self.client.location(), "lease released"),
+                    Err(e) => {
+                        tracing::warn!(replica = %self.client.location(), error = %e, "could not release the lease; the next start on this host takes it over, another host after the TTL")
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the lease to release it")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_pid_counts_as_alive_and_a_dead_pid_does_not() {
+        assert!(pid_alive(std::process::id()));
+        // Beyond pid_max (at most 2^22 on Linux): no such process.
+        assert!(!pid_alive(1 << 30));
+        assert!(!pid_alive(0));
+    }
+
+    #[test]
+    fn record_round_trips_as_json_and_displays_the_holder() {
+        let lease = Lease::new(
+            AnyClient::from_url("/nonexistent-replica").expect("a plain path is a valid URL"),
+            "/data/a.db",
+            DEFAULT_LEASE_TTL,
+        );
+        let json = serde_json::to_string(&lease.me).expect("serialises");
+        let back: LeaseRecord = serde_json::from_str(&json).expect("parses");
+        assert_eq!(back, lease.me);
+        let shown = back.to_string();
+        assert!(
+            shown.contains(&format!("pid {}", std::process::id())),
+            "{shown}"
+        );
+        assert!(shown.contains("/data/a.db"), "{shown}");
+        assert_eq!(lease.refresh_in(), Duration::ZERO);
+    }
+}

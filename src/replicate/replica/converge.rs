@@ -1,0 +1,216 @@
+//! How a replica converges: the seed snapshot it asks its database for when its chain cannot
+//! be continued from staging, the checks that find it wiped, continued by another writer or
+//! not restorable, and the late connection of a replica unreachable at start (see the
+//! module doc of [`super`] for the rules).
+
+use crate::replicate::health::SeedReason;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{Replica, RoundError};
+use crate::ltx::{self, TxId};
+use crate::replicate::maintenance::schedule::RemoteIndex;
+use crate::replicate::staging::Staging;
+use crate::storage::{LtxFileInfo, ReplicaClient, StorageError, put_new};
+use crate::util::phase::{PHASES, Phase};
+
+impl Replica {
+    /// A replica that could not be reached at start (`why`): its upload task connects to it
+    /// in the background (lease, then listing), with backoff, while the others go ahead. It
+    /// is reported as not protected until then.
+    pub fn deferred(mut self, why: String) -> Replica {
+        tracing::error!(db = %self.db, replica = %self.name, error = %why, "replica not connected at start; replicating to the others and connecting to it in the background");
+        self.stats.health.fail(format!("not written: {why}"));
+        self.deferred = true;
+        self
+    }
+
+    /// Connects a deferred replica: takes its lease and lists it. Its chain must not be
+    /// ahead of the database's (it would then belong to another chain: written by a run
+    /// whose staging was lost while this replica was down).
+    pub(super) async fn connect(&mut self, db_txid: TxId) -> Result<(), RoundError> {
+        self.lease.acquire(&self.stats.counters).await?;
+        let tip = self.init_with(1).await.map_err(RoundError::Storage)?;
+        // Beyond the database's position (its local state was lost while this replica was
+        // down, or another chain), or a chain that is not ours: a seed after it.
+        if tip.txid > db_txid
+            || tip.full_reason.is_some()
+            || (tip.page_size != 0 && tip.page_size != self.page_size())
+        {
+            self.pending_seed = Some(SeedReason::Behind);
+        }
+        tracing::info!(db = %self.db, replica = %self.name, remote_txid = %tip.txid, "replica connected");
+        self.deferred = false;
+        Ok(())
+    }
+
+    /// The page size of the newest staged segment (0 when none).
+    pub(super) fn page_size(&self) -> u32 {
+        self.staging
+            .txids()
+            .ok()
+            .and_then(|t| t.last().copied())
+            .and_then(|t| self.staging.header(t).ok())
+            .map_or(0, |h| h.page_size)
+    }
+
+    /// Whether the replica's newest file `f` is the one local staging holds for its TXID:
+    /// the same header (level 0), or the same post-apply checksum (a compaction, when both
+    /// carry one). Without a staged copy of that TXID there is nothing to compare: yes.
+    pub(super) fn is_our_chain(
+        &self,
+        f: &LtxFileInfo,
+        remote: Option<&ltx::Header>,
+        post: u64,
+    ) -> bool {
+        let Ok(local) = self.staging.header(f.max_txid) else {
+            return true;
+        };
+        match remote {
+            // The very bytes uploaded from staging: the same header.
+            Some(remote) if f.level == 0 => *remote == local,
+            _ => {
+                let staged = Staging::post_apply_checksum_of(&self.staging.path(f.max_txid));
+                match staged {
+                    Ok(ours) if ours != 0 && post != 0 => ours == post,
+                    _ => true,
+                }
+            }
+        }
+    }
+
+    /// Another writer stored TXID `txid` here, with other bytes: if it took our lease, we
+    /// stop; if the lease is still ours (it wrote during a round it began before a takeover
+    /// and ours after), its files are history and the chain continues after them with a
+    /// seed snapshot, never with our staged segments on top of its state.
+    pub(super) async fn diverged(&mut self, txid: TxId) -> Result<(), RoundError> {
+        self.lease.check(&self.stats.counters).await?;
+        let started = Instant::now();
+        let listed = self.client.list_all().await;
+        self.stats.counters.observe(2, started, &listed);
+        let files = listed.map_err(RoundError::Storage)?;
+        let tip = files.iter().map(|f| f.max_txid).max().unwrap_or_default();
+        tracing::error!(db = %self.db, replica = %self.name, %txid, listed_tip = %tip, "another writer stored this TXID on the replica; continuing after its files with a seed snapshot");
+        self.index = RemoteIndex::default();
+        for f in files {
+            self.index.insert(f);
+        }
+        self.remote = tip.max(self.remote);
+        self.stats
+            .remote_txid
+            .store(self.remote.0, Ordering::Relaxed);
+        self.send_ack();
+        self.pending_seed = Some(SeedReason::Behind);
+        Ok(())
+    }
+
+    pub(super) fn seed_reason(&self) -> SeedReason {
+        if self.wiped {
+            SeedReason::Wiped
+        } else if self.remote.0 == 0 && self.index.tip().0 == 0 {
+            SeedReason::Empty
+        } else {
+            SeedReason::Behind
+        }
+    }
+
+    /// Re-seeds the replica: asks the database for a snapshot of its current state, stores
+    /// it at level 9, and moves the remote position to it.
+    pub(super) async fn reseed(
+        &mut self,
+        reason: SeedReason,
+        db_txid: TxId,
+    ) -> Result<(), RoundError> {
+        let seed_err = |why: String| {
+            RoundError::Seed(StorageError::Transient {
+                op: "seed",
+                key: self.db.clone(),
+                reason: why,
+            })
+        };
+        let Some(seeds) = &self.seeds else {
+            return Err(seed_err(format!(
+                "{}, and this replica cannot be re-seeded here",
+                reason.explain()
+            )));
+        };
+        tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, reason = reason.label(), "{}: re-seeding it with a snapshot of the live database", reason.explain());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // Holding TXIDs the database has not reached (or the same one, from another chain):
+        // the database moves past them first.
+        let past = (self.remote.0 > 0 && self.remote >= db_txid).then_some(self.remote);
+        seeds
+            .send(crate::replicate::db::SeedRequest { past, reply: tx })
+            .map_err(|_| seed_err("the database's monitor has stopped".into()))?;
+        let seed = rx
+            .await
+            .map_err(|_| seed_err("the database stopped before the snapshot was built".into()))?
+            .map_err(|e| seed_err(format!("building the snapshot: {e}")))?;
+        if seed.txid <= self.remote {
+            return Err(seed_err(format!(
+                "the snapshot's TXID {} is not past the replica's {}",
+                seed.txid, self.remote
+            )));
+        }
+        let started = Instant::now();
+        let level = crate::storage::SNAPSHOT_LEVEL;
+        let put = put_new(
+            &self.client,
+            level,
+            TxId(1),
+            seed.txid,
+            &seed.path,
+            seed.timestamp_ms,
+        )
+        .await;
+        let bytes = put.as_ref().map_or(0, |info| info.size);
+        PHASES.record(Phase::Upload, bytes, started.elapsed());
+        self.stats.counters.observe(0, started, &put);
+        let info = put.map_err(RoundError::Storage)?;
+        tracing::info!(db = %self.db, replica = %self.name, txid = %seed.txid, bytes, elapsed = ?started.elapsed(), reason = reason.label(), "replica re-seeded");
+        self.wiped = false;
+        self.stats.counters.reseeds[reason as usize].inc();
+        self.stats.reseeds.fetch_add(1, Ordering::Relaxed);
+        self.stored(info, seed.timestamp_ms);
+        Ok(())
+    }
+
+    /// Our lease vanished: one listing tells a wiped (or truncated) replica from a lease
+    /// deleted alone. Then the lease is taken again.
+    pub(super) async fn lease_vanished(&mut self) -> Result<(), RoundError> {
+        if !self.recheck_listing().await? {
+            tracing::warn!(db = %self.db, replica = %self.name, "the replica's lease object was removed but its files are intact; taking the lease again");
+        }
+        self.lease.acquire(&self.stats.counters).await?;
+        Ok(())
+    }
+
+    /// Lists the replica and, unless it still restores up to our position, starts it over:
+    /// a seed, then every staged segment after it again (objects that survived compare
+    /// equal and are kept). An upload racing the wipe can leave the newest file standing with
+    /// nothing under it, so the test is the restore plan, not the tip. True when it was wiped.
+    pub(super) async fn recheck_listing(&mut self) -> Result<bool, RoundError> {
+        self.recheck = false;
+        let started = Instant::now();
+        let listed = self.client.list_all().await;
+        self.stats.counters.observe(2, started, &listed);
+        let files = listed.map_err(RoundError::Storage)?;
+        let restorable = crate::restore::calc_plan(&files, None)
+            .ok()
+            .and_then(|plan| plan.last().map(|f| f.max_txid));
+        if restorable.is_some_and(|t| t >= self.remote) {
+            return Ok(false);
+        }
+        tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, restorable = ?restorable, "the replica was emptied or truncated behind replicad's back");
+        self.index = RemoteIndex::default();
+        for f in files {
+            self.index.insert(f);
+        }
+        self.remote = TxId(0);
+        self.stats.remote_txid.store(0, Ordering::Relaxed);
+        self.stats.counters.txid.set(0);
+        self.wiped = true;
+        self.send_ack();
+        Ok(true)
+    }
+}

@@ -1,0 +1,213 @@
+//! Local staging of level-0 segments: `<meta>/ltx/0/<N>-<N>.ltx`.
+//!
+//! Invariants:
+//! - A segment appears here only whole and durable (tmp -> fsync -> rename -> fsync dir);
+//!   `*.tmp` leftovers of a crash are removed when the directory is opened.
+//! - Staging keeps every segment not yet acknowledged by every replica, and the newest one
+//!   always (its header is where a restarted process learns its position and WAL offset).
+
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use crate::ltx::{self, Header, TRAILER_SIZE, TxId};
+use crate::util::fsutil;
+
+/// The staging directory of one database.
+#[derive(Debug, Clone)]
+pub struct Staging {
+    dir: PathBuf,
+}
+
+/// The newest staged segment: where the local chain ends.
+#[derive(Debug, Clone, Copy)]
+pub struct StagedTip {
+    /// Its header.
+    pub header: Header,
+    /// Its post-apply database checksum (0 if it carries none).
+    pub post_apply_checksum: u64,
+}
+
+/// The claim of one database's local state (`<meta>/lock`): one daemon per database. The file
+/// names the claiming process; a claim by a process that is gone (a crash, kill -9) or by our
+/// own pid (a container restarted as pid 1) is free. No descriptor is held while it lives (at
+/// 10,000 databases that would be 10,000 descriptors); `flock` only makes the claim itself
+/// atomic. Removed when the value is dropped.
+#[derive(Debug)]
+pub struct StagingLock {
+    path: PathBuf,
+}
+
+impl StagingLock {
+    /// Claims `meta` (creating the directory), or says which live process holds it.
+    pub fn acquire(meta: &Path) -> Result<StagingLock, String> {
+        use std::io::{Seek, Write};
+        fsutil::create_dir_all_durable(meta)
+            .map_err(|e| format!("create {}: {e}", meta.display()))?;
+        let path = meta.join("lock");
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| format!("open {}: {e}", path.display()))?;
+        // Two daemons claiming at once take turns here; the descriptor closes below.
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| format!("lock {}: {e}", path.display()))?;
+        let mut text = String::new();
+        let _ = file.read_to_string(&mut text);
+        if let Some(pid) = claimed_by_another(&text) {
+            return Err(format!(
+                "another replicad already replicates this database (pid {pid}, lock {}); \
+                 run one daemon per database, with every replica in its config",
+                path.display()
+            ));
+        }
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| write!(file, "{}", std::process::id()))
+            .and_then(|()| file.sync_data())
+            .map_err(|e| format!("write {}: {e}", path.display()))?;
+        Ok(StagingLock { path })
+    }
+
+    /// True when a live process (other than this one) has claimed `meta` (checked before
+    /// writing over a database: a running daemon would keep replicating the file it has open).
+    pub fn is_held(meta: &Path) -> bool {
+        fs::read_to_string(meta.join("lock")).is_ok_and(|t| claimed_by_another(&t).is_some())
+    }
+}
+
+impl Drop for StagingLock {
+    fn drop(&mut self) {
+        if fs::read_to_string(&self.path).is_ok_and(|t| t.trim() == std::process::id().to_string())
+        {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The pid in a claim, when it is a live process other than this one.
+fn claimed_by_another(text: &str) -> Option<u32> {
+    let pid: u32 = text.trim().parse().ok()?;
+    (pid != std::process::id() && crate::replicate::lease::pid_alive(pid)).then_some(pid)
+}
+
+impl Staging {
+    /// Opens (creating) the directory and removes temporary leftovers.
+    pub fn open(dir: PathBuf) -> std::io::Result<Staging> {
+        fsutil::create_dir_all_durable(&dir)?;
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            if entry.file_name().to_string_lossy().ends_with(".tmp") {
+                fs::remove_file(entry.path())?;
+            }
+        }
+        Ok(Staging { dir })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Path of segment `txid`.
+    pub fn path(&self, txid: TxId) -> PathBuf {
+        self.dir.join(ltx::format_filename(txid, txid))
+    }
+
+    /// TXIDs of the staged segments, ascending.
+    pub fn txids(&self) -> std::io::Result<Vec<TxId>> {
+        let mut out: Vec<TxId> = fs::read_dir(&self.dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().and_then(ltx::parse_filename))
+            .filter(|(min, max)| min == max)
+            .map(|(min, _)| min)
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Reads the header and post-apply checksum of the newest segment. The whole file is
+    /// verified first: a torn or corrupt newest segment must not define the position.
+    pub fn tip(&self) -> Result<Option<StagedTip>, String> {
+        let txids = self
+            .txids()
+            .map_err(|e| format!("list {}: {e}", self.dir.display()))?;
+        let Some(&txid) = txids.last() else {
+            return Ok(None);
+        };
+        let path = self.path(txid);
+        let verify = || -> Result<StagedTip, ltx::LtxError> {
+            let mut dec = ltx::Decoder::new(File::open(&path)?)?;
+            let header = *dec.header();
+            let mut page = vec![0u8; header.page_size as usize];
+            while dec.next_page(&mut page)?.is_some() {}
+            let trailer = dec.finish()?;
+            Ok(StagedTip {
+                header,
+                post_apply_checksum: trailer.post_apply_checksum,
+            })
+        };
+        verify()
+            .map(Some)
+            .map_err(|e| format!("staged segment {}: {e}", path.display()))
+    }
+
+    /// Reads only the header of a staged segment (the upload path needs its timestamp).
+    pub fn header(&self, txid: TxId) -> Result<Header, ltx::LtxError> {
+        ltx::decoder::read_header(File::open(self.path(txid))?)
+    }
+
+    /// Reads the trailer's post-apply checksum of any LTX file on disk.
+    pub fn post_apply_checksum_of(path: &Path) -> std::io::Result<u64> {
+        let mut f = File::open(path)?;
+        f.seek(SeekFrom::End(-(TRAILER_SIZE as i64)))?;
+        let mut b = [0u8; 8];
+        f.read_exact(&mut b)?;
+        Ok(u64::from_be_bytes(b))
+    }
+
+    /// Total bytes of the staged segments.
+    pub fn total_bytes(&self) -> std::io::Result<u64> {
+        let mut total = 0;
+        for t in self.txids()? {
+            match fs::metadata(self.path(t)) {
+                Ok(m) => total += m.len(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Deletes every staged segment older than `keep_from`, but never the newest.
+    pub fn prune_below(&self, keep_from: TxId) -> std::io::Result<usize> {
+        let txids = self.txids()?;
+        let newest = txids.last().copied();
+        let mut removed = 0;
+        for t in txids
+            .into_iter()
+            .filter(|t| *t < keep_from && Some(*t) != newest)
+        {
+            match fs::remove_file(self.path(t)) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if removed > 0 {
+            fsutil::fsync_dir(&self.dir)?;
+        }
+        Ok(removed)
+    }
+
+    /// Removes every staged segment (the local position is then rebuilt from the replicas).
+    pub fn clear(&self) -> std::io::Result<()> {
+        for t in self.txids()? {
+            fs::remove_file(self.path(t))?;
+        }
+        fsutil::fsync_dir(&self.dir)
+    }
+}

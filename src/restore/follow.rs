@@ -1,0 +1,934 @@
+//! `restore --follow`: a read replica, kept up to date in place.
+//!
+//! The first run restores the newest state (through [`restore::plan`] and [`restore::apply`],
+//! with all their checks) and records its TXID in `<db>-txid` (16 hex digits and a newline).
+//! Then, every interval until SIGINT or SIGTERM, the replica is listed and every LTX file that
+//! extends the chain past that TXID ([`extend_chain`]: level 0, bridged from levels 1..8 when
+//! level-0 files were retired, a snapshot as the last resort) is applied to the database file
+//! in place. A later run with the database and its `<db>-txid` present resumes from there.
+//!
+//! Applying one file:
+//! 1. download it whole to `<db>.incoming` and verify it with a full decoder pass (file
+//!    checksum, page index, TXID range, page size, and the checksum chain when the files carry
+//!    database checksums): nothing of a corrupt or foreign file ever reaches the database;
+//! 2. take SQLite's own EXCLUSIVE lock on the database (a connection in `BEGIN EXCLUSIVE`), so
+//!    readers, which hold POSIX locks, never see a half-applied file;
+//! 3. decode the file again and write each page at `(pgno - 1) * page_size`, set the length to
+//!    `commit * page_size`, and set page 1's bytes 18..20 to 1,1 (rollback-journal mode: a
+//!    reader never looks for a WAL) and bytes 24..28 to the previous file change counter plus
+//!    one (so readers drop their page caches), as Litestream does;
+//! 4. fsync the database, release the lock, then publish the new `<db>-txid` (tmp, fsync,
+//!    rename, fsync dir).
+//!
+//! Invariants:
+//! - `<db>-txid` never names a state newer than the durable database file. After a crash in
+//!   step 3 the file is ahead of it, and re-applying from it is idempotent: every page a file
+//!   holds is its final value at the file's max TXID.
+//! - A file that does not fit (another page size, a broken checksum chain, a hole in the
+//!   replica's history) is never applied: the error is logged once per streak and the poll
+//!   retried at the next interval, the database unchanged.
+//! - The follower holds an exclusive `flock` on the database file for its whole run, so two
+//!   followers never write the same file.
+//! - A shutdown never interrupts step 2..4: it is noticed while listing, downloading or
+//!   sleeping, and between files.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::ltx::{self, Decoder, Header, TxId};
+use crate::restore::{self, RestoreError, RestoreOptions, Target};
+use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
+use crate::util::fsutil;
+
+/// Options of `restore --follow`.
+#[derive(Debug, Clone)]
+pub struct FollowOptions {
+    /// The database kept up to date.
+    pub to: PathBuf,
+    /// How often the replica is polled.
+    pub interval: Duration,
+    /// Replace an existing database that has no `<db>-txid` with a fresh restore, and remove
+    /// a stray `-wal` or `-journal` beside a database being resumed.
+    pub force: bool,
+    /// Run `PRAGMA integrity_check` on the initial restore.
+    pub integrity_check: bool,
+}
+
+/// `<db>-txid`: the TXID the database file holds.
+pub fn txid_path(db: &Path) -> PathBuf {
+    sibling(db, "-txid")
+}
+
+fn sibling(db: &Path, suffix: &str) -> PathBuf {
+    let mut s = db.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> RestoreError {
+    let path = path.to_path_buf();
+    move |source| RestoreError::Io { op, path, source }
+}
+
+/// Reads `<db>-txid`; `None` if it does not exist.
+pub fn read_txid(path: &Path) -> Result<Option<TxId>, RestoreError> {
+    match fs::read_to_string(path) {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|e| RestoreError::Inconsistent(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err("read", path)(e)),
+    }
+}
+
+/// Writes `<db>-txid` crash-safely: tmp, fsync, rename, fsync of the directory.
+pub fn write_txid(path: &Path, txid: TxId) -> io::Result<()> {
+    let tmp = fsutil::tmp_path(path);
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(format!("{txid}\n").as_bytes())?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    fsutil::fsync_dir(fsutil::parent_dir(path))
+}
+
+/// The files that take a database at some TXID forward, in the order to apply them, and the
+/// hole that stops the chain, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extension {
+    /// Files to apply, oldest first; each starts at or before the previous one's max + 1.
+    pub files: Vec<LtxFileInfo>,
+    /// `(first, last)` missing TXIDs when files exist beyond a hole the listing cannot bridge.
+    pub gap: Option<(TxId, TxId)>,
+}
+
+/// Chooses the files that take a database at `last` forward, from a listing of any levels in
+/// any order. At each step the file of levels 0..8 that starts at or before `current + 1` and
+/// reaches furthest wins, as in [`restore::calc_plan`]; among equal reaches the smallest
+/// download (then the later start, the higher level, the older file), since the database
+/// already holds what came before. Only when no such file exists is the newest snapshot
+/// beyond `current` taken. Pure: no I/O.
+pub fn extend_chain(files: &[LtxFileInfo], last: TxId) -> Extension {
+    let mut current = last.0;
+    let mut chain = Vec::new();
+    loop {
+        let next = current.saturating_add(1);
+        let incremental = files
+            .iter()
+            .filter(|f| f.level < SNAPSHOT_LEVEL && f.min_txid.0 <= next && f.max_txid.0 > current)
+            .max_by_key(|f| {
+                (
+                    f.max_txid,
+                    std::cmp::Reverse(f.size),
+                    f.min_txid,
+                    f.level,
+                    std::cmp::Reverse(f.created_at),
+                )
+            });
+        let step = incremental.or_else(|| {
+            files
+                .iter()
+                .filter(|f| f.level == SNAPSHOT_LEVEL && f.max_txid.0 > current)
+                .max_by_key(|f| (f.max_txid, std::cmp::Reverse(f.created_at)))
+        });
+        match step {
+            Some(f) => {
+                current = f.max_txid.0;
+                chain.push(f.clone());
+            }
+            None => break,
+        }
+    }
+    let gap = files
+        .iter()
+        .filter(|f| f.min_txid.0 > current.saturating_add(1))
+        .map(|f| f.min_txid)
+        .min()
+        .map(|m| (TxId(current + 1), TxId(m.0 - 1)));
+    Extension { files: chain, gap }
+}
+
+/// One file applied to the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppliedFile {
+    /// Level of the file.
+    pub level: u8,
+    /// Its first TXID.
+    pub min_txid: TxId,
+    /// Its last TXID: the database's TXID now.
+    pub txid: TxId,
+    /// Pages written.
+    pub pages: u32,
+    /// Database size in pages now.
+    pub commit: u32,
+    /// The file's post-apply database checksum, if it carries one.
+    pub post_apply_checksum: Option<u64>,
+}
+
+/// What to do with the output path before following.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    Resume(TxId),
+    Restore,
+}
+
+/// Decides between resuming and restoring, with the local checks that no retry can fix.
+fn start_mode(opts: &FollowOptions) -> Result<Start, RestoreError> {
+    let to = &opts.to;
+    if !to.exists() {
+        return Ok(Start::Restore);
+    }
+    let Some(txid) = read_txid(&txid_path(to))? else {
+        if opts.force {
+            return Ok(Start::Restore);
+        }
+        return Err(RestoreError::Exists(to.clone()));
+    };
+    // SQLite would read through a WAL, or roll a hot journal back into what we write.
+    for suffix in ["-wal", "-journal"] {
+        let p = sibling(to, suffix);
+        if !p.exists() {
+            continue;
+        }
+        if !opts.force {
+            return Err(RestoreError::Inconsistent(format!(
+                "{} exists beside the followed database; remove it or pass --force",
+                p.display()
+            )));
+        }
+        for s in [suffix, "-shm"] {
+            let p = sibling(to, s);
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("remove", &p)(e)),
+            }
+        }
+    }
+    Ok(Start::Resume(txid))
+}
+
+/// The initial restore of the newest state; returns its TXID.
+async fn initial_restore(client: &AnyClient, opts: &FollowOptions) -> Result<TxId, RestoreError> {
+    let plan = restore::plan(client, Target::Latest).await?;
+    let txid = plan
+        .last()
+        .map(|f| f.max_txid)
+        .ok_or_else(|| RestoreError::Inconsistent("empty restore plan".into()))?;
+    let ropts = RestoreOptions {
+        to: opts.to.clone(),
+        target: Target::Latest,
+        force: opts.force,
+        integrity_check: opts.integrity_check,
+    };
+    let report = restore::apply(client, plan, &ropts).await?;
+    tracing::info!(
+        db = %opts.to.display(),
+        txid = %report.txid,
+        files = report.files.len(),
+        pages = report.pages,
+        replica = %report.replica,
+        "restored; following"
+    );
+    Ok(txid)
+}
+
+/// A database kept up to date from a replica.
+pub struct Follower {
+    client: AnyClient,
+    to: PathBuf,
+    txid_path: PathBuf,
+    incoming: PathBuf,
+    /// The database file, `flock`ed for the follower's life.
+    db: Arc<File>,
+    page_size: u32,
+    txid: TxId,
+    /// Post-apply checksum of the last file this process applied, if it carried one.
+    last_post: Option<u64>,
+}
+
+impl Follower {
+    /// Restores `opts.to` from the replica (when it must) or resumes it from `<db>-txid`, and
+    /// locks it: [`run`]'s start without its retries.
+    pub async fn open(client: &AnyClient, opts: &FollowOptions) -> Result<Follower, RestoreError> {
+        let mode = start_mode(opts)?;
+        let txid = match mode {
+            Start::Resume(t) => t,
+            Start::Restore => initial_restore(client, opts).await?,
+        };
+        Follower::attach(client, opts, mode, txid).await
+    }
+
+    /// Locks the database (restored, or resumed at `txid`) and records its TXID.
+    async fn attach(
+        client: &AnyClient,
+        opts: &FollowOptions,
+        mode: Start,
+        txid: TxId,
+    ) -> Result<Follower, RestoreError> {
+        let to = opts.to.clone();
+        let (db, page_size) = tokio::task::spawn_blocking(move || attach_file(&to))
+            .await
+            .map_err(|e| RestoreError::Inconsistent(format!("follow task failed: {e}")))??;
+        let txid_path = txid_path(&opts.to);
+        match mode {
+            Start::Restore => write_txid(&txid_path, txid).map_err(io_err("write", &txid_path))?,
+            Start::Resume(_) => tracing::info!(
+                db = %opts.to.display(),
+                txid = %txid,
+                replica = %client.location(),
+                "resuming follow"
+            ),
+        }
+        let incoming = sibling(&opts.to, ".incoming");
+        let _ = fs::remove_file(&incoming);
+        Ok(Follower {
+            client: client.clone(),
+            to: opts.to.clone(),
+            txid_path,
+            incoming,
+            db: Arc::new(db),
+            page_size,
+            txid,
+            last_post: None,
+        })
+    }
+
+    /// The TXID the database holds.
+    pub fn txid(&self) -> TxId {
+        self.txid
+    }
+
+    /// The database's page size.
+    pub fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    /// Lists the replica: level 0, and every level when level 0 alone cannot take the
+    /// database forward (a hole, retired files) or looks older than it.
+    async fn listing(&self) -> Result<Vec<LtxFileInfo>, RestoreError> {
+        let l0 = self.client.list(0).await?;
+        let newest = l0.iter().map(|f| f.max_txid).max();
+        if newest.is_some_and(|n| n >= self.txid) && extend_chain(&l0, self.txid).gap.is_none() {
+            return Ok(l0);
+        }
+        let mut all = l0;
+        for level in 1..=SNAPSHOT_LEVEL {
+            all.extend(self.client.list(level).await?);
+        }
+        Ok(all)
+    }
+
+    /// One round: applies every file that extends the database, in order, logging each. A
+    /// hole that stops the chain, or a replica older than the database, is an error (after
+    /// applying what comes before the hole). Returns early, with what was applied, once
+    /// `stop` is cancelled; an apply in progress is always finished first.
+    pub async fn poll(
+        &mut self,
+        stop: &CancellationToken,
+    ) -> Result<Vec<AppliedFile>, RestoreError> {
+        let files = tokio::select! {
+            r = self.listing() => r?,
+            _ = stop.cancelled() => return Ok(Vec::new()),
+        };
+        let ext = extend_chain(&files, self.txid);
+        let mut applied = Vec::new();
+        for info in &ext.files {
+            let downloaded = tokio::select! {
+                r = self.download(info) => r,
+                _ = stop.cancelled() => {
+                    let _ = tokio::fs::remove_file(&self.incoming).await;
+                    return Ok(applied);
+                }
+            };
+            if let Err(e) = downloaded {
+                let _ = tokio::fs::remove_file(&self.incoming).await;
+                return Err(e);
+            }
+            let a = self.apply_incoming(info).await?;
+            tracing::info!(
+                txid = %a.txid,
+                min_txid = %a.min_txid,
+                level = a.level,
+                pages = a.pages,
+                commit = a.commit,
+                "applied LTX file"
+            );
+            applied.push(a);
+            if stop.is_cancelled() {
+                return Ok(applied);
+            }
+        }
+        if let Some((from, to)) = ext.gap {
+            return Err(RestoreError::Gap { from, to });
+        }
+        match files.iter().map(|f| f.max_txid).max() {
+            None => return Err(RestoreError::NoBackups(self.client.location())),
+            Some(n) if n < self.txid => {
+                return Err(RestoreError::Inconsistent(format!(
+                    "the replica's newest TXID {n} is older than the followed database's {} \
+                     (was the replica reset or replaced?)",
+                    self.txid
+                )));
+            }
+            Some(_) => {}
+        }
+        Ok(applied)
+    }
+
+    /// Downloads one file whole to `<db>.incoming`.
+    async fn download(&self, info: &LtxFileInfo) -> Result<(), RestoreError> {
+        let mut reader = self
+            .client
+            .open(info.level, info.min_txid, info.max_txid, 0)
+            .await?;
+        let path = &self.incoming;
+        let mut out = tokio::fs::File::create(path)
+            .await
+            .map_err(io_err("create", path))?;
+        tokio::io::copy(&mut reader, &mut out).await.map_err(|e| {
+            RestoreError::Storage(StorageError::Transient {
+                op: "download",
+                key: file_label(info),
+                reason: e.to_string(),
+            })
+        })?;
+        out.flush().await.map_err(io_err("write", path))?;
+        Ok(())
+    }
+
+    /// Verifies and applies the downloaded file, then records its TXID. Runs to the end even
+    /// if the caller stops waiting.
+    async fn apply_incoming(&mut self, info: &LtxFileInfo) -> Result<AppliedFile, RestoreError> {
+        let job = ApplyJob {
+            db: self.db.clone(),
+            to: self.to.clone(),
+            incoming: self.incoming.clone(),
+            txid_path: self.txid_path.clone(),
+            info: info.clone(),
+            page_size: self.page_size,
+            txid: self.txid,
+            last_post: self.last_post,
+        };
+        let applied = tokio::task::spawn_blocking(move || job.run())
+            .await
+            .map_err(|e| RestoreError::Inconsistent(format!("follow task failed: {e}")))??;
+        self.txid = applied.txid;
+        self.last_post = applied.post_apply_checksum;
+        Ok(applied)
+    }
+}
+
+fn file_label(f: &LtxFileInfo) -> String {
+    format!(
+        "{}/{}",
+        f.level,
+        ltx::format_filename(f.min_txid, f.max_txid)
+    )
+}
+
+/// Opens and locks the database file, reads its page size, and makes sure page 1 says
+/// rollback-journal mode (a restore leaves the source's WAL mode there).
+fn attach_file(to: &Path) -> Result<(File, u32), RestoreError> {
+    let db = File::options()
+        .read(true)
+        .write(true)
+        .open(to)
+        .map_err(io_err("open", to))?;
+    match db.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => {
+            return Err(RestoreError::Inconsistent(format!(
+                "{} is locked by another process (another follower?)",
+                to.display()
+            )));
+        }
+        Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", to)(e)),
+    }
+    let mut hdr = [0u8; 100];
+    db.read_exact_at(&mut hdr, 0).map_err(|e| {
+        RestoreError::Inconsistent(format!("{} is not a SQLite database: {e}", to.display()))
+    })?;
+    let page_size = db_page_size(&hdr).ok_or_else(|| {
+        RestoreError::Inconsistent(format!(
+            "{} is not a SQLite database (bad header)",
+            to.display()
+        ))
+    })?;
+    let len = db.metadata().map_err(io_err("stat", to))?.len();
+    if len % u64::from(page_size) != 0 {
+        return Err(RestoreError::Inconsistent(format!(
+            "{} is {len} bytes, not a whole number of {page_size}-byte pages",
+            to.display()
+        )));
+    }
+    if hdr[18] != 1 || hdr[19] != 1 {
+        let counter = change_counter(&hdr).wrapping_add(1);
+        patch_page1(&mut hdr, counter);
+        db.write_all_at(&hdr, 0).map_err(io_err("write", to))?;
+        db.sync_all().map_err(io_err("fsync", to))?;
+    }
+    Ok((db, page_size))
+}
+
+/// Page size from a database header, if the header is SQLite's.
+fn db_page_size(hdr: &[u8]) -> Option<u32> {
+    if hdr.len() < 100 || &hdr[..16] != b"SQLite format 3\0" {
+        return None;
+    }
+    let raw = u32::from(u16::from_be_bytes([hdr[16], hdr[17]]));
+    let size = if raw == 1 { 65536 } else { raw };
+    ltx::is_valid_page_size(size).then_some(size)
+}
+
+fn change_counter(page1: &[u8]) -> u32 {
+    u32::from_be_bytes([page1[24], page1[25], page1[26], page1[27]])
+}
+
+/// Sets rollback-journal mode (file format versions 1, 1) and the file change counter.
+fn patch_page1(page1: &mut [u8], counter: u32) {
+    page1[18] = 1;
+    page1[19] = 1;
+    page1[24..28].copy_from_slice(&counter.to_be_bytes());
+}
+
+/// SQLite's EXCLUSIVE lock on a database, held by a connection inside `BEGIN EXCLUSIVE`;
+/// released (ROLLBACK: nothing is written through it) when dropped. The database's own file
+/// handle must outlive it: closing any descriptor of the file drops the process's POSIX locks.
+struct SqliteLock(rusqlite::Connection);
+
+impl SqliteLock {
+    fn acquire(path: &Path) -> Result<SqliteLock, RestoreError> {
+        let err = |e: rusqlite::Error| {
+            RestoreError::Inconsistent(format!(
+                "cannot take SQLite's exclusive lock on {}: {e}",
+                path.display()
+            ))
+        };
+        let conn = rusqlite::Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(err)?;
+        conn.busy_timeout(Duration::from_secs(10)).map_err(err)?;
+        conn.execute_batch("BEGIN EXCLUSIVE").map_err(err)?;
+        Ok(SqliteLock(conn))
+    }
+}
+
+impl Drop for SqliteLock {
+    fn drop(&mut self) {
+        let _ = self.0.execute_batch("ROLLBACK");
+    }
+}
+
+/// Everything the blocking half of applying one file needs.
+struct ApplyJob {
+    db: Arc<File>,
+    to: PathBuf,
+    incoming: PathBuf,
+    txid_path: PathBuf,
+    info: LtxFileInfo,
+    page_size: u32,
+    txid: TxId,
+    last_post: Option<u64>,
+}
+
+impl ApplyJob {
+    fn ltx_err(&self) -> impl Fn(ltx::LtxError) -> RestoreError + '_ {
+        move |source| RestoreError::Ltx {
+            file: file_label(&self.info),
+            source,
+        }
+    }
+
+    fn decoder(&self) -> Result<Decoder<File>, RestoreError> {
+        let f = File::open(&self.incoming).map_err(io_err("open", &self.incoming))?;
+        Decoder::new(f).map_err(self.ltx_err())
+    }
+
+    fn run(self) -> Result<AppliedFile, RestoreError> {
+        let result = self
+            .verify()
+            .and_then(|h| self.write(&h).map(|written| (h, written)));
+        let _ = fs::remove_file(&self.incoming);
+        let (h, (pages, post)) = result?;
+        write_txid(&self.txid_path, h.max_txid).map_err(io_err("write", &self.txid_path))?;
+        Ok(AppliedFile {
+            level: self.info.level,
+            min_txid: h.min_txid,
+            txid: h.max_txid,
+            pages,
+            commit: h.commit,
+            post_apply_checksum: post,
+        })
+    }
+
+    /// First pass: the whole file must decode and fit the database before any byte of it is
+    /// written.
+    fn verify(&self) -> Result<Header, RestoreError> {
+        let label = file_label(&self.info);
+        let mut dec = self.decoder()?;
+        let h = *dec.header();
+        if (h.min_txid, h.max_txid) != (self.info.min_txid, self.info.max_txid) {
+            return Err(RestoreError::Inconsistent(format!(
+                "replica file {label} holds TXIDs {}-{} (renamed or misplaced file)",
+                h.min_txid, h.max_txid
+            )));
+        }
+        if h.page_size != self.page_size {
+            return Err(RestoreError::Inconsistent(format!(
+                "replica file {label} has {}-byte pages, the followed database {}-byte pages \
+                 (files from another database?)",
+                h.page_size, self.page_size
+            )));
+        }
+        if h.commit == 0 {
+            return Err(RestoreError::Inconsistent(format!(
+                "replica file {label} leaves an empty database (commit 0)"
+            )));
+        }
+        if h.min_txid.0 > self.txid.0.saturating_add(1) {
+            return Err(RestoreError::Gap {
+                from: TxId(self.txid.0 + 1),
+                to: TxId(h.min_txid.0 - 1),
+            });
+        }
+        let mut buf = vec![0u8; self.page_size as usize];
+        while dec.next_page(&mut buf).map_err(self.ltx_err())?.is_some() {}
+        dec.finish().map_err(self.ltx_err())?;
+        if let Some(prev) = self.last_post
+            && h.has_checksums()
+            && !h.is_snapshot()
+            && h.min_txid.0 == self.txid.0 + 1
+            && h.pre_apply_checksum != prev
+        {
+            return Err(RestoreError::Inconsistent(format!(
+                "replica file {label} does not continue the followed history: pre-apply \
+                 checksum {:016x}, previous post-apply {prev:016x} (was the replica replaced?)",
+                h.pre_apply_checksum
+            )));
+        }
+        Ok(h)
+    }
+
+    /// Second pass: writes the pages in place under SQLite's exclusive lock, then fsyncs.
+    /// Returns the pages written and the post-apply checksum, if the file carries one.
+    fn write(&self, h: &Header) -> Result<(u32, Option<u64>), RestoreError> {
+        let db = &*self.db;
+        let to = &self.to;
+        let ps = u64::from(self.page_size);
+        let lock = SqliteLock::acquire(to)?;
+        let mut hdr = [0u8; 100];
+        db.read_exact_at(&mut hdr, 0).map_err(io_err("read", to))?;
+        let counter = change_counter(&hdr).wrapping_add(1);
+        let mut dec = self.decoder()?;
+        let mut buf = vec![0u8; self.page_size as usize];
+        let mut page1 = false;
+        while let Some(pgno) = dec.next_page(&mut buf).map_err(self.ltx_err())? {
+            if pgno == 1 {
+                patch_page1(&mut buf, counter);
+                page1 = true;
+            }
+            db.write_all_at(&buf, u64::from(pgno - 1) * ps)
+                .map_err(io_err("write", to))?;
+        }
+        let pages = dec.page_count();
+        let trailer = dec.finish().map_err(self.ltx_err())?;
+        db.set_len(u64::from(h.commit) * ps)
+            .map_err(io_err("truncate", to))?;
+        if !page1 {
+            patch_page1(&mut hdr, counter);
+            db.write_all_at(&hdr, 0).map_err(io_err("write", to))?;
+        }
+        db.sync_all().map_err(io_err("fsync", to))?;
+        drop(lock);
+        let post = h.has_checksums().then_some(trailer.post_apply_checksum);
+        Ok((pages, post))
+    }
+}
+
+/// Logs an error once per streak of identical failures, and the recovery.
+#[derive(Debug, Default)]
+struct ErrorStreak {
+    current: Option<String>,
+    count: u64,
+}
+
+impl ErrorStreak {
+    fn fail(&mut self, what: &str, e: &RestoreError) {
+        let msg = format!("{what}: {e}");
+        if self.current.as_deref() != Some(msg.as_str()) {
+            tracing::error!("{msg}; retrying");
+            self.current = Some(msg);
+            self.count = 0;
+        } else {
+            tracing::debug!("{msg} (again)");
+        }
+        self.count += 1;
+    }
+
+    fn ok(&mut self) {
+        if self.current.take().is_some() {
+            tracing::info!(failures = self.count, "follow recovered");
+            self.count = 0;
+        }
+    }
+}
+
+/// Sleeps for `d`, or less if `stop` is cancelled; true if it was.
+async fn sleep_or_stop(d: Duration, stop: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = stop.cancelled() => true,
+    }
+}
+
+/// Follows until `shutdown` completes: restores (retrying until the replica can be restored)
+/// or resumes, then polls every interval. Fails only on what no retry fixes: an existing
+/// database without `<db>-txid`, or a local database that cannot be followed. An initial
+/// restore or an apply in progress is finished before returning.
+pub async fn run(
+    client: &AnyClient,
+    opts: &FollowOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RestoreError> {
+    let stop = CancellationToken::new();
+    let watcher = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            stop.cancel();
+        }
+    });
+    let result = follow(client, opts, &stop).await;
+    watcher.abort();
+    result
+}
+
+async fn follow(
+    client: &AnyClient,
+    opts: &FollowOptions,
+    stop: &CancellationToken,
+) -> Result<(), RestoreError> {
+    let mut streak = ErrorStreak::default();
+    let mode = start_mode(opts)?;
+    let txid = match mode {
+        Start::Resume(t) => t,
+        Start::Restore => loop {
+            match initial_restore(client, opts).await {
+                Ok(t) => break t,
+                Err(e @ RestoreError::Exists(_)) => return Err(e),
+                Err(e) => streak.fail("initial restore", &e),
+            }
+            if sleep_or_stop(opts.interval, stop).await {
+                return Ok(());
+            }
+        },
+    };
+    let mut follower = Follower::attach(client, opts, mode, txid).await?;
+    streak.ok();
+    while !stop.is_cancelled() {
+        match follower.poll(stop).await {
+            Ok(_) => streak.ok(),
+            Err(e) => streak.fail("follow", &e),
+        }
+        if sleep_or_stop(opts.interval, stop).await {
+            break;
+        }
+    }
+    tracing::info!(db = %opts.to.display(), txid = %follower.txid(), "stopped following");
+    Ok(())
+}
+
+/// [`run`] until SIGINT or SIGTERM.
+pub async fn run_until_signal(client: &AnyClient, opts: &FollowOptions) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| anyhow::anyhow!("install SIGTERM handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| anyhow::anyhow!("install SIGINT handler: {e}"))?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = int.recv() => tracing::info!("SIGINT: stopping"),
+        }
+    };
+    run(client, opts, shutdown).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::DateTime;
+
+    fn file(level: u8, min: u64, max: u64) -> LtxFileInfo {
+        LtxFileInfo {
+            level,
+            min_txid: TxId(min),
+            max_txid: TxId(max),
+            size: 1,
+            created_at: DateTime::default(),
+            encrypted: false,
+        }
+    }
+
+    fn ranges(ext: &Extension) -> Vec<(u8, u64, u64)> {
+        ext.files
+            .iter()
+            .map(|f| (f.level, f.min_txid.0, f.max_txid.0))
+            .collect()
+    }
+
+    #[test]
+    fn level0_chain_from_the_follower_txid() {
+        let files = [
+            file(0, 1, 1),
+            file(0, 2, 2),
+            file(0, 3, 3),
+            file(0, 4, 4),
+            file(9, 1, 3),
+        ];
+        let ext = extend_chain(&files, TxId(2));
+        assert_eq!(ranges(&ext), vec![(0, 3, 3), (0, 4, 4)]);
+        assert_eq!(ext.gap, None);
+    }
+
+    #[test]
+    fn up_to_date_or_empty_listing_is_nothing_to_do() {
+        let files = [file(0, 1, 1), file(0, 2, 2)];
+        assert_eq!(
+            extend_chain(&files, TxId(2)),
+            Extension {
+                files: vec![],
+                gap: None
+            }
+        );
+        assert_eq!(extend_chain(&[], TxId(7)).files, vec![]);
+        assert_eq!(extend_chain(&[], TxId(7)).gap, None);
+        // A replica behind the follower offers nothing either (the caller reports it).
+        assert_eq!(extend_chain(&files, TxId(9)).files, vec![]);
+    }
+
+    #[test]
+    fn retired_level0_files_are_bridged_from_a_higher_level() {
+        // L0 6..=8 were compacted into L1 and retired; the L1 file overlaps what we have.
+        let files = [file(1, 1, 5), file(1, 4, 8), file(0, 9, 9), file(0, 10, 10)];
+        let ext = extend_chain(&files, TxId(5));
+        assert_eq!(ranges(&ext), vec![(1, 4, 8), (0, 9, 9), (0, 10, 10)]);
+        assert_eq!(ext.gap, None);
+    }
+
+    #[test]
+    fn furthest_reach_wins_then_smallest_download_then_higher_level() {
+        let files = [
+            file(0, 6, 6),
+            file(0, 7, 7),
+            file(1, 6, 7),
+            file(2, 1, 7),
+            file(0, 8, 8),
+        ];
+        // L1 6-7 and L2 1-7 both reach 7: the later start (less history to download) wins.
+        let ext = extend_chain(&files, TxId(5));
+        assert_eq!(ranges(&ext), vec![(1, 6, 7), (0, 8, 8)]);
+        // ... unless it is the bigger object.
+        let mut sized = files.to_vec();
+        sized[2].size = 100;
+        sized[3].size = 50;
+        assert_eq!(
+            ranges(&extend_chain(&sized, TxId(5))),
+            vec![(2, 1, 7), (0, 8, 8)]
+        );
+        // Same range at two levels: the higher level.
+        let files = [file(0, 6, 7), file(3, 6, 7)];
+        assert_eq!(ranges(&extend_chain(&files, TxId(5))), vec![(3, 6, 7)]);
+    }
+
+    #[test]
+    fn a_hole_stops_the_chain_and_is_named() {
+        let files = [file(0, 5, 5), file(0, 6, 6), file(0, 9, 9), file(0, 10, 10)];
+        let ext = extend_chain(&files, TxId(5));
+        assert_eq!(ranges(&ext), vec![(0, 6, 6)]);
+        assert_eq!(ext.gap, Some((TxId(7), TxId(8))));
+        // Nothing applicable at all.
+        let ext = extend_chain(&[file(0, 9, 9)], TxId(5));
+        assert_eq!(ranges(&ext), vec![]);
+        assert_eq!(ext.gap, Some((TxId(6), TxId(8))));
+    }
+
+    #[test]
+    fn a_snapshot_is_the_last_resort() {
+        // Incremental files continue the chain: the snapshot (same reach) is not downloaded.
+        let files = [file(9, 1, 8), file(0, 6, 6), file(0, 7, 7), file(0, 8, 8)];
+        assert_eq!(
+            ranges(&extend_chain(&files, TxId(5))),
+            vec![(0, 6, 6), (0, 7, 7), (0, 8, 8)]
+        );
+        // Only a snapshot reaches past the hole: take the newest, then continue from it.
+        let files = [
+            file(9, 1, 4),
+            file(9, 1, 8),
+            file(0, 8, 8),
+            file(0, 9, 9),
+            file(0, 10, 10),
+        ];
+        let ext = extend_chain(&files, TxId(5));
+        assert_eq!(ranges(&ext), vec![(9, 1, 8), (0, 9, 9), (0, 10, 10)]);
+        assert_eq!(ext.gap, None);
+        // A snapshot no newer than the follower is useless.
+        let ext = extend_chain(&[file(9, 1, 5), file(0, 8, 8)], TxId(5));
+        assert_eq!(ranges(&ext), vec![]);
+        assert_eq!(ext.gap, Some((TxId(6), TxId(7))));
+    }
+
+    #[test]
+    fn the_largest_txid_does_not_overflow() {
+        let files = [file(0, 1, u64::MAX)];
+        assert_eq!(
+            ranges(&extend_chain(&files, TxId(3))),
+            vec![(0, 1, u64::MAX)]
+        );
+        let ext = extend_chain(&files, TxId(u64::MAX));
+        assert!(ext.files.is_empty() && ext.gap.is_none());
+    }
+
+    #[test]
+    fn txid_file_round_trip_and_header_patch() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = txid_path(&dir.path().join("db.sqlite"));
+        assert!(p.ends_with("db.sqlite-txid"));
+        assert_eq!(read_txid(&p).unwrap(), None);
+        write_txid(&p, TxId(0x1f)).unwrap();
+        assert_eq!(fs::read_to_string(&p).unwrap(), "000000000000001f\n");
+        assert_eq!(read_txid(&p).unwrap(), Some(TxId(0x1f)));
+        fs::write(&p, "zz\n").unwrap();
+        assert!(read_txid(&p).is_err());
+
+        let mut hdr = [0u8; 100];
+        hdr[..16].copy_from_slice(b"SQLite format 3\0");
+        hdr[16..18].copy_from_slice(&1u16.to_be_bytes());
+        hdr[18] = 2;
+        hdr[19] = 2;
+        hdr[24..28].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(db_page_size(&hdr), Some(65536));
+        let next = change_counter(&hdr).wrapping_add(1);
+        patch_page1(&mut hdr, next);
+        assert_eq!((hdr[18], hdr[19]), (1, 1));
+        assert_eq!(change_counter(&hdr), 0);
+        hdr[16..18].copy_from_slice(&1000u16.to_be_bytes());
+        assert_eq!(db_page_size(&hdr), None);
+        hdr[0] = b'X';
+        assert_eq!(db_page_size(&hdr), None);
+    }
+}

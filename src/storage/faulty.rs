@@ -1,0 +1,290 @@
+//! A fault-injecting wrapper around any replica client, for tests and failure drills: fail the
+//! first N calls, fail a fraction of calls, add latency, and drop GET bodies mid-stream.
+//!
+//! The faults are held behind an `Arc` so a test can change them while a Store runs (e.g. a
+//! failure storm, then recovery). Injected failures are [`StorageError::Transient`], the kind a
+//! real network or a 5xx produces.
+
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rand::RngExt;
+use tokio::io::{AsyncRead, ReadBuf};
+
+use crate::ltx::TxId;
+use crate::storage::{
+    AnyClient, LtxFileInfo, ObjectReader, ReplicaClient, StorageError, Versioned, WriteIf,
+};
+
+/// The faults to inject; every field can change at any time.
+#[derive(Debug, Default)]
+pub struct Faults {
+    fail_first: AtomicU64,
+    /// Failure probability in parts per million.
+    fail_ppm: AtomicU64,
+    latency_ms: AtomicU64,
+    /// If non-zero, GET bodies fail after this many bytes.
+    cut_body_after: AtomicU64,
+    injected: AtomicU64,
+}
+
+impl Faults {
+    /// No faults.
+    pub fn new() -> Arc<Faults> {
+        Arc::default()
+    }
+
+    /// The next `n` calls fail.
+    pub fn fail_next(&self, n: u64) {
+        self.fail_first.store(n, Ordering::Relaxed);
+    }
+
+    /// Each call fails with probability `p` (0.0..=1.0).
+    pub fn set_fail_rate(&self, p: f64) {
+        self.fail_ppm
+            .store((p.clamp(0.0, 1.0) * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    /// Each call first waits this long.
+    pub fn set_latency(&self, d: Duration) {
+        self.latency_ms
+            .store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// GET bodies error out after `n` bytes (0: never).
+    pub fn cut_bodies_after(&self, n: u64) {
+        self.cut_body_after.store(n, Ordering::Relaxed);
+    }
+
+    /// Failures injected so far.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::Relaxed)
+    }
+
+    async fn before(&self, op: &'static str) -> Result<(), StorageError> {
+        let latency = self.latency_ms.load(Ordering::Relaxed);
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+        }
+        let first = self
+            .fail_first
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        let ppm = self.fail_ppm.load(Ordering::Relaxed);
+        let random = ppm > 0 && rand::rng().random_range(0..1_000_000) < ppm;
+        if first || random {
+            self.injected.fetch_add(1, Ordering::Relaxed);
+            return Err(StorageError::Transient {
+                op,
+                key: "(injected)".into(),
+                reason: "injected fault".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A client that injects [`Faults`] before delegating to the wrapped one.
+#[derive(Debug, Clone)]
+pub struct FaultyClient {
+    inner: AnyClient,
+    faults: Arc<Faults>,
+}
+
+impl FaultyClient {
+    /// Wraps `inner`.
+    pub fn new(inner: AnyClient, faults: Arc<Faults>) -> FaultyClient {
+        FaultyClient { inner, faults }
+    }
+
+    /// The wrapped client.
+    pub fn inner(&self) -> &AnyClient {
+        &self.inner
+    }
+
+    /// The same faults around another client (the encrypted view of the same replica).
+    pub fn with_inner(&self, inner: AnyClient) -> FaultyClient {
+        FaultyClient {
+            inner,
+            faults: self.faults.clone(),
+        }
+    }
+}
+
+type BoxFut<'a, T> = Pin<Box<dyn Future<Output = Result<T, StorageError>> + Send + 'a>>;
+
+impl FaultyClient {
+    // The inner calls are boxed: `AnyClient` contains this type, so its futures would
+    // otherwise contain themselves.
+    fn inner_list(&self, level: u8) -> BoxFut<'_, Vec<LtxFileInfo>> {
+        Box::pin(self.inner.list(level))
+    }
+
+    fn inner_list_all(&self) -> BoxFut<'_, Vec<LtxFileInfo>> {
+        Box::pin(self.inner.list_all())
+    }
+
+    fn inner_open(&self, level: u8, min: TxId, max: TxId, offset: u64) -> BoxFut<'_, ObjectReader> {
+        Box::pin(self.inner.open(level, min, max, offset))
+    }
+
+    fn inner_put<'a>(
+        &'a self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        src: &'a Path,
+        ts: i64,
+    ) -> BoxFut<'a, LtxFileInfo> {
+        Box::pin(self.inner.put(level, min, max, src, ts))
+    }
+
+    fn inner_delete<'a>(&'a self, files: &'a [LtxFileInfo]) -> BoxFut<'a, ()> {
+        Box::pin(self.inner.delete(files))
+    }
+
+    fn inner_read_aux<'a>(&'a self, name: &'a str) -> BoxFut<'a, Option<Vec<u8>>> {
+        Box::pin(self.inner.read_aux(name))
+    }
+
+    fn inner_write_aux<'a>(&'a self, name: &'a str, data: Vec<u8>) -> BoxFut<'a, ()> {
+        Box::pin(self.inner.write_aux(name, data))
+    }
+
+    fn inner_delete_aux<'a>(&'a self, name: &'a str) -> BoxFut<'a, ()> {
+        Box::pin(self.inner.delete_aux(name))
+    }
+
+    fn inner_read_aux_versioned<'a>(&'a self, name: &'a str) -> BoxFut<'a, Option<Versioned>> {
+        Box::pin(self.inner.read_aux_versioned(name))
+    }
+
+    fn inner_write_aux_if<'a>(
+        &'a self,
+        name: &'a str,
+        data: Vec<u8>,
+        cond: WriteIf,
+    ) -> BoxFut<'a, Option<String>> {
+        Box::pin(self.inner.write_aux_if(name, data, cond))
+    }
+}
+
+impl ReplicaClient for FaultyClient {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+
+    async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
+        self.faults.before("list").await?;
+        self.inner_list(level).await
+    }
+
+    /// One call, one fault draw: as a backend that lists a replica in one request.
+    async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
+        self.faults.before("list").await?;
+        self.inner_list_all().await
+    }
+
+    async fn open(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        offset: u64,
+    ) -> Result<ObjectReader, StorageError> {
+        self.faults.before("get").await?;
+        let body = self.inner_open(level, min, max, offset).await?;
+        let cut = self.faults.cut_body_after.load(Ordering::Relaxed);
+        if cut == 0 {
+            return Ok(body);
+        }
+        Ok(Box::pin(CutReader {
+            inner: body,
+            left: cut,
+        }))
+    }
+
+    async fn put(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        src: &Path,
+        ts: i64,
+    ) -> Result<LtxFileInfo, StorageError> {
+        self.faults.before("put").await?;
+        self.inner_put(level, min, max, src, ts).await
+    }
+
+    async fn delete(&self, files: &[LtxFileInfo]) -> Result<(), StorageError> {
+        self.faults.before("delete").await?;
+        self.inner_delete(files).await
+    }
+
+    async fn read_aux(&self, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        self.faults.before("get").await?;
+        self.inner_read_aux(name).await
+    }
+
+    async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
+        self.faults.before("put").await?;
+        self.inner_write_aux(name, data).await
+    }
+
+    async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
+        self.faults.before("delete").await?;
+        self.inner_delete_aux(name).await
+    }
+
+    async fn read_aux_versioned(&self, name: &str) -> Result<Option<Versioned>, StorageError> {
+        self.faults.before("get").await?;
+        self.inner_read_aux_versioned(name).await
+    }
+
+    async fn write_aux_if(
+        &self,
+        name: &str,
+        data: Vec<u8>,
+        cond: WriteIf,
+    ) -> Result<Option<String>, StorageError> {
+        self.faults.before("put").await?;
+        self.inner_write_aux_if(name, data, cond).await
+    }
+}
+
+/// A body that breaks like a dropped connection after `left` bytes.
+struct CutReader {
+    inner: ObjectReader,
+    left: u64,
+}
+
+impl AsyncRead for CutReader {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.left == 0 {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "injected: connection dropped",
+            )));
+        }
+        let room = buf.remaining().min(self.left as usize);
+        let mut tmp = vec![0u8; room];
+        let mut limited = ReadBuf::new(&mut tmp);
+        let poll = self.inner.as_mut().poll_read(cx, &mut limited);
+        let n = limited.filled().len();
+        buf.put_slice(limited.filled());
+        self.left -= n as u64;
+        poll
+    }
+}

@@ -1,0 +1,309 @@
+//! A replica in a local directory, laid out as Litestream v0.5 does:
+//! `<root>/ltx/<level>/<min>-<max>.ltx`, with mtime = the LTX header timestamp.
+//!
+//! Invariant: files are published with tmp -> fsync -> rename -> fsync(dir) (see
+//! [`crate::util::fsutil`]); `*.tmp` leftovers are never listed.
+
+use std::fs::{self, File};
+use std::io::{Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, Utc};
+
+use crate::ltx::{self, TxId};
+use crate::storage::{LtxFileInfo, ObjectReader, ReplicaClient, StorageError};
+use crate::util::fsutil;
+
+/// A directory replica.
+#[derive(Debug, Clone)]
+pub struct FileClient {
+    root: PathBuf,
+    /// Appended to every file name: `""`, or `".age"` for the encrypted view.
+    suffix: &'static str,
+}
+
+impl FileClient {
+    /// A client for the replica rooted at `root` (the directory that holds `ltx/`). A path that
+    /// names the `ltx` directory itself is accepted too.
+    pub fn new(root: PathBuf) -> FileClient {
+        let root = if root.file_name().is_some_and(|n| n == "ltx") && !root.join("ltx").exists() {
+            root.parent().map(Path::to_path_buf).unwrap_or(root)
+        } else {
+            root
+        };
+        FileClient { root, suffix: "" }
+    }
+
+    /// The same replica seen through the names of age-encrypted files (`<min>-<max>.ltx.age`):
+    /// it lists, opens, writes and deletes only those, and marks them `encrypted`.
+    pub fn sealed_view(&self) -> FileClient {
+        FileClient {
+            root: self.root.clone(),
+            suffix: crate::storage::SEALED_SUFFIX,
+        }
+    }
+
+    /// The replica's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Directory of one level.
+    pub fn level_dir(&self, level: u8) -> PathBuf {
+        self.root.join("ltx").join(level.to_string())
+    }
+
+    /// Path of one file.
+    pub fn file_path(&self, level: u8, min: TxId, max: TxId) -> PathBuf {
+        self.level_dir(level)
+            .join(ltx::format_filename(min, max) + self.suffix)
+    }
+
+    fn list_blocking(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
+        let dir = self.level_dir(level);
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(StorageError::from_io("list", &dir, e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| StorageError::from_io("list", &dir, e))?;
+            let name = entry.file_name();
+            let Some((min, max)) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(self.suffix))
+                .and_then(ltx::parse_filename)
+            else {
+                continue;
+            };
+            let meta = match entry.metadata() {
+                Ok(m) => m,
+                // Deleted between readdir and stat: it is no longer part of the listing.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(StorageError::from_io("list", &entry.path(), e)),
+            };
+            if !meta.is_file() {
+                continue;
+            }
+            let created_at: DateTime<Utc> = meta.modified().map(DateTime::from).unwrap_or_default();
+            out.push(LtxFileInfo {
+                level,
+                min_txid: min,
+                max_txid: max,
+                size: meta.len(),
+                created_at,
+                encrypted: !self.suffix.is_empty(),
+            });
+        }
+        out.sort_by_key(|f| (f.min_txid, f.max_txid));
+        Ok(out)
+    }
+
+    fn put_blocking(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        src: &Path,
+        timestamp_ms: i64,
+    ) -> Result<LtxFileInfo, StorageError> {
+        let dest = self.file_path(level, min, max);
+        let io = |e| StorageError::from_io("put", &dest, e);
+        fsutil::create_dir_all_durable(&self.level_dir(level)).map_err(io)?;
+        let tmp = fsutil::unique_tmp_path(&dest);
+        let size = fs::copy(src, &tmp).map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            match e.kind() {
+                std::io::ErrorKind::NotFound if !src.exists() => {
+                    StorageError::from_io("put", src, e)
+                }
+                _ => io(e),
+            }
+        })?;
+        let mtime = UNIX_EPOCH + Duration::from_millis(timestamp_ms.max(0) as u64);
+        File::options()
+            .write(true)
+            .open(&tmp)
+            .and_then(|f| f.set_modified(mtime))
+            .map_err(io)?;
+        fsutil::publish_new(&tmp, &dest).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => StorageError::Conflict {
+                op: "put",
+                key: dest.display().to_string(),
+            },
+            _ => io(e),
+        })?;
+        Ok(LtxFileInfo {
+            level,
+            min_txid: min,
+            max_txid: max,
+            size,
+            created_at: DateTime::from(mtime),
+            encrypted: !self.suffix.is_empty(),
+        })
+    }
+}
+
+impl ReplicaClient for FileClient {
+    fn kind(&self) -> &'static str {
+        "file"
+    }
+
+    fn location(&self) -> String {
+        format!("file://{}", self.root.display())
+    }
+
+    async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
+        let me = self.clone();
+        blocking(move || me.list_blocking(level)).await
+    }
+
+    async fn open(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        offset: u64,
+    ) -> Result<ObjectReader, StorageError> {
+        let path = self.file_path(level, min, max);
+        let file = blocking(move || {
+            let mut f = File::open(&path).map_err(|e| StorageError::from_io("open", &path, e))?;
+            if offset > 0 {
+                f.seek(SeekFrom::Start(offset))
+                    .map_err(|e| StorageError::from_io("open", &path, e))?;
+            }
+            Ok(f)
+        })
+        .await?;
+        Ok(Box::pin(tokio::fs::File::from_std(file)))
+    }
+
+    async fn put(
+        &self,
+        level: u8,
+        min: TxId,
+        max: TxId,
+        src: &Path,
+        timestamp_ms: i64,
+    ) -> Result<LtxFileInfo, StorageError> {
+        let me = self.clone();
+        let src = src.to_path_buf();
+        blocking(move || me.put_blocking(level, min, max, &src, timestamp_ms)).await
+    }
+
+    async fn delete(&self, files: &[LtxFileInfo]) -> Result<(), StorageError> {
+        let paths: Vec<PathBuf> = files
+            .iter()
+            .map(|f| {
+                let view = if f.encrypted {
+                    self.sealed_view()
+                } else {
+                    self.clone()
+                };
+                view.file_path(f.level, f.min_txid, f.max_txid)
+            })
+            .collect();
+        blocking(move || {
+            let mut dirs = Vec::new();
+            for p in &paths {
+                match fs::remove_file(p) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(StorageError::from_io("delete", p, e)),
+                }
+                if let Some(d) = p
+                    .parent()
+                    .filter(|d| !dirs.iter().any(|x: &PathBuf| x == d))
+                {
+                    dirs.push(d.to_path_buf());
+                }
+            }
+            for d in dirs {
+                match fsutil::fsync_dir(&d) {
+                    Ok(()) => {}
+                    // Nothing was ever stored in that level: nothing was removed there either.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(StorageError::from_io("delete", &d, e)),
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn read_aux(&self, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        let path = self.aux_path(name)?;
+        blocking(move || match fs::read(&path) {
+            Ok(data) => Ok(Some(data)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StorageError::from_io("get", &path, e)),
+        })
+        .await
+    }
+
+    async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
+        let path = self.aux_path(name)?;
+        let root = self.root.clone();
+        blocking(move || {
+            let io = |e| StorageError::from_io("put", &path, e);
+            fsutil::create_dir_all_durable(&root).map_err(io)?;
+            let tmp = fsutil::unique_tmp_path(&path);
+            fs::write(&tmp, &data).map_err(|e| {
+                let _ = fs::remove_file(&tmp);
+                io(e)
+            })?;
+            fsutil::publish(&tmp, &path).map_err(io)
+        })
+        .await
+    }
+
+    async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
+        let path = self.aux_path(name)?;
+        let root = self.root.clone();
+        blocking(move || {
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(StorageError::from_io("delete", &path, e)),
+            }
+            fsutil::fsync_dir(&root).map_err(|e| StorageError::from_io("delete", &root, e))
+        })
+        .await
+    }
+}
+
+impl FileClient {
+    /// Path of an auxiliary object: a plain name at the root, never a path that leaves it.
+    fn aux_path(&self, name: &str) -> Result<PathBuf, StorageError> {
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(StorageError::Permanent {
+                op: "aux",
+                key: name.to_string(),
+                reason: "not a plain file name".into(),
+            });
+        }
+        Ok(self.root.join(name))
+    }
+}
+
+/// Runs blocking file work off the reactor.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, StorageError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StorageError::Transient {
+            op: "spawn_blocking",
+            key: String::new(),
+            reason: e.to_string(),
+        })?
+}
+
+/// Milliseconds since the epoch of a `SystemTime` (for tests and listings).
+pub fn system_time_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

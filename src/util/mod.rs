@@ -1,0 +1,7 @@
+//! The bottom layer: file-system durability, retries and the clock. Depends on nothing else in
+//! the crate.
+
+pub mod clock;
+pub mod fsutil;
+pub mod phase;
+pub mod retry;
