@@ -11,7 +11,7 @@ use arbitrary::Arbitrary;
 use chrono::{DateTime, Utc};
 use libfuzzer_sys::fuzz_target;
 use replicad::ltx::TxId;
-use replicad::replica_client::{LtxFileInfo, SNAPSHOT_LEVEL};
+use replicad::storage::{LtxFileInfo, SNAPSHOT_LEVEL};
 use replicad::restore::calc_plan;
 
 #[derive(Debug, Arbitrary)]

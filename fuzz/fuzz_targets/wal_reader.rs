@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use replicad::wal::{self, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE, WalError, WalScan};
+use replicad::sqlite::wal::{self, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE, WalError, WalScan};
 
 fn scratch() -> &'static File {
     static FILE: OnceLock<File> = OnceLock::new();

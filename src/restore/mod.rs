@@ -19,9 +19,11 @@
 //!   only with `force`.
 
 pub mod download;
+mod progress;
 pub mod follow;
 pub mod output;
 
+use progress::Progress;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -811,123 +813,4 @@ pub fn integrity_check(path: &Path) -> Result<(), RestoreError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn file(level: u8, min: u64, max: u64) -> LtxFileInfo {
-        LtxFileInfo {
-            level,
-            min_txid: TxId(min),
-            max_txid: TxId(max),
-            size: 1,
-            created_at: DateTime::default(),
-            encrypted: false,
-        }
-    }
-
-    /// Found by the `restore_plan` fuzz target: a chain reaching TXID u64::MAX overflowed.
-    #[test]
-    fn chain_reaching_the_largest_txid_does_not_overflow() {
-        let files = [file(0, 1, u64::MAX)];
-        let plan = calc_plan(&files, None).unwrap();
-        assert_eq!(plan.len(), 1);
-        assert_eq!(calc_plan(&files, Some(TxId(u64::MAX))).unwrap().len(), 1);
-    }
-
-    #[test]
-    fn plan_prefers_the_snapshot_then_the_furthest_reach() {
-        let files = [
-            file(0, 1, 1),
-            file(0, 2, 2),
-            file(1, 2, 5),
-            file(0, 3, 3),
-            file(9, 1, 3),
-            file(0, 6, 6),
-        ];
-        let plan = calc_plan(&files, None).unwrap();
-        let got: Vec<(u8, u64, u64)> = plan
-            .iter()
-            .map(|f| (f.level, f.min_txid.0, f.max_txid.0))
-            .collect();
-        assert_eq!(got, vec![(9, 1, 3), (1, 2, 5), (0, 6, 6)]);
-        assert!(matches!(
-            calc_plan(&[file(0, 1, 1), file(0, 3, 3)], None),
-            Err(RestoreError::Gap { .. })
-        ));
-    }
-}
-
-/// Restore progress over bytes fetched and applied: a bar (bytes, rate, ETA) when stderr is a
-/// terminal, otherwise an INFO log line every few seconds.
-#[derive(Clone)]
-struct Progress {
-    inner: std::sync::Arc<ProgressInner>,
-}
-
-struct ProgressInner {
-    done: std::sync::atomic::AtomicU64,
-    total: u64,
-    bar: Option<indicatif::ProgressBar>,
-    stop: tokio_util::sync::CancellationToken,
-}
-
-/// Interval of progress log lines when no terminal is attached.
-const PROGRESS_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
-impl Progress {
-    fn start(total: u64) -> Progress {
-        use std::io::IsTerminal;
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = indicatif::ProgressBar::new(total);
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "restore [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-            ) {
-                bar.set_style(style.progress_chars("=> "));
-            }
-            bar
-        });
-        let inner = std::sync::Arc::new(ProgressInner {
-            done: std::sync::atomic::AtomicU64::new(0),
-            total,
-            bar,
-            stop: tokio_util::sync::CancellationToken::new(),
-        });
-        if inner.bar.is_none() {
-            let me = inner.clone();
-            let started = Instant::now();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = me.stop.cancelled() => return,
-                        _ = tokio::time::sleep(PROGRESS_LOG_EVERY) => {}
-                    }
-                    let done = me.done.load(std::sync::atomic::Ordering::Relaxed);
-                    let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001) / 1e6;
-                    tracing::info!(
-                        done_bytes = done,
-                        total_bytes = me.total,
-                        mb_per_s = format!("{rate:.1}"),
-                        "restore progress"
-                    );
-                }
-            });
-        }
-        Progress { inner }
-    }
-
-    fn add(&self, n: u64) {
-        self.inner
-            .done
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-        if let Some(bar) = &self.inner.bar {
-            bar.inc(n);
-        }
-    }
-
-    fn finish(&self) {
-        self.inner.stop.cancel();
-        if let Some(bar) = &self.inner.bar {
-            bar.finish_and_clear();
-        }
-    }
-}
+mod tests;

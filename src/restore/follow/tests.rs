@@ -1,0 +1,161 @@
+use super::*;
+use chrono::DateTime;
+
+fn file(level: u8, min: u64, max: u64) -> LtxFileInfo {
+    LtxFileInfo {
+        level,
+        min_txid: TxId(min),
+        max_txid: TxId(max),
+        size: 1,
+        created_at: DateTime::default(),
+        encrypted: false,
+    }
+}
+
+fn ranges(ext: &Extension) -> Vec<(u8, u64, u64)> {
+    ext.files
+        .iter()
+        .map(|f| (f.level, f.min_txid.0, f.max_txid.0))
+        .collect()
+}
+
+#[test]
+fn level0_chain_from_the_follower_txid() {
+    let files = [
+        file(0, 1, 1),
+        file(0, 2, 2),
+        file(0, 3, 3),
+        file(0, 4, 4),
+        file(9, 1, 3),
+    ];
+    let ext = extend_chain(&files, TxId(2));
+    assert_eq!(ranges(&ext), vec![(0, 3, 3), (0, 4, 4)]);
+    assert_eq!(ext.gap, None);
+}
+
+#[test]
+fn up_to_date_or_empty_listing_is_nothing_to_do() {
+    let files = [file(0, 1, 1), file(0, 2, 2)];
+    assert_eq!(
+        extend_chain(&files, TxId(2)),
+        Extension {
+            files: vec![],
+            gap: None
+        }
+    );
+    assert_eq!(extend_chain(&[], TxId(7)).files, vec![]);
+    assert_eq!(extend_chain(&[], TxId(7)).gap, None);
+    // A replica behind the follower offers nothing either (the caller reports it).
+    assert_eq!(extend_chain(&files, TxId(9)).files, vec![]);
+}
+
+#[test]
+fn retired_level0_files_are_bridged_from_a_higher_level() {
+    // L0 6..=8 were compacted into L1 and retired; the L1 file overlaps what we have.
+    let files = [file(1, 1, 5), file(1, 4, 8), file(0, 9, 9), file(0, 10, 10)];
+    let ext = extend_chain(&files, TxId(5));
+    assert_eq!(ranges(&ext), vec![(1, 4, 8), (0, 9, 9), (0, 10, 10)]);
+    assert_eq!(ext.gap, None);
+}
+
+#[test]
+fn furthest_reach_wins_then_smallest_download_then_higher_level() {
+    let files = [
+        file(0, 6, 6),
+        file(0, 7, 7),
+        file(1, 6, 7),
+        file(2, 1, 7),
+        file(0, 8, 8),
+    ];
+    // L1 6-7 and L2 1-7 both reach 7: the later start (less history to download) wins.
+    let ext = extend_chain(&files, TxId(5));
+    assert_eq!(ranges(&ext), vec![(1, 6, 7), (0, 8, 8)]);
+    // ... unless it is the bigger object.
+    let mut sized = files.to_vec();
+    sized[2].size = 100;
+    sized[3].size = 50;
+    assert_eq!(
+        ranges(&extend_chain(&sized, TxId(5))),
+        vec![(2, 1, 7), (0, 8, 8)]
+    );
+    // Same range at two levels: the higher level.
+    let files = [file(0, 6, 7), file(3, 6, 7)];
+    assert_eq!(ranges(&extend_chain(&files, TxId(5))), vec![(3, 6, 7)]);
+}
+
+#[test]
+fn a_hole_stops_the_chain_and_is_named() {
+    let files = [file(0, 5, 5), file(0, 6, 6), file(0, 9, 9), file(0, 10, 10)];
+    let ext = extend_chain(&files, TxId(5));
+    assert_eq!(ranges(&ext), vec![(0, 6, 6)]);
+    assert_eq!(ext.gap, Some((TxId(7), TxId(8))));
+    // Nothing applicable at all.
+    let ext = extend_chain(&[file(0, 9, 9)], TxId(5));
+    assert_eq!(ranges(&ext), vec![]);
+    assert_eq!(ext.gap, Some((TxId(6), TxId(8))));
+}
+
+#[test]
+fn a_snapshot_is_the_last_resort() {
+    // Incremental files continue the chain: the snapshot (same reach) is not downloaded.
+    let files = [file(9, 1, 8), file(0, 6, 6), file(0, 7, 7), file(0, 8, 8)];
+    assert_eq!(
+        ranges(&extend_chain(&files, TxId(5))),
+        vec![(0, 6, 6), (0, 7, 7), (0, 8, 8)]
+    );
+    // Only a snapshot reaches past the hole: take the newest, then continue from it.
+    let files = [
+        file(9, 1, 4),
+        file(9, 1, 8),
+        file(0, 8, 8),
+        file(0, 9, 9),
+        file(0, 10, 10),
+    ];
+    let ext = extend_chain(&files, TxId(5));
+    assert_eq!(ranges(&ext), vec![(9, 1, 8), (0, 9, 9), (0, 10, 10)]);
+    assert_eq!(ext.gap, None);
+    // A snapshot no newer than the follower is useless.
+    let ext = extend_chain(&[file(9, 1, 5), file(0, 8, 8)], TxId(5));
+    assert_eq!(ranges(&ext), vec![]);
+    assert_eq!(ext.gap, Some((TxId(6), TxId(7))));
+}
+
+#[test]
+fn the_largest_txid_does_not_overflow() {
+    let files = [file(0, 1, u64::MAX)];
+    assert_eq!(
+        ranges(&extend_chain(&files, TxId(3))),
+        vec![(0, 1, u64::MAX)]
+    );
+    let ext = extend_chain(&files, TxId(u64::MAX));
+    assert!(ext.files.is_empty() && ext.gap.is_none());
+}
+
+#[test]
+fn txid_file_round_trip_and_header_patch() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = txid_path(&dir.path().join("db.sqlite"));
+    assert!(p.ends_with("db.sqlite-txid"));
+    assert_eq!(read_txid(&p).unwrap(), None);
+    write_txid(&p, TxId(0x1f)).unwrap();
+    assert_eq!(fs::read_to_string(&p).unwrap(), "000000000000001f\n");
+    assert_eq!(read_txid(&p).unwrap(), Some(TxId(0x1f)));
+    fs::write(&p, "zz\n").unwrap();
+    assert!(read_txid(&p).is_err());
+
+    let mut hdr = [0u8; 100];
+    hdr[..16].copy_from_slice(b"SQLite format 3\0");
+    hdr[16..18].copy_from_slice(&1u16.to_be_bytes());
+    hdr[18] = 2;
+    hdr[19] = 2;
+    hdr[24..28].copy_from_slice(&u32::MAX.to_be_bytes());
+    assert_eq!(db_page_size(&hdr), Some(65536));
+    let next = change_counter(&hdr).wrapping_add(1);
+    patch_page1(&mut hdr, next);
+    assert_eq!((hdr[18], hdr[19]), (1, 1));
+    assert_eq!(change_counter(&hdr), 0);
+    hdr[16..18].copy_from_slice(&1000u16.to_be_bytes());
+    assert_eq!(db_page_size(&hdr), None);
+    hdr[0] = b'X';
+    assert_eq!(db_page_size(&hdr), None);
+}

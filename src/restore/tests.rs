@@ -1,0 +1,43 @@
+use super::*;
+
+fn file(level: u8, min: u64, max: u64) -> LtxFileInfo {
+    LtxFileInfo {
+        level,
+        min_txid: TxId(min),
+        max_txid: TxId(max),
+        size: 1,
+        created_at: DateTime::default(),
+        encrypted: false,
+    }
+}
+
+/// Found by the `restore_plan` fuzz target: a chain reaching TXID u64::MAX overflowed.
+#[test]
+fn chain_reaching_the_largest_txid_does_not_overflow() {
+    let files = [file(0, 1, u64::MAX)];
+    let plan = calc_plan(&files, None).unwrap();
+    assert_eq!(plan.len(), 1);
+    assert_eq!(calc_plan(&files, Some(TxId(u64::MAX))).unwrap().len(), 1);
+}
+
+#[test]
+fn plan_prefers_the_snapshot_then_the_furthest_reach() {
+    let files = [
+        file(0, 1, 1),
+        file(0, 2, 2),
+        file(1, 2, 5),
+        file(0, 3, 3),
+        file(9, 1, 3),
+        file(0, 6, 6),
+    ];
+    let plan = calc_plan(&files, None).unwrap();
+    let got: Vec<(u8, u64, u64)> = plan
+        .iter()
+        .map(|f| (f.level, f.min_txid.0, f.max_txid.0))
+        .collect();
+    assert_eq!(got, vec![(9, 1, 3), (1, 2, 5), (0, 6, 6)]);
+    assert!(matches!(
+        calc_plan(&[file(0, 1, 1), file(0, 3, 3)], None),
+        Err(RestoreError::Gap { .. })
+    ));
+}
