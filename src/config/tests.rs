@@ -1,3 +1,6 @@
+use super::load::expand_vars;
+use super::url::{absolutize, file_url};
+use super::yaml::{DB_KEYS, LEVEL_KEYS, REPLICA_KEYS, RETENTION_KEYS, ROOT_KEYS, SNAPSHOT_KEYS};
 use super::*;
 
 /// Parses `text` (no env expansion) from a fake file.
@@ -1614,9 +1617,7 @@ fn s3_key_rules() {
     assert_fail(
         "dbs:\n  - path: /a.db\n    replicas:\n      - url: /b\n      - url: /c\n        bucket: x\n",
         5,
-        &[
-            "key `bucket` applies only to s3 replicas, not to a file replica in dbs[0].replicas[1]",
-        ],
+        &["key `bucket` applies only to s3 replicas, not to a file replica in dbs[0].replicas[1]"],
     );
     assert_fail(
         &format!("{MINIMAL}      access-key-id: x\n"),

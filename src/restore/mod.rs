@@ -19,9 +19,9 @@
 //!   only with `force`.
 
 pub mod download;
-mod progress;
 pub mod follow;
 pub mod output;
+mod progress;
 
 use progress::Progress;
 use std::fs;

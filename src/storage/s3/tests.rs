@@ -2,10 +2,9 @@ use super::*;
 
 #[test]
 fn url_form_parses_like_litestream() {
-    let c = S3Config::from_url(
-        "s3://bkt/db/app.db?endpoint=http://127.0.0.1:9000&region=eu-west-1",
-    )
-    .unwrap();
+    let c =
+        S3Config::from_url("s3://bkt/db/app.db?endpoint=http://127.0.0.1:9000&region=eu-west-1")
+            .unwrap();
     assert_eq!((c.bucket.as_str(), c.path.as_str()), ("bkt", "db/app.db"));
     assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
     assert!(c.force_path_style, "custom endpoints default to path style");

@@ -1,0 +1,189 @@
+//! Reading a configuration: the file (or a command line's single database), `$VAR`
+//! expansion, paths made absolute, and the checks that span several databases.
+
+use crate::config::url::{absolutize, redact_userinfo};
+use crate::config::yaml::parse_yaml;
+#[allow(unused_imports)]
+use crate::config::*;
+
+impl Config {
+    /// Reads and parses a file; `expand_env` expands `$VAR` and `${VAR}` (unset -> empty
+    /// string, like Litestream) before parsing.
+    pub fn load(path: &Path, expand_env: bool) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        Config::parse(&text, &path.display().to_string(), expand_env)
+    }
+
+    /// Parses configuration text; `origin` names it in errors (usually the file's path).
+    /// `expand_env` as for [`Config::load`].
+    pub fn parse(text: &str, origin: &str, expand_env: bool) -> Result<Config, ConfigError> {
+        if expand_env {
+            Config::parse_with_env(text, origin, |name| {
+                std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+            })
+        } else {
+            parse_yaml(text, origin)
+        }
+    }
+
+    /// [`Config::parse`] with expansion, variables looked up by `lookup` (tests cannot set the
+    /// process environment safely).
+    pub(crate) fn parse_with_env(
+        text: &str,
+        origin: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        parse_yaml(&expand_vars(text, lookup), origin)
+    }
+
+    /// One database with replicas from the command line (`replicad replicate DB URL...`),
+    /// settings = defaults overridden by `settings` (build it from [`DbSettings::default`]).
+    /// Applies the file's rules: at least one URL, supported and valid URLs (`file://`, plain
+    /// paths, `s3://BUCKET/PATH?...` with credentials from the AWS chain), no destination
+    /// twice, non-zero intervals; `truncate_page_n == 0` means the default.
+    pub fn single(
+        db: PathBuf,
+        urls: &[String],
+        settings: DbSettings,
+    ) -> Result<Config, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            origin: COMMAND_LINE.to_string(),
+            line: None,
+            message,
+        };
+        let mut settings = settings;
+        settings.validate().map_err(invalid)?;
+        let path = absolutize(&db).map_err(|e| invalid(format!("database {e}")))?;
+        if urls.is_empty() {
+            return Err(invalid(format!(
+                "no replica URL given for {}",
+                path.display()
+            )));
+        }
+        let mut replicas: Vec<ReplicaConfig> = Vec::with_capacity(urls.len());
+        for (i, raw) in urls.iter().enumerate() {
+            let in_url =
+                |e: String| invalid(format!("{e} (replica URL {:?})", redact_userinfo(raw)));
+            let kind = ReplicaKind::from_url(raw).map_err(in_url)?;
+            let (url, s3) = kind.parse_url(raw).map_err(in_url)?;
+            let replica = ReplicaConfig {
+                name: kind.default_name(i),
+                url,
+                s3,
+                age: None,
+            };
+            let dest = replica.destination();
+            if replicas.iter().any(|r| r.destination() == dest) {
+                return Err(invalid(format!("{dest} is given twice")));
+            }
+            replicas.push(replica);
+        }
+        Ok(Config {
+            dbs: vec![DbConfig {
+                path,
+                meta_path: None,
+                replicas,
+                settings,
+            }],
+            dirs: Vec::new(),
+            shutdown_sync_timeout: DEFAULT_SHUTDOWN_SYNC_TIMEOUT,
+            addr: None,
+            max_lag: DEFAULT_MAX_LAG,
+            exec: None,
+            logging: LoggingConfig::default(),
+            socket: SocketConfig::default(),
+        })
+    }
+
+    /// Checks that every `dir` entry names an existing directory: `replicate` refuses to start
+    /// otherwise (a typo must not start a daemon that replicates nothing).
+    pub fn check_dirs(&self) -> Result<(), String> {
+        for d in &self.dirs {
+            match std::fs::metadata(&d.dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(format!("dir {} is not a directory", d.dir.display())),
+                Err(e) => return Err(format!("dir {}: {e}", d.dir.display())),
+            }
+        }
+        Ok(())
+    }
+
+    /// The configuration a `dir` entry gives the database at `path` (which need not exist:
+    /// a restore target): the first entry whose `dir` holds `path` at an allowed depth and
+    /// whose `pattern` matches its name. For `--config FILE DB_PATH` commands.
+    pub fn find_discovered(&self, path: &Path) -> Option<DbConfig> {
+        let abs = absolutize(path).ok()?;
+        self.dirs.iter().find_map(|d| {
+            let rel = abs.strip_prefix(&d.dir).ok()?;
+            let name = rel.file_name()?;
+            let depth_ok = d.recursive || rel.components().count() == 1;
+            let matches = globset::Glob::new(&d.pattern)
+                .ok()?
+                .compile_matcher()
+                .is_match(name);
+            (depth_ok && matches).then(|| d.db(rel))
+        })
+    }
+
+    /// Finds a configured database by path: compares absolute paths (made as for the file),
+    /// then, if none matches, the canonical paths of existing files (symbolic links resolved).
+    pub fn find_db(&self, path: &Path) -> Option<&DbConfig> {
+        if let Ok(abs) = absolutize(path)
+            && let Some(db) = self.dbs.iter().find(|db| db.path == abs)
+        {
+            return Some(db);
+        }
+        let canonical = std::fs::canonicalize(path).ok()?;
+        self.dbs
+            .iter()
+            .find(|db| std::fs::canonicalize(&db.path).is_ok_and(|c| c == canonical))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Environment expansion and paths.
+
+/// Replaces `${NAME}` and `$NAME` (NAME = `[A-Za-z_][A-Za-z0-9_]*`) by `lookup(NAME)`, or by
+/// nothing when it returns `None`. Any other `$` is kept.
+pub(crate) fn expand_vars(text: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+    pub(crate) fn name_len(s: &str) -> usize {
+        let bytes = s.as_bytes();
+        match bytes.first() {
+            Some(b) if b.is_ascii_alphabetic() || *b == b'_' => bytes
+                .iter()
+                .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+                .count(),
+            _ => 0,
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos + 1..];
+        if let Some(inner) = after.strip_prefix('{') {
+            if let Some(end) = inner.find('}') {
+                let name = &inner[..end];
+                if !name.is_empty() && name_len(name) == name.len() {
+                    out.push_str(&lookup(name).unwrap_or_default());
+                    rest = &inner[end + 1..];
+                    continue;
+                }
+            }
+        } else {
+            let len = name_len(after);
+            if len > 0 {
+                out.push_str(&lookup(&after[..len]).unwrap_or_default());
+                rest = &after[len..];
+                continue;
+            }
+        }
+        out.push('$');
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}

@@ -1,0 +1,651 @@
+//! The configuration file: which databases to replicate, where to, and how.
+//!
+//! The file is YAML with the layout and key names of Litestream v0.5 (a subset of them):
+//!
+//! ```yaml
+//! # Global settings: the defaults for every database below.
+//! monitor-interval: 1s
+//! compression: zstd:3
+//! shutdown-sync-timeout: 30s
+//!
+//! # Compaction, snapshots and retention (top level only, as in Litestream).
+//! levels:                              # L1..Ln compaction intervals (1 to 8 levels)
+//!   - interval: 30s
+//!   - interval: 5m
+//!   - interval: 1h
+//! snapshot:
+//!   interval: 24h                      # level-9 snapshot cadence
+//!   retention: 24h                     # how long snapshots are kept
+//! l0-retention: 5m
+//! l0-retention-check-interval: 15s
+//! retention:
+//!   enabled: true
+//!
+//! dbs:
+//!   - path: /var/lib/app/app.db
+//!     checkpoint-interval: 5m          # overrides the global value for this database
+//!     replicas:
+//!       - url: file:///backup/app      # or `path: /backup/app` (with optional `type: file`)
+//!       - type: s3                     # or `url: s3://my-bucket/app?region=eu-west-1`
+//!         bucket: my-bucket
+//!         path: app                    # the key prefix inside the bucket
+//!         region: eu-west-1
+//!   - path: /var/lib/app/audit.db
+//!     replica:                         # one replica: a map instead of a list
+//!       path: /backup/audit
+//! ```
+//!
+//! `config/replicad.yml` in the repository lists every key with its default and unit.
+//!
+//! Rules:
+//!
+//! - **Unknown keys are errors that name the key and its line — never silently ignored.** A
+//!   misspelt `checkpoint-intreval` must not quietly leave the default in force; the same goes
+//!   for Litestream keys replicad does not implement (`sync-interval`, `mcp-addr`, ...).
+//!   Duplicate keys are errors too, and so are unknown keys inside the maps `levels[]`,
+//!   `snapshot`, `retention` and `logging`.
+//! - Every error names the file, the key and the line when they are known:
+//!   `config /etc/replicad.yml: line 7: unknown key `retention-foo` in dbs[0] (...)`.
+//! - Setting keys (`monitor-interval`, `checkpoint-interval`, `min-checkpoint-page-count`,
+//!   `truncate-page-n`, `full-verify-interval`, `compression`, `heartbeat-interval`,
+//!   `verify-interval`, `lease-ttl`, `dormant-after`, `dormant-max-size`) may appear
+//!   at the top level and in each database; the effective value is the database's key, else the
+//!   top-level key, else the default ([`DbSettings::default`]).
+//! - Compaction, snapshot and retention keys are **top level only, as in Litestream** (one
+//!   schedule for every database; each database's settings get a copy):
+//!   - `levels` (default `[30s, 5m, 1h]`): the compaction intervals of levels L1..Ln, a list
+//!     of 1 to 8 maps `- interval: DURATION` (each > 0); L0 holds the files written as the WAL
+//!     changes and L9 is the snapshot level. An empty list is an error (remove the key for the
+//!     defaults).
+//!   - `snapshot`: a map with `interval` (default 24h, > 0), how often a level-9 snapshot is
+//!     written, and `retention` (default 24h, > 0), how long snapshots are kept.
+//!   - `l0-retention` (default 5m): L0 files are deleted once compacted into L1 and older than
+//!     this; `0s` disables the deletion of L0 files.
+//!   - `l0-retention-check-interval` (default 15s, > 0): how often that rule is enforced.
+//!   - `retention`: a map with `enabled` (default true); `false` means replicad never deletes
+//!     remote files (leave it to the bucket's lifecycle rules).
+//!
+//!   In a database map these keys (and `shutdown-sync-timeout`) are errors saying they are
+//!   top-level only. `snapshot` or `retention` with no value (all sub-keys commented
+//!   out) means the defaults.
+//! - `addr` (top level only, default off): where the HTTP endpoint listens (`/metrics`,
+//!   `/healthz`, `/readyz`, see [`crate::ops::http`]). `":9090"` or `"9090"` means
+//!   **127.0.0.1:9090**: unlike Litestream, which then listens on every interface, replicad
+//!   binds the loopback address unless a host is given (`"0.0.0.0:9090"` for every interface,
+//!   `"[::]:9090"`, `"10.0.0.5:9090"`, `"localhost:9090"`). An empty value means off. The
+//!   host must be an IP address or `localhost`.
+//! - `exec` (top level only, default none): a command run as a child once every database is
+//!   open, as Litestream's `exec`. The string is split with shell-words rules (quotes and
+//!   backslashes, no shell: no `$VAR`, pipes or globs; `sh -c "..."` for those). When the
+//!   child exits, replicad does its normal shutdown and exits with the **child's exit code**
+//!   (Litestream exits 1 on any failure); SIGTERM/SIGINT are forwarded to the child. The
+//!   command line's `--exec` replaces it. An empty string or unbalanced quotes are errors.
+//! - `logging` (top level only): a map with `level` (`trace`, `debug`, `info` (default),
+//!   `warn`, `error`; any case), `type` (`text` (default) or `json`, one JSON object per
+//!   line; Litestream's `pretty` is taken as `text`) and `stderr` (true or false). replicad
+//!   **always logs to stderr**, whatever `stderr` says (Litestream logs to stdout unless it
+//!   is true); the key is accepted so Litestream files load. `RUST_LOG` and the command
+//!   line's `--log-level` take precedence over `level`. An empty `logging` means defaults.
+//! - `socket` (top level only, as Litestream): a map with `enabled` (default false), `path`
+//!   (default `/var/run/replicad.sock`) and `permissions` (an octal string, default
+//!   `"0600"`): the control socket of `replicad sync` ([`crate::ops::control`]).
+//! - `max-lag` (top level only, replicad's own, default 60s): `/readyz` reports a replica
+//!   ready while it holds the database's TXID or its newest uploaded segment is less than
+//!   this much older than the database's newest segment.
+//! - Durations use Go syntax, as Litestream: `500ms`, `10s`, `1m`, `24h`, `1h30m`. A bare
+//!   number (`10`) is an error asking for a unit.
+//! - Paths (`path`, `meta-path`, a file replica's `path` or plain-path `url`) are made absolute
+//!   against the current directory (not the config file's directory), with `~` expanded to
+//!   `$HOME` as Litestream does, and normalised lexically ([`std::path::absolute`], then `.`
+//!   components and duplicate or trailing slashes removed; `..` is kept because resolving it
+//!   without the file system is wrong across symbolic links).
+//! - `$VAR` and `${VAR}` are replaced by the environment variable before parsing (unset
+//!   variables become the empty string, as Litestream), unless expansion is turned off. A `$`
+//!   not followed by a name is kept as it is.
+//! - Every database needs at least one replica; no two databases may share a path, and no two
+//!   replicas (in any database) may share a destination: a directory for file replicas,
+//!   (endpoint, bucket, path) for S3 replicas.
+//! - A `dbs` entry may name a directory instead of one database (**directory discovery**,
+//!   [`crate::daemon::discovery`]): `dir` (absolute after `~` expansion and
+//!   [`std::path::absolute`]; `replicate` refuses to start unless it is an existing
+//!   directory, [`Config::check_dirs`]),
+//!   `pattern` (a glob on the file name, default `*`; the file header decides what is a
+//!   database), `recursive` (default false) and `watch` (default false: only the databases
+//!   present at start). `path` and `dir` together are an error, and so are `pattern`,
+//!   `recursive` or `watch` without `dir`, and `meta-path` with `dir` (each discovered
+//!   database keeps its state next to itself). The replicas and settings apply to every
+//!   discovered database, each replica under the database's path relative to `dir`
+//!   ([`DirConfig::replica_for`]).
+//!
+//! Replica types:
+//!
+//! - `file`: `url: file:///dir` or a plain path, or `path: /dir` (with optional `type: file`).
+//! - `s3`: `type: s3` with `bucket` (required; letters, digits, `.`, `-`, `_`) and `path` (the
+//!   key prefix, default none), or
+//!   `url: s3://BUCKET/PATH?endpoint=...&region=...` (the query takes the same keys, see
+//!   [`S3Config::from_url`]). Further keys, with Litestream's names and meanings: `region`,
+//!   `endpoint`, `force-path-style` (default true when `endpoint` is set, else false),
+//!   `access-key-id` and `secret-access-key` (both or neither; without them the standard AWS
+//!   chain or `LITESTREAM_ACCESS_KEY_ID`/`LITESTREAM_SECRET_ACCESS_KEY` is used), `part-size`
+//!   (bytes, `10MiB` or an integer; default 5 MiB), `concurrency` (default 5), `storage-class`,
+//!   `sse-kms-key-id`, `sse-customer-key` and `skip-verify` (only `false`: TLS verification
+//!   cannot be turned off). With `url`, only the secrets (`access-key-id`,
+//!   `secret-access-key`, `sse-customer-key`) and `skip-verify` may be added as keys; `url`
+//!   with `bucket` or `path` is an error, as in Litestream, and so is every other S3 key (it
+//!   goes in the URL's query). S3 keys on a file replica are errors.
+//! - Global replica settings, as Litestream: the S3 keys above (`bucket`, `region`,
+//!   `endpoint`, `force-path-style`, `access-key-id`, `secret-access-key`, `part-size`,
+//!   `concurrency`, `storage-class`, `sse-kms-key-id`, `sse-customer-key`, `skip-verify`) may
+//!   appear at the top level (before or after `dbs`), with the same checks, as the defaults of
+//!   every s3 replica that does not set them; the replica's own value wins. The credentials
+//!   (`access-key-id` + `secret-access-key`) and the encryption (`sse-kms-key-id` or
+//!   `sse-customer-key`) go as pairs: a replica setting either key of a pair takes neither
+//!   from the top level. A `url` replica takes only those pairs (its URL holds the rest).
+//!   File replicas ignore them. The top-level `path` is not a global key (unknown key error).
+//! - Secrets (`secret-access-key`, `sse-customer-key`) never appear in an error message or in
+//!   `Debug` output ([`Secret`]); credentials inside a URL (`s3://key:secret@bucket`) are
+//!   rejected without echoing the URL. [`ReplicaConfig::url`] never holds credentials.
+//!
+//! A new type is a new arm of [`ReplicaKind`] plus its keys in the replica map.
+//!
+//! Implementation note: the file is read with `serde_norway` through hand-written visitors
+//! rather than derived structs, because an error raised inside a visitor carries the line of
+//! the YAML node being read: unknown and duplicate keys are reported at the key's line, bad
+//! values at the value's line, and rules that involve several keys (such as `url` vs `path`,
+//! or an S3 key on a file replica) at the line where the map starts.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+
+mod load;
+mod url;
+mod yaml;
+
+use crate::config::url::{
+    Destination, file_url_from_path, reject_userinfo, s3_url, unsupported_type,
+};
+use crate::config::yaml::settings::{EMPTY_LEVELS, too_many_levels};
+use crate::ltx::Codec;
+use crate::storage::AnyClient;
+use crate::storage::age::keys::AgeKeys;
+use crate::storage::s3::{
+    DEFAULT_PART_SIZE, S3Client, S3Config, Secret, parse_size, reject_skip_verify,
+};
+
+/// Default of `lease-ttl`: how long a replica's single-writer lease stays valid unrefreshed.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(600);
+/// Smallest accepted `lease-ttl`.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(1);
+/// Default of `max-lag`.
+pub const DEFAULT_MAX_LAG: Duration = Duration::from_secs(60);
+/// Default of `shutdown-sync-timeout`.
+pub const DEFAULT_SHUTDOWN_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of `truncate-page-n` (Litestream's): the WAL size in pages above which a checkpoint
+/// truncates the WAL.
+pub const DEFAULT_TRUNCATE_PAGE_N: u32 = 121_359;
+
+/// Default of `levels`: the compaction intervals of L1, L2 and L3 (Litestream's).
+pub const DEFAULT_LEVELS: [Duration; 3] = [
+    Duration::from_secs(30),
+    Duration::from_secs(5 * 60),
+    Duration::from_secs(60 * 60),
+];
+/// Most compaction levels in `levels` (L1..L8): level 9 is the snapshot level.
+pub const MAX_LEVELS: usize = 8;
+/// Default of `snapshot.interval`.
+pub const DEFAULT_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default of `snapshot.retention`.
+pub const DEFAULT_SNAPSHOT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default of `l0-retention`.
+pub const DEFAULT_L0_RETENTION: Duration = Duration::from_secs(5 * 60);
+/// Default of `l0-retention-check-interval`.
+pub const DEFAULT_L0_RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(15);
+
+/// Origin used in errors from [`Config::single`].
+const COMMAND_LINE: &str = "command line";
+
+/// The whole configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// The databases to replicate, in file order (`dbs` and `dirs` are never both empty).
+    pub dbs: Vec<DbConfig>,
+    /// The `dbs` entries with `dir`: directories whose databases are discovered, in file
+    /// order.
+    pub dirs: Vec<DirConfig>,
+    /// Key `shutdown-sync-timeout` (top level only, default 30s): how long a shutdown waits
+    /// for the last changes to reach the replicas. `0s` means do not wait.
+    pub shutdown_sync_timeout: Duration,
+    /// Key `addr` (top level only, default off): where the HTTP endpoint listens. A port
+    /// without a host (`":9090"`, `"9090"`) means 127.0.0.1, not every interface.
+    pub addr: Option<std::net::SocketAddr>,
+    /// Key `max-lag` (top level only, default 60s): how far behind its database a replica may
+    /// be and still be ready (`/readyz`).
+    pub max_lag: Duration,
+    /// Key `exec` (top level only, default none): the child command, split into program and
+    /// arguments (never empty when set). See the module rules.
+    pub exec: Option<Vec<String>>,
+    /// Key `logging` (top level only).
+    pub logging: LoggingConfig,
+    /// Key `socket` (top level only, default off): the control socket (`replicad sync`).
+    pub socket: SocketConfig,
+}
+
+/// Default of `socket.path`.
+pub const DEFAULT_SOCKET_PATH: &str = "/var/run/replicad.sock";
+
+/// The `socket` map: the Unix-socket control endpoint ([`crate::ops::control`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SocketConfig {
+    /// Key `enabled` (default false).
+    pub enabled: bool,
+    /// Key `path` (default `/var/run/replicad.sock`).
+    pub path: PathBuf,
+    /// Key `permissions` (an octal string, default `"0600"`): the socket file's mode.
+    pub permissions: u32,
+}
+
+impl Default for SocketConfig {
+    fn default() -> Self {
+        SocketConfig {
+            enabled: false,
+            path: PathBuf::from(DEFAULT_SOCKET_PATH),
+            permissions: 0o600,
+        }
+    }
+}
+
+/// The `logging` map.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoggingConfig {
+    /// Key `level`: `trace`, `debug`, `info`, `warn` or `error` (lower case here); `None`
+    /// means the command line's `--log-level` (default `info`). `RUST_LOG` overrides it.
+    pub level: Option<String>,
+    /// Key `type` (default `text`).
+    pub format: LogFormat,
+    /// Key `stderr` (default false). Accepted for Litestream compatibility; replicad always
+    /// logs to stderr.
+    pub stderr: bool,
+}
+
+/// Key `logging.type`: how log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines (`text`, or Litestream's `pretty`).
+    #[default]
+    Text,
+    /// One JSON object per line (`json`).
+    Json,
+}
+
+/// Splits an `exec` command line with shell-words rules (no shell); refuses an empty one.
+pub fn split_exec(cmd: &str) -> Result<Vec<String>, String> {
+    let argv = shell_words::split(cmd).map_err(|e| format!("invalid command {cmd:?}: {e}"))?;
+    if argv.is_empty() {
+        return Err("the command is empty".into());
+    }
+    Ok(argv)
+}
+
+/// One database and its replicas.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DbConfig {
+    /// Key `path` (required): the database file, absolute (see the module rules on paths).
+    pub path: PathBuf,
+    /// Key `meta-path`: where replication state is kept; `None` means the default location
+    /// next to the database. Absolute when set.
+    pub meta_path: Option<PathBuf>,
+    /// Keys `replica` (one map) or `replicas` (a list), exactly one of them: never empty.
+    pub replicas: Vec<ReplicaConfig>,
+    /// Effective settings: this database's keys, else the top-level keys, else the defaults.
+    pub settings: DbSettings,
+}
+
+/// A `dbs` entry with `dir`: every SQLite database found under a directory
+/// ([`crate::daemon::discovery`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DirConfig {
+    /// Key `dir` (required instead of `path`): absolute; `replicate` checks that it exists
+    /// ([`Config::check_dirs`]).
+    pub dir: PathBuf,
+    /// Key `pattern` (default `*`): a glob on the file name (valid for [`globset`]).
+    pub pattern: String,
+    /// Key `recursive` (default false): look into subdirectories too.
+    pub recursive: bool,
+    /// Key `watch` (default false): add and remove databases while running.
+    pub watch: bool,
+    /// The replicas of every discovered database, before [`DirConfig::replica_for`].
+    pub replicas: Vec<ReplicaConfig>,
+    /// Effective settings of every discovered database.
+    pub settings: DbSettings,
+}
+
+impl DirConfig {
+    /// The configuration of the database at `rel` (relative to `dir`, no `..`): the same
+    /// settings, each replica moved under `rel` ([`replica_under`]), state next to the file.
+    pub fn db(&self, rel: &Path) -> DbConfig {
+        DbConfig {
+            path: self.dir.join(rel),
+            meta_path: None,
+            replicas: self
+                .replicas
+                .iter()
+                .map(|r| replica_under(r, rel))
+                .collect(),
+            settings: self.settings.clone(),
+        }
+    }
+}
+
+/// `replica` moved under the relative path `rel` of a discovered database: a file replica
+/// `file:///backup` becomes `file:///backup/<rel>`, an S3 replica with prefix `p` gets the
+/// prefix `p/<rel>` (`<rel>` alone when `p` is empty). `rel` uses `/` on every platform
+/// replicad runs on, so it is the key suffix as it is.
+pub fn replica_under(replica: &ReplicaConfig, rel: &Path) -> ReplicaConfig {
+    let rel = rel.to_string_lossy();
+    let rel = rel.trim_matches('/');
+    match &replica.s3 {
+        Some(cfg) => {
+            let mut cfg = cfg.clone();
+            let base = cfg.path.trim_end_matches('/');
+            cfg.path = if base.is_empty() {
+                rel.to_string()
+            } else {
+                format!("{base}/{rel}")
+            };
+            ReplicaConfig {
+                name: replica.name.clone(),
+                url: s3_url(&cfg),
+                s3: Some(cfg),
+                age: replica.age.clone(),
+            }
+        }
+        None => ReplicaConfig {
+            name: replica.name.clone(),
+            url: format!("{}/{rel}", replica.url.trim_end_matches('/')),
+            s3: None,
+            age: replica.age.clone(),
+        },
+    }
+}
+
+/// Per-database settings (effective values).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DbSettings {
+    /// Key `monitor-interval` (default 1s, must be > 0): how often the WAL is checked for new
+    /// frames.
+    pub monitor_interval: Duration,
+    /// Key `checkpoint-interval` (default 1m): time-based PASSIVE checkpoints; `0s` disables
+    /// them (page-count checkpoints still happen).
+    pub checkpoint_interval: Duration,
+    /// Key `verify-interval` (default 0s = off): how often each replica is restored into a
+    /// temporary directory and checked (`integrity_check`, checksums); the result is the
+    /// metric `replicad_replica_verify_ok`.
+    pub verify_interval: Duration,
+    /// Key `min-checkpoint-page-count` (default 1000 pages): WAL size that triggers a PASSIVE
+    /// checkpoint.
+    pub min_checkpoint_page_count: u32,
+    /// Key `truncate-page-n` (default 121359 pages): WAL size that triggers a TRUNCATE
+    /// checkpoint. `0` in the file means "not set" (falls back to the top level, then to the
+    /// default), as in Litestream; the value here is never 0.
+    pub truncate_page_n: u32,
+    /// Key `full-verify-interval` (default 60s, must be > 0): how often the local state is
+    /// fully verified against the database.
+    pub full_verify_interval: Duration,
+    /// Key `compression` (default `zstd:3`): page codec for new LTX files; one of `lz4`,
+    /// `zstd`, `zstd:N` (1-19), `gzip`, `gzip:N` (0-9), `none`.
+    pub compression: Codec,
+    /// Key `heartbeat-interval` (default 60s, must be > 0): idle heartbeat of upload tasks.
+    pub heartbeat_interval: Duration,
+    /// Key `lease-ttl` (default 10m, at least 1s): how long the single-writer lease on each
+    /// replica stays valid without a refresh ([`crate::replicate::lease`]); it is refreshed every half
+    /// of it. Another instance takes over a replica whose lease is older than this.
+    pub lease_ttl: Duration,
+    /// Key `dormant-after` (default 30s; `0s` = never): a database whose WAL has not changed
+    /// for this long releases its SQLite connection (and its read transaction, descriptors
+    /// and shared-memory mapping) until it changes again; see [`crate::replicate::db`] on dormancy.
+    pub dormant_after: Duration,
+    /// Key `dormant-max-size` (default 64MiB): only databases up to this size go dormant, as
+    /// waking one after the application restarted the WAL costs a full segment.
+    pub dormant_max_size: u64,
+    /// Key `levels` (top level only; default 30s, 5m, 1h): the compaction intervals of levels
+    /// L1..Ln, `levels[0]` being L1. Every `levels[i]`, the files of the level below are
+    /// compacted into one file of level i+1. 1 to [`MAX_LEVELS`] entries, each > 0.
+    pub levels: Vec<Duration>,
+    /// Key `snapshot.interval` (top level only; default 24h, must be > 0): how often a
+    /// snapshot (level 9) of the database is written.
+    pub snapshot_interval: Duration,
+    /// Key `snapshot.retention` (top level only; default 24h, must be > 0): how long
+    /// snapshots are kept.
+    pub snapshot_retention: Duration,
+    /// Key `l0-retention` (top level only; default 5m): L0 files are deleted once they have
+    /// been compacted into L1 and are older than this. `0s` disables the deletion of L0 files.
+    pub l0_retention: Duration,
+    /// Key `l0-retention-check-interval` (top level only; default 15s, must be > 0): how
+    /// often the `l0-retention` rule is enforced.
+    pub l0_retention_check_interval: Duration,
+    /// Key `retention.enabled` (top level only; default true): `false` means remote files
+    /// are never deleted (neither snapshots past `snapshot.retention` nor L0 files past
+    /// `l0-retention`): deletion is left to the bucket's lifecycle rules.
+    pub retention_enabled: bool,
+}
+
+impl Default for DbSettings {
+    fn default() -> Self {
+        DbSettings {
+            monitor_interval: Duration::from_secs(1),
+            checkpoint_interval: Duration::from_secs(60),
+            verify_interval: Duration::ZERO,
+            min_checkpoint_page_count: 1000,
+            truncate_page_n: DEFAULT_TRUNCATE_PAGE_N,
+            full_verify_interval: Duration::from_secs(60),
+            compression: Codec::Zstd(crate::ltx::codec::DEFAULT_ZSTD_LEVEL),
+            heartbeat_interval: Duration::from_secs(60),
+            lease_ttl: DEFAULT_LEASE_TTL,
+            dormant_after: Duration::from_secs(30),
+            dormant_max_size: 64 * 1024 * 1024,
+            levels: DEFAULT_LEVELS.to_vec(),
+            snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
+            snapshot_retention: DEFAULT_SNAPSHOT_RETENTION,
+            l0_retention: DEFAULT_L0_RETENTION,
+            l0_retention_check_interval: DEFAULT_L0_RETENTION_CHECK_INTERVAL,
+            retention_enabled: true,
+        }
+    }
+}
+
+impl DbSettings {
+    /// Checks the rules the file parser checks per key (used for settings built in code).
+    fn validate(&mut self) -> Result<(), String> {
+        for (key, value) in [
+            ("monitor-interval", self.monitor_interval),
+            ("full-verify-interval", self.full_verify_interval),
+            ("heartbeat-interval", self.heartbeat_interval),
+            ("snapshot.interval", self.snapshot_interval),
+            ("snapshot.retention", self.snapshot_retention),
+            (
+                "l0-retention-check-interval",
+                self.l0_retention_check_interval,
+            ),
+        ] {
+            if value.is_zero() {
+                return Err(format!("{key} must be greater than zero"));
+            }
+        }
+        if self.lease_ttl < MIN_LEASE_TTL {
+            return Err("lease-ttl must be at least 1s".into());
+        }
+        if self.levels.is_empty() {
+            return Err(EMPTY_LEVELS.into());
+        }
+        if self.levels.len() > MAX_LEVELS {
+            return Err(too_many_levels(&format!(
+                "`levels` has {} entries",
+                self.levels.len()
+            )));
+        }
+        if let Some(i) = self.levels.iter().position(|d| d.is_zero()) {
+            return Err(format!(
+                "levels[{i}] (L{}): interval must be greater than zero",
+                i + 1
+            ));
+        }
+        if self.truncate_page_n == 0 {
+            self.truncate_page_n = DEFAULT_TRUNCATE_PAGE_N;
+        }
+        Ok(())
+    }
+}
+
+/// One replica of a database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaConfig {
+    /// Key `name`: unique within the database. Default: the type (`file`, `s3`) for the first
+    /// replica, `<type>-N` for the replica at position N (1-based) after that.
+    pub name: String,
+    /// Where the replica is, for logs and listings; never holds credentials.
+    ///
+    /// File replicas: always `file:///absolute/path`, whether given as `url` (`file://` or a
+    /// plain path) or as `path` (with optional `type: file`); accepted by
+    /// [`AnyClient::from_url`]. S3 replicas: `s3://BUCKET/PATH` (`s3://BUCKET` without a
+    /// prefix), without the endpoint and other settings, which are in [`ReplicaConfig::s3`].
+    /// Build clients with [`ReplicaConfig::client`].
+    pub url: String,
+    /// The settings of an S3 replica (`None` for file replicas). Its `Debug` output redacts
+    /// the secrets.
+    pub s3: Option<S3Config>,
+    /// Key `age`: the recipients new files are encrypted to and the identities that read
+    /// encrypted files, loaded (and checked) when the config is read. `None`: plain. Its
+    /// `Debug` output names identities by source and public key only.
+    pub age: Option<Arc<AgeKeys>>,
+}
+
+impl ReplicaConfig {
+    /// Builds the client of this replica (nothing is contacted yet).
+    pub fn client(&self) -> Result<AnyClient, String> {
+        match &self.s3 {
+            Some(cfg) => Ok(AnyClient::S3(S3Client::new(cfg.clone()))),
+            None => AnyClient::from_url(&self.url),
+        }
+    }
+
+    /// The client to replicate and restore with: [`ReplicaConfig::client`] seen through both
+    /// plain and age-encrypted names, with this replica's keys (see [`crate::storage::age`]).
+    pub fn age_client(&self) -> Result<AnyClient, String> {
+        let keys = self.age.clone().unwrap_or_default();
+        Ok(self.client()?.with_age(keys))
+    }
+
+    /// The destination, as compared by the rule "no two replicas share a destination".
+    fn destination(&self) -> Destination {
+        Destination::of(&self.url, self.s3.as_ref())
+    }
+}
+
+/// The kind of a replica: decides which keys and URL schemes are valid.
+///
+/// Adding a destination means a new arm here and in each `match` on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicaKind {
+    /// A local directory (`type: file`, `file://` URL or plain path).
+    File,
+    /// An S3-compatible bucket (`type: s3` or `s3://` URL).
+    S3,
+}
+
+impl ReplicaKind {
+    /// The `type` value, also the default replica name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplicaKind::File => "file",
+            ReplicaKind::S3 => "s3",
+        }
+    }
+
+    /// Parses a `type` value.
+    fn from_type(t: &str) -> Result<ReplicaKind, String> {
+        match t {
+            "file" => Ok(ReplicaKind::File),
+            "s3" => Ok(ReplicaKind::S3),
+            other => Err(unsupported_type(other)),
+        }
+    }
+
+    /// The kind named by a URL's scheme; no scheme means a file path.
+    fn from_url(url: &str) -> Result<ReplicaKind, String> {
+        match url.split_once("://") {
+            None | Some(("file", _)) => Ok(ReplicaKind::File),
+            Some(("s3", _)) => Ok(ReplicaKind::S3),
+            Some((scheme, _)) => Err(unsupported_type(scheme)),
+        }
+    }
+
+    /// Parses a URL of this kind: the normalised URL ([`ReplicaConfig::url`]) and, for S3,
+    /// the settings the URL gives. Checks that a client can be built from it.
+    fn parse_url(self, url: &str) -> Result<(String, Option<S3Config>), String> {
+        reject_userinfo(url)?;
+        match self {
+            ReplicaKind::File => {
+                let path = match url.strip_prefix("file://") {
+                    Some(rest) if !rest.starts_with('/') => {
+                        return Err(format!("file URL {url:?} must be absolute (file:///path)"));
+                    }
+                    Some(rest) => rest,
+                    None => url,
+                };
+                let normalized = file_url_from_path(path)?;
+                Ok((normalized, None))
+            }
+            ReplicaKind::S3 => {
+                let cfg = S3Config::from_url(url)?;
+                Ok((s3_url(&cfg), Some(cfg)))
+            }
+        }
+    }
+
+    /// The default name of the replica at `index` (0-based) in its database.
+    fn default_name(self, index: usize) -> String {
+        if index == 0 {
+            self.name().to_string()
+        } else {
+            format!("{}-{}", self.name(), index + 1)
+        }
+    }
+}
+
+/// Why a configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config {}: cannot read: {error}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        error: std::io::Error,
+    },
+    /// The text is not valid YAML or breaks a rule; `message` names the key.
+    #[error("config {origin}: {}{message}", line_prefix(.line))]
+    Invalid {
+        /// The file (or `command line` for [`Config::single`]).
+        origin: String,
+        /// The 1-based line of the offending key, value or map, when known.
+        line: Option<usize>,
+        /// What is wrong, naming the key and where it is (`in dbs[0]`).
+        message: String,
+    },
+}
+
+fn line_prefix(line: &Option<usize>) -> String {
+    match line {
+        Some(n) => format!("line {n}: "),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
