@@ -1,3 +1,4 @@
+
 use super::load::expand_vars;
 use super::url::{absolutize, file_url};
 use super::yaml::{DB_KEYS, LEVEL_KEYS, REPLICA_KEYS, RETENTION_KEYS, ROOT_KEYS, SNAPSHOT_KEYS};
@@ -111,18 +112,18 @@ compression: lz4
 heartbeat-interval: 5s
 shutdown-sync-timeout: 1m
 dbs:
-- path: /data/a.db
-monitor-interval: 500ms
-checkpoint-interval: 0s
-min-checkpoint-page-count: 7
-truncate-page-n: 9
-full-verify-interval: 1h30m
-compression: gzip:9
-heartbeat-interval: 24h
-replica: {url: /backup/a}
-- path: /data/b.db
-compression: none
-replica: {url: /backup/b}
+  - path: /data/a.db
+    monitor-interval: 500ms
+    checkpoint-interval: 0s
+    min-checkpoint-page-count: 7
+    truncate-page-n: 9
+    full-verify-interval: 1h30m
+    compression: gzip:9
+    heartbeat-interval: 24h
+    replica: {url: /backup/a}
+  - path: /data/b.db
+    compression: none
+    replica: {url: /backup/b}
 ",
     )
     .unwrap();
@@ -163,21 +164,21 @@ fn global_settings_may_follow_dbs() {
 
 /// Every compaction, snapshot and retention key, with values other than the defaults.
 const COMPACTION_ALL_KEYS: &str = "levels:
-- interval: 10s
-- interval: 1m30s
+  - interval: 10s
+  - interval: 1m30s
 snapshot:
-interval: 6h
-retention: 168h
+  interval: 6h
+  retention: 168h
 l0-retention: 0s
 l0-retention-check-interval: 1m
 retention:
-enabled: false
+  enabled: false
 dbs:
-- path: /data/a.db
-monitor-interval: 2s
-replica: {url: /backup/a}
-- path: /data/b.db
-replica: {url: /backup/b}
+  - path: /data/a.db
+    monitor-interval: 2s
+    replica: {url: /backup/a}
+  - path: /data/b.db
+    replica: {url: /backup/b}
 ";
 
 #[test]
@@ -208,9 +209,9 @@ fn compaction_keys_are_parsed_and_copied_to_every_database() {
     };
     let d = DbSettings::default;
     assert_eq!(
-        one("levels: [{interval: 1s}, {interval: 2s}, {interval: 3s}, {interval: 4s}, {interval: 5s}, {interval: 6s}, {interval: 7s}, {interval: 8s}]\n").levels,
-        (1..=8).map(Duration::from_secs).collect::<Vec<_>>()
-    );
+            one("levels: [{interval: 1s}, {interval: 2s}, {interval: 3s}, {interval: 4s}, {interval: 5s}, {interval: 6s}, {interval: 7s}, {interval: 8s}]\n").levels,
+            (1..=8).map(Duration::from_secs).collect::<Vec<_>>()
+        );
     assert_eq!(
         one("levels:\n- interval: 1h\n"),
         DbSettings {
@@ -704,20 +705,20 @@ fn bad_numbers_and_compression() {
 fn replica_forms() {
     let c = parse(
         "dbs:
-- path: /data/a.db
-meta-path: /meta/a
-replicas:
-  - url: file:///backup/one/
-  - url: /backup/two
-  - path: /backup/three
-  - type: file
-    path: /backup/./four//
-    name: four
-  - url: rel/five
-- path: data/b.db
-replica:
-  type: file
-  path: rel/six
+  - path: /data/a.db
+    meta-path: /meta/a
+    replicas:
+      - url: file:///backup/one/
+      - url: /backup/two
+      - path: /backup/three
+      - type: file
+        path: /backup/./four//
+        name: four
+      - url: rel/five
+  - path: data/b.db
+    replica:
+      type: file
+      path: rel/six
 ",
     )
     .unwrap();
@@ -774,21 +775,21 @@ fn home_is_expanded_in_paths() {
 fn unknown_keys_name_the_key_and_line() {
     let (line, msg) = fail(
         "dbs:
-- path: /data/a.db
-replica:
-  url: /backup/a
+  - path: /data/a.db
+    replica:
+      url: /backup/a
 
 
-retention-foo: 24h
+    retention-foo: 24h
 ",
     );
     assert_eq!(line, Some(7));
     assert!(
-        msg.starts_with(
-            "config /etc/replicad.yml: line 7: unknown key `retention-foo` in dbs[0] (expected one of `path`"
-        ),
-        "{msg}"
-    );
+            msg.starts_with(
+                "config /etc/replicad.yml: line 7: unknown key `retention-foo` in dbs[0] (expected one of `path`"
+            ),
+            "{msg}"
+        );
     assert_fail(
         &format!("# comment\nmcp-addr: \":3001\"\n{MINIMAL}"),
         2,
@@ -940,22 +941,22 @@ fn databases_need_dbs_path_and_replicas() {
 fn duplicate_database_paths() {
     assert_fail(
         "dbs:
-- path: /data/a.db
-replica: {url: /b1}
-- path: /data/./a.db
-replica: {url: /b2}
+  - path: /data/a.db
+    replica: {url: /b1}
+  - path: /data/./a.db
+    replica: {url: /b2}
 ",
         4,
         &["database /data/a.db is configured twice: dbs[0] and dbs[1] (key `path` in dbs[1])"],
     );
     assert_fail(
         "dbs:
-- path: /data/a.db
-meta-path: /meta
-replica: {url: /b1}
-- path: /data/b.db
-meta-path: /meta/
-replica: {url: /b2}
+  - path: /data/a.db
+    meta-path: /meta
+    replica: {url: /b1}
+  - path: /data/b.db
+    meta-path: /meta/
+    replica: {url: /b2}
 ",
         6,
         &["meta-path /meta is used by two databases: dbs[0] (/data/a.db) and dbs[1]"],
@@ -966,13 +967,13 @@ replica: {url: /b2}
 fn replica_destination_shared_by_two_databases() {
     assert_fail(
         "dbs:
-- path: /data/a.db
-replicas:
-  - url: file:///backup/x
-- path: /data/b.db
-replicas:
-  - url: /backup/y
-  - path: /backup/x/
+  - path: /data/a.db
+    replicas:
+      - url: file:///backup/x
+  - path: /data/b.db
+    replicas:
+      - url: /backup/y
+      - path: /backup/x/
 ",
         8,
         &[
@@ -1341,22 +1342,22 @@ fn example_file_parses() {
 
 /// Every S3 key of a replica map.
 const S3_ALL_KEYS: &str = "dbs:
-- path: /data/a.db
-replicas:
-  - type: s3
-    name: offsite
-    bucket: my-bucket
-    path: /backups/a/
-    region: eu-west-1
-    endpoint: http://localhost:9000
-    force-path-style: false
-    access-key-id: AKIDEXAMPLE
-    secret-access-key: wJalrXUtnFEMIsecretKEY
-    part-size: 10MiB
-    concurrency: 8
-    storage-class: STANDARD_IA
-    sse-customer-key: MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=
-    skip-verify: false
+  - path: /data/a.db
+    replicas:
+      - type: s3
+        name: offsite
+        bucket: my-bucket
+        path: /backups/a/
+        region: eu-west-1
+        endpoint: http://localhost:9000
+        force-path-style: false
+        access-key-id: AKIDEXAMPLE
+        secret-access-key: wJalrXUtnFEMIsecretKEY
+        part-size: 10MiB
+        concurrency: 8
+        storage-class: STANDARD_IA
+        sse-customer-key: MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=
+        skip-verify: false
 ";
 
 #[test]
@@ -1388,9 +1389,9 @@ fn s3_replica_every_key() {
     }
     // sse-kms-key-id (exclusive with sse-customer-key) and an integer part-size.
     let c = parse(
-        "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: b\n      sse-kms-key-id: alias/replicad\n      part-size: 6000000\n",
-    )
-    .unwrap();
+            "dbs:\n  - path: /a.db\n    replica:\n      type: s3\n      bucket: b\n      sse-kms-key-id: alias/replicad\n      part-size: 6000000\n",
+        )
+        .unwrap();
     let s3 = c.dbs[0].replicas[0].s3.clone().unwrap();
     assert_eq!(s3.sse_kms_key_id.as_deref(), Some("alias/replicad"));
     assert_eq!(s3.part_size, 6_000_000);
@@ -1406,21 +1407,21 @@ fn s3_replica_every_key() {
 fn s3_defaults() {
     let c = parse(
         "dbs:
-- path: /data/a.db
-replicas:
-  - type: s3
-    bucket: b1
-  - type: s3
-    bucket: b2
-    path: x
-    endpoint: minio:9000
-  - type: s3
-    bucket: b3
-    endpoint: http://minio:9000
-    force-path-style: false
-  - type: s3
-    bucket: b4
-    force-path-style: true
+  - path: /data/a.db
+    replicas:
+      - type: s3
+        bucket: b1
+      - type: s3
+        bucket: b2
+        path: x
+        endpoint: minio:9000
+      - type: s3
+        bucket: b3
+        endpoint: http://minio:9000
+        force-path-style: false
+      - type: s3
+        bucket: b4
+        force-path-style: true
 ",
     )
     .unwrap();
@@ -1459,17 +1460,17 @@ replicas:
 #[test]
 fn s3_url_form() {
     let c = parse(
-        "dbs:
-- path: /data/a.db
-replicas:
-  - url: s3://bucket/db/a?endpoint=http://localhost:9000&region=auto&part-size=8MiB&concurrency=2
-    access-key-id: AKID
-    secret-access-key: s3cr3t
-    skip-verify: false
-  - url: s3://bucket
+            "dbs:
+  - path: /data/a.db
+    replicas:
+      - url: s3://bucket/db/a?endpoint=http://localhost:9000&region=auto&part-size=8MiB&concurrency=2
+        access-key-id: AKID
+        secret-access-key: s3cr3t
+        skip-verify: false
+      - url: s3://bucket
 ",
-    )
-    .unwrap();
+        )
+        .unwrap();
     let r = &c.dbs[0].replicas[0];
     assert_eq!(r.name, "s3");
     assert_eq!(r.url, "s3://bucket/db/a", "no query, no credentials");
@@ -1681,15 +1682,15 @@ fn s3_key_rules() {
 fn s3_destinations_are_endpoint_bucket_and_path() {
     assert_fail(
         "dbs:
-- path: /a.db
-replica:
-  url: s3://b/x?endpoint=minio:9000
-- path: /c.db
-replica:
-  type: s3
-  endpoint: HTTPS://minio:9000/
-  bucket: b
-  path: /x/
+  - path: /a.db
+    replica:
+      url: s3://b/x?endpoint=minio:9000
+  - path: /c.db
+    replica:
+      type: s3
+      endpoint: HTTPS://minio:9000/
+      bucket: b
+      path: /x/
 ",
         7,
         &[
@@ -1705,14 +1706,14 @@ replica:
     // same path is unrelated.
     let c = parse(
         "dbs:
-- path: /a.db
-replicas:
-  - url: s3://b/x
-  - url: s3://b/x?endpoint=http://localhost:9000
-  - url: s3://b/y
-  - url: s3://c/x
-  - url: s3://b
-  - path: /x
+  - path: /a.db
+    replicas:
+      - url: s3://b/x
+      - url: s3://b/x?endpoint=http://localhost:9000
+      - url: s3://b/y
+      - url: s3://c/x
+      - url: s3://b
+      - path: /x
 ",
     )
     .unwrap();
@@ -1799,12 +1800,12 @@ fn secrets_never_appear_in_errors_or_debug() {
 #[test]
 fn env_expansion_of_secrets() {
     let text = "dbs:
-- path: /a.db
-replica:
-  type: s3
-  bucket: ${BUCKET}
-  access-key-id: $KEY_ID
-  secret-access-key: ${SECRET}
+  - path: /a.db
+    replica:
+      type: s3
+      bucket: ${BUCKET}
+      access-key-id: $KEY_ID
+      secret-access-key: ${SECRET}
 ";
     let lookup = |name: &str| match name {
         "BUCKET" => Some("my-bucket".to_string()),
@@ -2083,23 +2084,23 @@ secret-access-key: {SECRET}
 region: eu-west-1
 endpoint: http://127.0.0.1:9000
 dbs:
-- path: /a.db
-replicas:
-  - type: s3
-    path: a
-  - type: s3
-    bucket: own
-    path: b
-    region: us-east-1
-    force-path-style: false
-    access-key-id: OWN
-    secret-access-key: ownsecret
-    part-size: 10MiB
-    concurrency: 2
-    storage-class: GLACIER
-    sse-customer-key: {SSE_C}
-  - path: /backup/a
-  - url: s3://u/c?region=ap-south-1
+  - path: /a.db
+    replicas:
+      - type: s3
+        path: a
+      - type: s3
+        bucket: own
+        path: b
+        region: us-east-1
+        force-path-style: false
+        access-key-id: OWN
+        secret-access-key: ownsecret
+        part-size: 10MiB
+        concurrency: 2
+        storage-class: GLACIER
+        sse-customer-key: {SSE_C}
+      - path: /backup/a
+      - url: s3://u/c?region=ap-south-1
 bucket: global
 part-size: 6MiB
 concurrency: 3
@@ -2237,8 +2238,8 @@ fn dir_entries_discover_databases() {
     let d = tmp.path().display().to_string();
     let c = parse(&format!(
         "dbs:\n  - dir: {d}\n    pattern: \"*.db\"\n    recursive: true\n    watch: true\n    \
-         monitor-interval: 3s\n    replica:\n      url: /backup/x\n  - path: /a.db\n    \
-         replica:\n      url: /backup/a\n"
+             monitor-interval: 3s\n    replica:\n      url: /backup/x\n  - path: /a.db\n    \
+             replica:\n      url: /backup/a\n"
     ))
     .unwrap();
     assert_eq!(c.dbs.len(), 1);

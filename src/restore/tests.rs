@@ -1,3 +1,4 @@
+
 use super::*;
 
 fn file(level: u8, min: u64, max: u64) -> LtxFileInfo {

@@ -18,10 +18,9 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{
-    Db, DbError, PARALLEL_MIN_PAGES, PageSrc, encode_parallel, encode_workers, io_err, now_ms,
-    same_generation,
-};
+use super::connection::same_generation;
+use super::encode::{PARALLEL_MIN_PAGES, PageSrc, encode_parallel, encode_workers};
+use super::{Db, DbError, io_err, now_ms};
 use crate::ltx::checksum::{DbChecksum, page_checksum};
 use crate::ltx::{Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId, lock_pgno};
 use crate::sqlite::wal::{self, WAL_HEADER_SIZE};

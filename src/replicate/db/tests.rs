@@ -1,3 +1,5 @@
+
+use super::connection::same_generation;
 use super::*;
 
 /// An application database in WAL mode with one committed row, and its connection.
@@ -6,7 +8,7 @@ fn wal_app(dir: &Path) -> (PathBuf, Connection) {
     let app = Connection::open(&path).unwrap();
     app.execute_batch(
         "PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0;
-         CREATE TABLE t (v TEXT); INSERT INTO t VALUES ('a');",
+             CREATE TABLE t (v TEXT); INSERT INTO t VALUES ('a');",
     )
     .unwrap();
     (path, app)

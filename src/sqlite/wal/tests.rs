@@ -1,3 +1,4 @@
+
 use super::*;
 use rusqlite::Connection;
 use std::collections::BTreeSet;
@@ -54,8 +55,8 @@ fn integrity(conn: &Connection) -> String {
 fn create_base(conn: &Connection) {
     conn.execute_batch(
         "CREATE TABLE t(id INTEGER PRIMARY KEY, body BLOB NOT NULL);
-         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50)
-         INSERT INTO t(body) SELECT randomblob(200) FROM n;",
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50)
+             INSERT INTO t(body) SELECT randomblob(200) FROM n;",
     )
     .unwrap();
     checkpoint(conn, "TRUNCATE");
@@ -68,9 +69,9 @@ fn workload(conn: &Connection) -> usize {
         "INSERT INTO t(body) VALUES (randomblob(10)), (randomblob(20)), (randomblob(30));",
         "INSERT INTO t(body) VALUES (randomblob(10000));",
         "BEGIN;
-         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
-         INSERT INTO t(body) SELECT randomblob(300) FROM n;
-         COMMIT;",
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
+             INSERT INTO t(body) SELECT randomblob(300) FROM n;
+             COMMIT;",
         "UPDATE t SET body = randomblob(250) WHERE id % 7 = 0;",
         "DELETE FROM t WHERE id % 5 = 0;",
         "INSERT INTO t(body) VALUES (randomblob(9000));",
@@ -240,7 +241,7 @@ fn applying_scanned_pages_reproduces_the_database() {
     workload(&conn);
     conn.execute_batch(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
-         INSERT INTO t(body) SELECT randomblob(1000) FROM n;",
+             INSERT INTO t(body) SELECT randomblob(1000) FROM n;",
     )
     .unwrap();
     let grown = pragma_u32(&conn, "page_count");
@@ -393,9 +394,9 @@ fn frames_spilled_by_an_open_transaction_are_not_committed() {
 
     conn.execute_batch(
         "PRAGMA cache_size=10;
-         BEGIN;
-         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500)
-         INSERT INTO t(body) SELECT randomblob(1000) FROM n;",
+             BEGIN;
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500)
+             INSERT INTO t(body) SELECT randomblob(1000) FROM n;",
     )
     .unwrap();
     let copy = dir.path().join("wal.copy");
@@ -624,7 +625,7 @@ fn continuing_after_a_foreign_or_missing_frame_is_refused() {
 fn continuing_past_a_partial_frame_is_refused() {
     let bytes = hex::decode(
         "377f0682002de2180000100000000000cde6b8f86406bcd3cd9fe9e05943c7e9\
-         0000000100000000cde6b8f86406bcd3f3b9a2190f551523",
+             0000000100000000cde6b8f86406bcd3f3b9a2190f551523",
     )
     .unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,299 @@
+//! Dormancy and the idle fast path: a small database whose WAL has not changed for a while
+//! closes its connection (see the parent module on what waking must check), and an awake
+//! one answers an idle tick from the WAL's size and salts alone.
+
+use super::connection::{file_id, open_pinned};
+#[allow(unused_imports)]
+use super::*;
+
+/// The database file's identity and last change, as stat reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FileStamp {
+    pub(super) len: u64,
+    pub(super) ino: u64,
+    pub(super) mtime: (i64, i64),
+    pub(super) ctime: (i64, i64),
+}
+
+impl FileStamp {
+    pub(super) fn of(path: &Path) -> std::io::Result<FileStamp> {
+        Ok(FileStamp::from_meta(&std::fs::metadata(path)?))
+    }
+
+    pub(super) fn from_meta(m: &std::fs::Metadata) -> FileStamp {
+        FileStamp {
+            len: m.len(),
+            ino: m.ino(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+
+    /// The last change is older than `margin` (so a write now would get another mtime).
+    pub(super) fn settled(&self, margin: Duration) -> bool {
+        let changed = UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(self.mtime.0.max(self.ctime.0)).unwrap_or(0),
+                u32::try_from(self.mtime.1.max(self.ctime.1)).unwrap_or(0),
+            );
+        SystemTime::now()
+            .duration_since(changed)
+            .is_ok_and(|age| age >= margin)
+    }
+}
+
+/// What a dormant database compares on each tick.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dormant {
+    pub(super) db: FileStamp,
+    /// None: there was no WAL file.
+    pub(super) wal: Option<FileStamp>,
+}
+
+impl Dormant {
+    /// The files are as they were at dormancy: one `statx` of the WAL, or two when there was
+    /// none (then the database file's stamp decides).
+    pub(super) fn unchanged(&self, db_path: &Path, wal_path: &Path) -> bool {
+        match (FileStamp::of(wal_path), self.wal) {
+            (Ok(now), Some(wal)) => now == wal,
+            (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => {
+                FileStamp::of(db_path).is_ok_and(|now| now == self.db)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The idle check of a dormant database, apart from its Db: what
+/// [`crate::replicate::dormant`] runs for a parked monitor.
+#[derive(Debug)]
+pub struct DormantProbe {
+    pub(super) path: PathBuf,
+    pub(super) wal_path: PathBuf,
+    pub(super) stamps: Dormant,
+    pub(super) stats: Arc<DbStats>,
+}
+
+impl DormantProbe {
+    /// The files are as they were at dormancy; counts a skipped tick when they are.
+    pub fn unchanged(&self) -> bool {
+        let same = self.stamps.unchanged(&self.path, &self.wal_path);
+        if same {
+            self.stats.sync_skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        same
+    }
+}
+
+/// How old the database file's last change must be before it is stamped for dormancy: well
+/// above the kernel's coarse timestamp granularity (one jiffy, 1-10 ms).
+pub(super) const STAMP_MARGIN: Duration = Duration::from_millis(50);
+
+/// Databases with an open connection, process-wide (each holds about four descriptors).
+pub(super) static AWAKE: AtomicUsize = AtomicUsize::new(0);
+
+/// Above this many open connections, idle databases go dormant at once instead of after
+/// `dormant-after`, so that thousands of databases fit the open-file limit.
+pub(super) static AWAKE_BUDGET: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Sets the number of databases that may keep a connection open before idle ones go dormant
+/// early: `replicate` derives it from its open-file limit.
+pub fn set_awake_budget(databases: usize) {
+    AWAKE_BUDGET.store(databases, Ordering::Relaxed);
+}
+
+impl Db {
+    /// The idle fast path: one fstat of the database file (unlinked: replaced or removed),
+    /// one open, fstat and 32-byte read of the WAL header (and, in a WAL longer than our
+    /// position, of the 24-byte frame header where it ends). Returns true
+    /// when the tick can be skipped: the WAL is exactly as long as what was synced and its
+    /// salts are unchanged (size alone is not enough: after a restart SQLite rewrites frames
+    /// inside a file of unchanged size). A full verification still runs every
+    /// `full-verify-interval`.
+    ///
+    /// This runs on the async worker on purpose: four syscalls on local metadata cost less
+    /// than a hop to the blocking pool, and the path allocates nothing.
+    ///
+    /// A dormant database skips the full verification (it holds no state to verify) and
+    /// compares stamps instead (module doc): one `statx` of the WAL, or two when it is missing.
+    pub fn fast_path_skip(&mut self, now: Instant) -> bool {
+        if self.dormant.is_none()
+            && (now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval
+                || self.dormancy_due(now)
+                || self.shrink_due(now))
+        {
+            return false;
+        }
+        self.unchanged_since_sync() && self.skip_tick(now)
+    }
+
+    /// While dormant and healthy: its idle check, to run away from the Db (its skipped ticks
+    /// are counted on this Db's stats).
+    pub fn dormant_probe(&self) -> Option<DormantProbe> {
+        let stamps = *self.dormant.as_ref()?;
+        if self.poisoned.is_some() {
+            return None;
+        }
+        Some(DormantProbe {
+            path: self.path.clone(),
+            wal_path: self.wal_path.clone(),
+            stamps,
+            stats: self.stats.clone(),
+        })
+    }
+
+    /// The WAL (and, while dormant, the database file) is as the last sync left it.
+    pub(super) fn unchanged_since_sync(&self) -> bool {
+        if let Some(d) = &self.dormant {
+            return d.unchanged(&self.path, &self.wal_path);
+        }
+        let Some((size, salt1, salt2)) = self.fast else {
+            return false;
+        };
+        // A file renamed over the database, or the database removed, leaves ours unlinked.
+        if let Some(open) = &self.open
+            && open.db_file.metadata().is_ok_and(|m| m.nlink() == 0)
+        {
+            return false;
+        }
+        let f = match File::open(&self.wal_path) {
+            Ok(f) => f,
+            // No WAL and none expected: nothing was committed (a commit creates the WAL, and
+            // our read transaction keeps a closing application from deleting it).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && size == 0 => return true,
+            Err(_) => return false,
+        };
+        let Ok(meta) = f.metadata() else { return false };
+        if meta.len() != size {
+            return false;
+        }
+        if size == 0 {
+            return true;
+        }
+        let mut h = [0u8; 32];
+        if f.read_exact_at(&mut h, 0).is_err() {
+            return false;
+        }
+        let s1 = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
+        let s2 = u32::from_be_bytes([h[20], h[21], h[22], h[23]]);
+        if s1 != salt1 || s2 != salt2 {
+            return false;
+        }
+        // A file longer than our position: a commit writes its first frame right there, with
+        // the current salts; a stale tail holds an older generation's frames.
+        if let Some(at) = self.fast_tail {
+            let mut fh = [0u8; 24];
+            if f.read_exact_at(&mut fh, at).is_err() {
+                return false;
+            }
+            let (f1, f2) = (
+                u32::from_be_bytes([fh[8], fh[9], fh[10], fh[11]]),
+                u32::from_be_bytes([fh[12], fh[13], fh[14], fh[15]]),
+            );
+            return (f1, f2) != (salt1, salt2);
+        }
+        true
+    }
+
+    /// Counts a skipped tick, unless a time-based checkpoint is due (then the tick must run).
+    pub(super) fn skip_tick(&mut self, now: Instant) -> bool {
+        if self.checkpoint_due(now) {
+            return false;
+        }
+        self.stats.sync_skipped.fetch_add(1, Ordering::Relaxed);
+        self.stats.idle.store(true, Ordering::Relaxed);
+        self.idle_since.get_or_insert(now);
+        true
+    }
+
+    /// Installs or drops the connection, keeping the process-wide count of open ones.
+    pub(super) fn set_open(&mut self, open: Option<Open>) {
+        match (self.open.is_some(), open.is_some()) {
+            (false, true) => {
+                AWAKE.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                AWAKE.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        self.open = open;
+    }
+
+    /// Time to close the connection: idle long enough (at once when open connections exceed
+    /// the descriptor budget), small enough, and nothing pending.
+    pub(super) fn dormancy_due(&self, now: Instant) -> bool {
+        if self.keep_awake {
+            return false;
+        }
+        let after = self.settings.dormant_after;
+        let Some(open) = &self.open else { return false };
+        let pressed = AWAKE.load(Ordering::Relaxed) > AWAKE_BUDGET.load(Ordering::Relaxed);
+        !after.is_zero()
+            && self.continuous
+            && self.poisoned.is_none()
+            && self
+                .idle_since
+                .is_some_and(|t| pressed || now.duration_since(t) >= after)
+            && u64::from(self.commit) * u64::from(open.page_size) <= self.settings.dormant_max_size
+            && !self.checkpoint_due(now)
+    }
+
+    /// Closes the connection if the database is exactly caught up and its file settled.
+    pub(super) fn go_dormant(&mut self) -> Result<(), DbError> {
+        self.refresh_fast_cache();
+        if self.fast.is_none() {
+            return Ok(());
+        }
+        let db = FileStamp::of(&self.path).map_err(io_err("stat", &self.path))?;
+        let wal = match FileStamp::of(&self.wal_path) {
+            Ok(s) => Some(s),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err("stat", &self.wal_path)(e)),
+        };
+        if !db.settled(STAMP_MARGIN) || wal.is_some_and(|w| !w.settled(STAMP_MARGIN)) {
+            return Ok(());
+        }
+        // Dropping the connection ends the read transaction and closes every descriptor and
+        // the shared-memory mapping (no checkpoint: SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE).
+        self.set_open(None);
+        self.continuous = false;
+        self.dormant = Some(Dormant { db, wal });
+        self.dirty_since_checkpoint = false;
+        self.stats.dormant.store(true, Ordering::Relaxed);
+        tracing::debug!(db = %self.path.display(), txid = %self.pos, "dormant");
+        Ok(())
+    }
+
+    /// Reopens a dormant database: the connection and read transaction first, then the stamp
+    /// comparison (a checkpoint after this point can only move frames we will read).
+    pub(super) fn wake(&mut self, stamp: FileStamp) -> Result<(), DbError> {
+        let (conn, page_size) = open_pinned(&self.path)?;
+        if page_size != self.page_size_or(page_size) {
+            return Err(DbError::Unsupported(format!(
+                "page size of {} changed from {} to {page_size}; replicate it to a new replica path",
+                self.path.display(),
+                self.page_size_or(page_size)
+            )));
+        }
+        let db_file = File::open(&self.path).map_err(io_err("open", &self.path))?;
+        let id = file_id(&db_file, &self.path)?;
+        self.woke_unchanged = FileStamp::of(&self.path).is_ok_and(|now| now == stamp);
+        if id.1 != stamp.ino {
+            tracing::warn!(db = %self.path.display(), txid = %self.pos, "the database file was replaced while dormant; the next segment is a full copy of the new one");
+            self.force_full("database file replaced");
+        }
+        self.set_open(Some(Open {
+            conn,
+            db_file,
+            page_size,
+            id,
+        }));
+        self.dormant = None;
+        self.continuous = false;
+        self.stats.dormant.store(false, Ordering::Relaxed);
+        self.stats.wakes.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(db = %self.path.display(), unchanged = self.woke_unchanged, "woke");
+        Ok(())
+    }
+}

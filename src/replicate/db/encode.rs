@@ -1,0 +1,164 @@
+//! Reading pages (from a WAL frame or the database file) and encoding them into a segment,
+//! in parallel batches for large segments.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Where a page of a segment comes from.
+#[derive(Clone, Copy)]
+pub(super) enum PageSrc {
+    Wal(u64),
+    DbFile,
+}
+
+/// Reads pages of the current state: from a WAL frame or from the database file.
+#[derive(Clone, Copy)]
+pub(super) struct PageReader<'a> {
+    pub(super) db_file: &'a File,
+    pub(super) wal_file: Option<&'a File>,
+    pub(super) page_size: u32,
+    pub(super) path: &'a Path,
+}
+
+impl PageReader<'_> {
+    pub(super) fn read(&self, src: PageSrc, pgno: u32, buf: &mut [u8]) -> Result<(), DbError> {
+        match (src, self.wal_file) {
+            (PageSrc::Wal(off), Some(f)) => Ok(wal::read_page(f, off, buf)?),
+            _ => {
+                let at = u64::from(pgno - 1) * u64::from(self.page_size);
+                // Past the end of the file SQLite reads zeros; so do we.
+                let mut done = 0;
+                while done < buf.len() {
+                    match self.db_file.read_at(&mut buf[done..], at + done as u64) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(io_err("read", self.path)(e)),
+                    }
+                }
+                buf[done..].fill(0);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Pages per batch of the parallel segment encoder.
+pub(super) const BATCH_PAGES: usize = 256;
+
+/// Segments with fewer pages are encoded on the calling thread.
+pub(super) const PARALLEL_MIN_PAGES: usize = 8 * BATCH_PAGES;
+
+/// Pages read, compressed and checksummed by one encoder worker, in segment order. The
+/// writer hands each batch back to its worker for the next chunk: a snapshot then touches a
+/// few batches' worth of fresh memory instead of a megabyte per 256 pages.
+#[derive(Default)]
+pub(super) struct PageBatch {
+    pub(super) data: Vec<u8>,
+    pub(super) comp: Vec<u8>,
+    pub(super) ends: Vec<usize>,
+    pub(super) sums: Vec<u64>,
+    pub(super) read_nanos: u64,
+    pub(super) compress_nanos: u64,
+}
+
+/// Fills `b` with the pages of `chunk` (whatever it held before is replaced).
+pub(super) fn encode_batch(
+    reader: &PageReader<'_>,
+    codec: Codec,
+    checksums: bool,
+    chunk: &[(u32, PageSrc)],
+    b: &mut PageBatch,
+) -> Result<(), DbError> {
+    let ps = reader.page_size as usize;
+    // Every page is read over its whole slot, so the old contents need no clearing.
+    b.data.resize(chunk.len() * ps, 0);
+    b.comp.clear();
+    b.ends.clear();
+    b.sums.clear();
+    b.read_nanos = 0;
+    b.compress_nanos = 0;
+    let mut scratch = Vec::new();
+    for (k, &(pgno, src)) in chunk.iter().enumerate() {
+        let buf = &mut b.data[k * ps..(k + 1) * ps];
+        let t0 = Instant::now();
+        reader.read(src, pgno, buf)?;
+        let t1 = Instant::now();
+        codec.compress(buf, &mut scratch)?;
+        b.comp.extend_from_slice(&scratch);
+        b.ends.push(b.comp.len());
+        if checksums {
+            b.sums.push(page_checksum(pgno, buf));
+        }
+        b.read_nanos += duration_nanos(t1 - t0);
+        b.compress_nanos += duration_nanos(t1.elapsed());
+    }
+    Ok(())
+}
+
+/// Reads, compresses and checksums `pages` on `workers` threads, and hands each page to `sink`
+/// in segment order on the calling thread (which owns the encoder and its file checksum).
+/// Memory is bounded: each worker keeps at most three batches in flight. Returns the read and
+/// compress nanoseconds summed over the workers.
+pub(super) fn encode_parallel(
+    reader: PageReader<'_>,
+    codec: Codec,
+    checksums: bool,
+    pages: &[(u32, PageSrc)],
+    workers: usize,
+    mut sink: impl FnMut(u32, &[u8], &[u8], u64) -> Result<(), DbError>,
+) -> Result<(u64, u64), DbError> {
+    let ps = reader.page_size as usize;
+    let chunks: Vec<&[(u32, PageSrc)]> = pages.chunks(BATCH_PAGES).collect();
+    std::thread::scope(|scope| {
+        let mut rxs = Vec::with_capacity(workers);
+        let mut returns = Vec::with_capacity(workers);
+        for w in 0..workers {
+            let (tx, rx) = std::sync::mpsc::sync_channel(2);
+            // Room for every batch of this worker in flight (2 queued, 1 being written).
+            let (back_tx, back_rx) = std::sync::mpsc::sync_channel::<PageBatch>(3);
+            rxs.push(rx);
+            returns.push(back_tx);
+            let chunks = &chunks;
+            scope.spawn(move || {
+                for chunk in chunks.iter().skip(w).step_by(workers) {
+                    let mut b = back_rx.try_recv().unwrap_or_default();
+                    let batch = encode_batch(&reader, codec, checksums, chunk, &mut b).map(|()| b);
+                    let failed = batch.is_err();
+                    // A closed channel means the writer stopped on an error: stop too.
+                    if tx.send(batch).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+        }
+        let (mut read_nanos, mut compress_nanos) = (0, 0);
+        for (i, chunk) in chunks.iter().enumerate() {
+            let batch = rxs[i % workers]
+                .recv()
+                .map_err(|_| DbError::Unsupported("a segment encoder thread stopped".into()))??;
+            read_nanos += batch.read_nanos;
+            compress_nanos += batch.compress_nanos;
+            let mut start = 0;
+            for (k, &(pgno, _)) in chunk.iter().enumerate() {
+                let end = batch.ends[k];
+                let sum = batch.sums.get(k).copied().unwrap_or(0);
+                sink(
+                    pgno,
+                    &batch.data[k * ps..(k + 1) * ps],
+                    &batch.comp[start..end],
+                    sum,
+                )?;
+                start = end;
+            }
+            // Back to its worker; a full or closed return queue just drops it.
+            let _ = returns[i % workers].try_send(batch);
+        }
+        Ok((read_nanos, compress_nanos))
+    })
+}
+
+/// Threads for encoding a large segment: every core.
+pub(super) fn encode_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
