@@ -1,4 +1,3 @@
-
 use super::load::expand_vars;
 use super::url::{absolutize, file_url};
 use super::yaml::{DB_KEYS, LEVEL_KEYS, REPLICA_KEYS, RETENTION_KEYS, ROOT_KEYS, SNAPSHOT_KEYS};

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn file(level: u8, min: u64, max: u64) -> LtxFileInfo {

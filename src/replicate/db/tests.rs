@@ -1,4 +1,3 @@
-
 use super::connection::same_generation;
 use super::*;
 

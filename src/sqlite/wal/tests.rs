@@ -1,4 +1,3 @@
-
 use super::*;
 use rusqlite::Connection;
 use std::collections::BTreeSet;

@@ -1,0 +1,260 @@
+//! Large objects: multipart uploads of a staged file or of a segment still being written.
+
+use super::sdk::{classify, permanent, transient};
+#[allow(unused_imports)]
+use super::*;
+
+/// `n` bytes of the file at `path` from `offset`, as a streamed body: nothing held in memory,
+/// and the payload is not hashed for the signature (the LTX file checksum covers it). The SDK
+/// reopens the path on a retry.
+pub(super) async fn file_part(
+    path: &Path,
+    offset: u64,
+    n: u64,
+    key: &str,
+) -> Result<ByteStream, StorageError> {
+    ByteStream::read_from()
+        .path(path)
+        .offset(offset)
+        .length(Length::Exact(n))
+        .build()
+        .await
+        .map_err(|e| transient("put", key, e))
+}
+
+impl S3Client {
+    pub(super) async fn put_multipart(
+        &self,
+        key: &str,
+        src: &Path,
+        len: u64,
+        timestamp: &str,
+    ) -> Result<(), StorageError> {
+        let c = self.client().await?;
+        let upload_id = self.create_upload(c, key, timestamp).await?;
+        let part_size = self.cfg.part_size;
+        let parts = len.div_ceil(part_size);
+        let result = futures_util::stream::iter(0..parts)
+            .map(|i| {
+                let upload_id = &upload_id;
+                async move {
+                    let offset = i * part_size;
+                    let n = part_size.min(len - offset);
+                    let body = file_part(src, offset, n, key).await?;
+                    self.upload_part(c, key, upload_id, i, body, n).await
+                }
+            })
+            .buffer_unordered(self.cfg.concurrency)
+            .try_collect::<Vec<_>>()
+            .await;
+        match result {
+            Ok(parts) => self.complete(c, key, &upload_id, parts).await,
+            Err(e) => {
+                self.abort(c, key, &upload_id).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Uploads `seg` while it is being staged (see [`crate::storage::feed`]) as the object
+    /// `level/<txid>-<txid>`: each part as soon as it is in the file, completed only once the
+    /// segment is published, aborted if it fails. `Ok(None)`: nothing was stored, because the
+    /// segment failed or ended within one part (a plain put of the staged file serves better).
+    pub async fn put_streamed(
+        &self,
+        level: u8,
+        seg: &Arc<GrowingSegment>,
+    ) -> Result<Option<LtxFileInfo>, StorageError> {
+        let part_size = self.cfg.part_size;
+        let mut progress = seg.progress();
+        // The sender lives in `seg`, which this function holds: the wait cannot fail.
+        let first = match progress
+            .wait_for(|p| !matches!(p, Progress::Writing(n) if *n <= part_size))
+            .await
+        {
+            Ok(p) => *p,
+            Err(_) => Progress::Failed,
+        };
+        if !matches!(first, Progress::Writing(_)) {
+            return Ok(None);
+        }
+        let key = self.key(level, seg.txid, seg.txid);
+        let created = DateTime::<Utc>::from_timestamp_millis(seg.timestamp_ms).unwrap_or_default();
+        let timestamp = created.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
+        let c = self.client().await?;
+        let upload_id = self.create_upload(c, &key, &timestamp).await?;
+        match self
+            .stream_parts(c, &key, &upload_id, seg, &mut progress)
+            .await
+        {
+            Ok(Some((parts, len))) => {
+                self.complete(c, &key, &upload_id, parts).await?;
+                Ok(Some(LtxFileInfo {
+                    level,
+                    min_txid: seg.txid,
+                    max_txid: seg.txid,
+                    size: len,
+                    created_at: Utc::now(),
+                    encrypted: !self.suffix.is_empty(),
+                }))
+            }
+            Ok(None) => {
+                self.abort(c, &key, &upload_id).await;
+                Ok(None)
+            }
+            Err(e) => {
+                self.abort(c, &key, &upload_id).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Uploads the parts of `seg` as they are written, at most `concurrency` at once, until
+    /// it is published (its parts and length) or fails (`None`).
+    pub(super) async fn stream_parts(
+        &self,
+        c: &Client,
+        key: &str,
+        upload_id: &str,
+        seg: &Arc<GrowingSegment>,
+        progress: &mut tokio::sync::watch::Receiver<Progress>,
+    ) -> Result<Option<(Vec<CompletedPart>, u64)>, StorageError> {
+        let part_size = self.cfg.part_size;
+        let mut inflight = futures_util::stream::FuturesUnordered::new();
+        let mut done = Vec::new();
+        let mut next = 0u64;
+        loop {
+            let (written, end) = match *progress.borrow_and_update() {
+                Progress::Writing(n) => (n, None),
+                Progress::Published(len) => (len, Some(len)),
+                Progress::Failed => return Ok(None),
+            };
+            while inflight.len() < self.cfg.concurrency {
+                let offset = next * part_size;
+                let ready = match end {
+                    None => offset + part_size <= written,
+                    Some(len) => offset < len,
+                };
+                if !ready {
+                    break;
+                }
+                let n = part_size.min(written - offset);
+                let index = next;
+                let seg = seg.clone();
+                inflight.push(async move {
+                    let body = file_part(&seg.reopen_path(), offset, n, key).await?;
+                    let part = self.upload_part(c, key, upload_id, index, body, n).await?;
+                    // Uploaded: its pages are dead weight in the page cache (see segment_feed).
+                    let _ = tokio::task::spawn_blocking(move || seg.release(offset, n)).await;
+                    Ok::<_, StorageError>(part)
+                });
+                next += 1;
+            }
+            if let Some(len) = end
+                && inflight.is_empty()
+            {
+                return Ok(Some((done, len)));
+            }
+            tokio::select! {
+                Some(part) = inflight.next() => done.push(part?),
+                changed = progress.changed(), if end.is_none() => {
+                    if changed.is_err() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) async fn create_upload(
+        &self,
+        c: &Client,
+        key: &str,
+        timestamp: &str,
+    ) -> Result<String, StorageError> {
+        let mut create = c
+            .create_multipart_upload()
+            .bucket(&self.cfg.bucket)
+            .key(key)
+            .metadata("litestream-timestamp", timestamp);
+        create = with_write_options!(self, create);
+        let upload = create.send().await.map_err(|e| classify("put", key, e))?;
+        Ok(upload
+            .upload_id()
+            .ok_or_else(|| permanent("put", key, "CreateMultipartUpload returned no upload id"))?
+            .to_string())
+    }
+
+    /// Uploads part `index` (0-based) of `n` bytes.
+    pub(super) async fn upload_part(
+        &self,
+        c: &Client,
+        key: &str,
+        upload_id: &str,
+        index: u64,
+        body: ByteStream,
+        n: u64,
+    ) -> Result<CompletedPart, StorageError> {
+        let number = index as i32 + 1;
+        let mut req = c
+            .upload_part()
+            .bucket(&self.cfg.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(number)
+            .content_length(n as i64)
+            .body(body);
+        req = with_sse_c!(self, req);
+        let out = req.send().await.map_err(|e| classify("put", key, e))?;
+        let etag = out
+            .e_tag()
+            .ok_or_else(|| permanent("put", key, "UploadPart returned no ETag"))?;
+        Ok(CompletedPart::builder()
+            .part_number(number)
+            .e_tag(etag)
+            .build())
+    }
+
+    /// Completes an upload from its parts (any order), aborting it if that fails.
+    pub(super) async fn complete(
+        &self,
+        c: &Client,
+        key: &str,
+        upload_id: &str,
+        mut parts: Vec<CompletedPart>,
+    ) -> Result<(), StorageError> {
+        parts.sort_by_key(|p| p.part_number());
+        let mut req = c
+            .complete_multipart_upload()
+            .bucket(&self.cfg.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            );
+        if self.conditional() {
+            req = req.if_none_match("*");
+        }
+        let done = req.send().await;
+        if let Err(e) = done {
+            self.abort(c, key, upload_id).await;
+            return Err(classify("put", key, e));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn abort(&self, c: &Client, key: &str, upload_id: &str) {
+        let r = c
+            .abort_multipart_upload()
+            .bucket(&self.cfg.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await;
+        if let Err(e) = r {
+            tracing::warn!(key, error = %classify("abort multipart", key, e), "could not abort a failed multipart upload; a bucket lifecycle rule cleans it up");
+        }
+    }
+}
