@@ -237,8 +237,7 @@ fn descriptor_pressure_makes_idle_databases_dormant_at_once() {
         !db.stats().dormant.load(Ordering::Relaxed),
         "no pressure: awake"
     );
-    replicad::replicate::db::set_awake_budget(0);
+    db.awake_budget().set(0);
     put_to_sleep(&mut db);
-    replicad::replicate::db::set_awake_budget(usize::MAX);
     assert!(open_fds(&path).is_empty());
 }

@@ -102,6 +102,8 @@ struct Core {
     permits: Arc<Semaphore>,
     prometheus: prometheus::Registry,
     counters: ReplicaMetrics,
+    /// Open connections of every database, against the descriptor budget.
+    awake: Arc<crate::replicate::db::AwakeBudget>,
     started_ms: i64,
     wrap: Option<ClientWrapper>,
     registry: DbRegistry,
@@ -368,6 +370,7 @@ impl StoreCore {
             replicas.push(r);
         }
         let mut db = Db::new(dbc.path.clone(), Some(meta), dbc.settings.clone(), tip);
+        db.share_awake_budget(core.awake.clone());
         let seeds = db.take_seed_requests();
         let replicas: Vec<Replica> = replicas
             .into_iter()
@@ -443,6 +446,7 @@ impl Store {
                 permits: Arc::new(Semaphore::new(OPEN_CONCURRENCY)),
                 prometheus: prometheus.clone(),
                 counters: ReplicaMetrics::register(&prometheus),
+                awake: Arc::new(crate::replicate::db::AwakeBudget::unlimited()),
                 started_ms: crate::util::clock::now_ms(),
                 wrap,
                 registry: DbRegistry::default(),
@@ -483,6 +487,12 @@ impl Store {
     /// renders it with the databases' figures).
     pub fn prometheus(&self) -> &prometheus::Registry {
         &self.core.inner.prometheus
+    }
+
+    /// How many databases may keep a connection open before idle ones go dormant early
+    /// (see [`crate::replicate::db::AwakeBudget`]).
+    pub fn set_awake_budget(&self, databases: usize) {
+        self.core.inner.awake.set(databases);
     }
 
     /// When the Store started (ms since the epoch).

@@ -1,7 +1,6 @@
 //! Applying a chain: decoding every file into `<to>.tmp`, checking the checksum chain and
 //! `PRAGMA integrity_check`.
 
-use super::plan::plan;
 #[allow(unused_imports)]
 use super::*;
 

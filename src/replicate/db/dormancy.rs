@@ -89,20 +89,51 @@ impl DormantProbe {
 /// above the kernel's coarse timestamp granularity (one jiffy, 1-10 ms).
 pub(super) const STAMP_MARGIN: Duration = Duration::from_millis(50);
 
-/// Databases with an open connection, process-wide (each holds about four descriptors).
-pub(super) static AWAKE: AtomicUsize = AtomicUsize::new(0);
+/// Open connections against a descriptor budget, shared by the databases of one Store (each
+/// open connection holds about four descriptors). Above the budget, idle databases go dormant
+/// at once instead of after `dormant-after`, so that thousands of databases fit the open-file
+/// limit.
+#[derive(Debug)]
+pub struct AwakeBudget {
+    awake: AtomicUsize,
+    budget: AtomicUsize,
+}
 
-/// Above this many open connections, idle databases go dormant at once instead of after
-/// `dormant-after`, so that thousands of databases fit the open-file limit.
-pub(super) static AWAKE_BUDGET: AtomicUsize = AtomicUsize::new(usize::MAX);
+impl AwakeBudget {
+    /// No connection open; no limit until [`AwakeBudget::set`].
+    pub fn unlimited() -> AwakeBudget {
+        AwakeBudget {
+            awake: AtomicUsize::new(0),
+            budget: AtomicUsize::new(usize::MAX),
+        }
+    }
 
-/// Sets the number of databases that may keep a connection open before idle ones go dormant
-/// early: `replicate` derives it from its open-file limit.
-pub fn set_awake_budget(databases: usize) {
-    AWAKE_BUDGET.store(databases, Ordering::Relaxed);
+    /// Sets how many databases may keep a connection open before idle ones go dormant early:
+    /// `replicate` derives it from its open-file limit.
+    pub fn set(&self, databases: usize) {
+        self.budget.store(databases, Ordering::Relaxed);
+    }
+
+    fn pressed(&self) -> bool {
+        self.awake.load(Ordering::Relaxed) > self.budget.load(Ordering::Relaxed)
+    }
 }
 
 impl Db {
+    /// The budget of open connections this database counts against (its own until
+    /// [`Db::share_awake_budget`]).
+    pub fn awake_budget(&self) -> &Arc<AwakeBudget> {
+        &self.awake
+    }
+
+    /// Counts this database against `budget` (the Store's, shared by its databases). Call
+    /// before the first sync: a connection already open stays counted where it was.
+    pub fn share_awake_budget(&mut self, budget: Arc<AwakeBudget>) {
+        if self.open.is_none() {
+            self.awake = budget;
+        }
+    }
+
     /// The idle fast path: one fstat of the database file (unlinked: replaced or removed),
     /// one open, fstat and 32-byte read of the WAL header (and, in a WAL longer than our
     /// position, of the 24-byte frame header where it ends). Returns true
@@ -206,14 +237,14 @@ impl Db {
         true
     }
 
-    /// Installs or drops the connection, keeping the process-wide count of open ones.
+    /// Installs or drops the connection, keeping the count of open ones.
     pub(super) fn set_open(&mut self, open: Option<Open>) {
         match (self.open.is_some(), open.is_some()) {
             (false, true) => {
-                AWAKE.fetch_add(1, Ordering::Relaxed);
+                self.awake.awake.fetch_add(1, Ordering::Relaxed);
             }
             (true, false) => {
-                AWAKE.fetch_sub(1, Ordering::Relaxed);
+                self.awake.awake.fetch_sub(1, Ordering::Relaxed);
             }
             _ => {}
         }
@@ -228,7 +259,7 @@ impl Db {
         }
         let after = self.settings.dormant_after;
         let Some(open) = &self.open else { return false };
-        let pressed = AWAKE.load(Ordering::Relaxed) > AWAKE_BUDGET.load(Ordering::Relaxed);
+        let pressed = self.awake.pressed();
         !after.is_zero()
             && self.continuous
             && self.poisoned.is_none()

@@ -86,7 +86,7 @@ mod segment;
 mod sync;
 pub use connection::configure_sqlite_memory;
 use dormancy::Dormant;
-pub use dormancy::{DormantProbe, set_awake_budget};
+pub use dormancy::{AwakeBudget, DormantProbe};
 pub use seed::{SeedRequest, SeedRequests, SeedSnapshot};
 
 /// Most WAL bytes one segment covers; a larger backlog is cut into several segments.
@@ -218,6 +218,8 @@ const STREAM_MIN_BYTES: u64 = 16 * 1024 * 1024;
 
 /// One replicated database.
 pub struct Db {
+    /// The open-connection budget counted against (see [`AwakeBudget`]).
+    awake: Arc<AwakeBudget>,
     path: PathBuf,
     wal_path: PathBuf,
     staging_dir: PathBuf,
@@ -290,6 +292,7 @@ impl Db {
         let (seed_tx, seed_rx) = tokio::sync::mpsc::unbounded_channel();
         let now = Instant::now();
         Db {
+            awake: Arc::new(AwakeBudget::unlimited()),
             keep_awake: false,
             seed_dir: meta.join("seed"),
             last_seed: None,
