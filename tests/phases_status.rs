@@ -4,6 +4,7 @@
 //! Phase totals are process-wide (see `replicad::util::phase::PHASES`): tests in this binary only
 //! assert that they grow, never exact values.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use common::http::{daemon_config, get, make_db, sample};

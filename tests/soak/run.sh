@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long soak (see tests/soak.rs): tests/soak/run.sh [--cycles N] [--seed S] [--from K] [--debug]
+# The long soak (see tests/it/soak.rs): tests/soak/run.sh [--cycles N] [--seed S] [--from K] [--debug]
 # Defaults: 200 cycles, a random seed (printed). Replay one cycle K of a run with
 # --seed S --from K --cycles 1. Set REPLICAD_TEST_KEEP=1 to keep every cycle's directory
 # (a failing cycle's directory is always kept and its path printed). --debug uses the dev
@@ -20,4 +20,4 @@ done
 if [ -z "$seed" ]; then seed=$(od -An -N8 -tu8 /dev/urandom | tr -d ' '); fi
 echo "soak: --cycles $cycles --seed $seed --from $from"
 SOAK_CYCLES="$cycles" SOAK_SEED="$seed" SOAK_FROM="$from" \
-  exec cargo test $profile --test soak -- --ignored --exact soak_long --nocapture
+  exec cargo test $profile --test it -- --ignored --exact soak::soak_long --nocapture

@@ -14,7 +14,7 @@
 //! classes (missing bucket, bad credentials, outage, injected 500s), an aborted multipart
 //! overwrite leaving the old object whole, and a GET resumed after its connection drops.
 
-mod common;
+use crate::common;
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};

@@ -1,11 +1,11 @@
-//! Single writer per replica (issue 7, item 3): a second `replicad replicate` pointed at a
+//! Single writer per replica: a second `replicad replicate` pointed at a
 //! replica another live daemon writes is refused loudly (exit 1, naming the holder) instead of
 //! interleaving TXIDs; a clean stop hands the replica over at once, a kill -9 after the lease
 //! TTL, and a restart of the same database on the same host at once. Run against a file
 //! replica and against the in-process S3 server. Also: two databases of one config pointed at
 //! one replica path are a config error (exit 2).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

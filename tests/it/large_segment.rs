@@ -2,7 +2,7 @@
 //! of a large database): the pages must still land in order, with the file and database
 //! checksums of a sequential encode, and restore to exactly the source.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Tests for config-driven commands go here: `restore --config DB_PATH [--replica NAME]`,
 //! `databases --config`, `ltx`, and the second-signal abort of a shutdown drain.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

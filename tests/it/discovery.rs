@@ -2,7 +2,7 @@
 //! databases created and deleted under a watched directory while the daemon runs are added
 //! and removed without a restart, each replicated under its relative path; the others go on.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 //! Set `REPLICAD_TEST_SEED` to replay a failure (every test prints its seed), and
 //! `REPLICAD_TEST_KEEP=1` to keep the temp directories (they are kept anyway on failure).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! `--wait` returns only once the replica holds the latest TXID, although the monitor would
 //! not have ticked by itself for seconds.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! The HTTP endpoint: /metrics, /healthz, /readyz over real HTTP, in-process and through the
 //! `replicad replicate` binary.
 
-mod common;
+use crate::common;
 
 use common::http::{daemon_config, get, make_db, parse_response, sample};
 

@@ -1,7 +1,7 @@
 //! Tests of `replicad snapshot` and `replicad verify` through the real binary, against the
 //! golden replicas Litestream wrote and against a live database replicated by the daemon.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::Read;

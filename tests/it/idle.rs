@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use replicad::config::{Config, DbSettings};
 use replicad::daemon::{DbHandle, Store};

@@ -4,7 +4,7 @@
 //! the wrong one; a missing recipients file at startup; `age-keygen`; and a replica switched
 //! from plain to encrypted, restored before and after the switch.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! metrics endpoint, SIGTERM, and a restore from each replica. A Litestream key replicad does
 //! not implement is refused with exit code 2 and the key's name.
 
-mod common;
+use crate::common;
 
 use common::http::free_port;
 

@@ -6,7 +6,7 @@
 //! The Db is driven directly, so the test decides when ticks happen and the application's
 //! actions land exactly while the database is dormant.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

@@ -1,11 +1,11 @@
-//! Bad input, never a panic, never a lost byte (issue 7 item 2): each case gives a clear
+//! Bad input, never a panic, never a lost byte: each case gives a clear
 //! error and leaves the source database, the replica and any previous restore untouched.
 //!
 //! Restore-side cases already covered by `tests/restore_errors.rs` (flipped byte, truncated
 //! file, missing middle file, wrong magic, invalid header flag, a file from a database with
 //! another page size) are not repeated here.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs;

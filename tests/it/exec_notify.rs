@@ -1,7 +1,7 @@
 //! `replicate --exec` (child process, signal forwarding, exit code), systemd notifications
 //! (`NOTIFY_SOCKET`, watchdog) and the `logging` configuration, with the real binary.
 
-mod common;
+use crate::common;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! Tests for restore failure modes go here: corrupt, truncated, missing and foreign files,
 //! existing outputs, and exit codes. Every failure must leave no output (and no `.tmp`).
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,8 +1,8 @@
-//! Tests for replication to S3 go here: a real S3 server on 127.0.0.1 (tests/common/s3.rs),
+//! Tests for replication to S3 go here: a real S3 server on 127.0.0.1 (tests/it/common/s3.rs),
 //! injected faults, a server restart, the idle request budget, independent replicas,
 //! credentials kept out of logs and metrics, and Litestream reading and writing the same bucket.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -29,7 +29,7 @@
 //! been pruned: its restore must then fail cleanly (exit 1, no output) and is counted as
 //! pruned, never as compared.
 
-mod common;
+use crate::common;
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -640,7 +640,7 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
         }
         let exited = daemon.as_mut().is_some_and(|d| !d.running());
         if let Some(d) = daemon.as_ref().filter(|_| exited) {
-            // Known behaviour (see the report of issue 7): a daemon started while a replica
+            // Known behaviour: a daemon started while a replica
             // cannot be reached (an outage, or a drill failing most calls) gives up after its
             // startup retries (about 20 s) and exits 1, in taking the lease or in listing.
             // A lease held by another instance ("is in use by") or lost is not that.

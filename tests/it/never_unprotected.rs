@@ -3,7 +3,7 @@
 //! either heals by itself or is reported by `/readyz`, `/status`, the metrics and the exit
 //! code; once the cause is gone, the restore equals the source.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read, Write};

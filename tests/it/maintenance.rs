@@ -3,7 +3,7 @@
 //! the window needs, kill -9 during maintenance leaves no partial object, and Litestream
 //! restores a replica replicad compacted.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

@@ -1,0 +1,66 @@
+//! The integration tests: one crate, so the AWS SDK and the rest of the crate link once. Each
+//! module is one behaviour, tested on real SQLite files, real storage servers on 127.0.0.1
+//! (`common::s3`), the real `replicad` binary (`CARGO_BIN_EXE_replicad`) and real signals.
+//!
+//! Two tests stay separate crates because they need a process of their own:
+//! `tests/idle_alloc.rs` installs a counting global allocator, and `tests/phases_status.rs`
+//! asserts exact process-wide phase totals.
+//!
+//! Run one behaviour with `cargo test --test it <module>::`.
+
+mod common;
+
+/// age encryption, end to end: encrypted replicas, identities, mixed plain and sealed files.
+mod age;
+/// Bad input of every kind: a clear error, exit code 2, nothing lost or overwritten.
+mod bad_input;
+/// Config-driven commands (`restore --config`, `databases`, `status`).
+mod cli_config;
+/// One conformance suite run against every storage backend.
+mod client_conformance;
+/// Compaction of Litestream's golden replicas, byte-compatible output.
+mod compactor;
+/// The control socket and `replicad sync`.
+mod control;
+/// The deployment files (Dockerfile, systemd, Kubernetes) and what they promise.
+mod deploy;
+/// Directory discovery: databases found, added and removed at run time.
+mod discovery;
+/// Dormancy: idle databases close their connection and wake on change.
+mod dormancy;
+/// Page-cache eviction of written ranges.
+mod evict_range;
+/// `--exec` children, signal forwarding, exit codes, systemd notifications.
+mod exec_notify;
+/// `restore --follow`: a read replica kept up to date in place.
+mod follow;
+/// The HTTP endpoints: /metrics, /healthz, /readyz, /status.
+mod http;
+/// The idle path: no work, no request, no allocation growth while nothing changes.
+mod idle;
+/// Large segments encoded on every core.
+mod large_segment;
+/// Litestream command lines (Go flag syntax) accepted unchanged.
+mod litestream_cli;
+/// `litestream.yml` files accepted as Litestream users write them.
+mod litestream_yml;
+/// The LTX codec against Litestream's golden files.
+mod ltx_codec;
+/// Compaction, snapshots and retention on a running daemon.
+mod maintenance;
+/// Never silently unprotected: every failure heals or is reported.
+mod never_unprotected;
+/// `replicad replicate` end to end, kill -9 and restart included.
+mod replicate;
+/// Restore failure modes: corrupt, truncated, missing and foreign files.
+mod restore_errors;
+/// Restores of replicas written by the real Litestream.
+mod restore_golden;
+/// Replication to a real S3 server on loopback, outages included.
+mod s3_replicate;
+/// One writer per replica: leases, takeovers, and the race between two daemons.
+mod single_writer;
+/// `replicad snapshot` and `replicad verify`.
+mod snapshot_verify;
+/// Randomized soak (the long one is `#[ignore]`d; `tests/soak/run.sh` runs it).
+mod soak;
