@@ -174,7 +174,7 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     let store = Store::open_with(&config, drill)
         .await
         .map_err(|e| match e {
-            crate::daemon::StoreError::Config(m) => CliError::Usage(m),
+            e if e.is_config() => CliError::Usage(e.to_string()),
             e => CliError::Runtime(anyhow::anyhow!(e)),
         })?;
     // About four descriptors per open database (SQLite keeps the file twice, the WAL and the

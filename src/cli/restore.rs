@@ -153,7 +153,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
             force: args.force,
             integrity_check: !args.no_integrity_check,
         };
-        return crate::restore::follow::run_until_signal(&client, &opts)
+        return follow_until_signal(&client, &opts)
             .await
             .map_err(CliError::Runtime);
     }
@@ -242,4 +242,24 @@ fn print_plan(plan: &[crate::storage::LtxFileInfo], json: bool) {
     }
     let total: u64 = files.iter().map(|f| f.size).sum();
     println!("{} files, {total} bytes", files.len());
+}
+
+/// [`crate::restore::follow::run`] until SIGINT or SIGTERM (signals are the CLI's business).
+async fn follow_until_signal(
+    client: &crate::storage::AnyClient,
+    opts: &crate::restore::follow::FollowOptions,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| anyhow::anyhow!("install SIGTERM handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| anyhow::anyhow!("install SIGINT handler: {e}"))?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = int.recv() => tracing::info!("SIGINT: stopping"),
+        }
+    };
+    crate::restore::follow::run(client, opts, shutdown).await?;
+    Ok(())
 }

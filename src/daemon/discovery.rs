@@ -299,7 +299,11 @@ impl Discovery {
         let d = me.clone();
         let found = tokio::task::spawn_blocking(move || d.scan())
             .await
-            .map_err(|e| StoreError::Io(format!("scan {}: {e}", me.cfg.dir.display())))?;
+            .map_err(|e| StoreError::Io {
+                op: "scan",
+                path: me.cfg.dir.clone(),
+                source: std::io::Error::other(e),
+            })?;
         let mut tracked = HashSet::new();
         for path in found {
             if me.add(core, &path).await? {

@@ -77,16 +77,66 @@ pub type ClientWrapper = Arc<dyn Fn(&str, &str, AnyClient) -> AnyClient + Send +
 /// Why the Store could not start (or add a database).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// A replica URL or setting is invalid.
+    /// A replica URL or setting is invalid (the message names it).
     #[error("{0}")]
     Config(String),
-    /// A local directory could not be prepared.
-    #[error("{0}")]
-    Io(String),
+    /// The database's directory does not exist: a mistyped path, not a database to wait for.
+    #[error("database {}: its directory {} does not exist (check the path)", db.display(), dir.display())]
+    MissingDir {
+        /// The database.
+        db: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+    },
+    /// Another replicad replicates this database (the one-daemon-per-database claim).
+    #[error("database {}: {why}", db.display())]
+    Claimed {
+        /// The database.
+        db: PathBuf,
+        /// Who holds the claim.
+        why: String,
+    },
     /// Another instance writes a replica (its single-writer lease is held), or the lease
     /// could not be taken.
-    #[error("{0}")]
-    Lease(String),
+    #[error("replica {replica} of {}: {source}", db.display())]
+    Lease {
+        /// The replica's name.
+        replica: String,
+        /// The database.
+        db: PathBuf,
+        /// Why.
+        source: crate::replicate::lease::LeaseError,
+    },
+    /// A replica could not be listed at start.
+    #[error("list replica {replica} of {}: {source}", db.display())]
+    List {
+        /// The replica's name.
+        replica: String,
+        /// The database.
+        db: PathBuf,
+        /// Why.
+        source: crate::storage::StorageError,
+    },
+    /// A local directory could not be prepared or read.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// What was done.
+        op: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The Store is shutting down: nothing new starts.
+    #[error("shutting down")]
+    ShuttingDown,
+}
+
+impl StoreError {
+    /// A mistake in the configuration (exit code 2), not a runtime failure.
+    pub fn is_config(&self) -> bool {
+        matches!(self, StoreError::Config(_) | StoreError::MissingDir { .. })
+    }
 }
 
 /// The part of the Store that adds and removes databases while it runs (cheap to clone).
@@ -143,7 +193,7 @@ impl StoreCore {
         {
             let mut running = core.running.lock().await;
             if core.ingest.is_cancelled() {
-                return Err(StoreError::Io("shutting down".into()));
+                return Err(StoreError::ShuttingDown);
             }
             if let Some(prev) = running.get(&dbc.path) {
                 if !prev.token.is_cancelled() {
@@ -245,16 +295,17 @@ impl StoreCore {
             .unwrap_or_else(|| crate::replicate::db::default_meta_path(&dbc.path));
         let parent = crate::util::fsutil::parent_dir(&dbc.path);
         if !parent.is_dir() {
-            return Err(StoreError::Config(format!(
-                "database {}: its directory {} does not exist (check the path)",
-                dbc.path.display(),
-                parent.display()
-            )));
+            return Err(StoreError::MissingDir {
+                db: dbc.path.clone(),
+                dir: parent.to_path_buf(),
+            });
         }
         // One daemon per database: a second one would share (and clean) this staging.
         let lock = Arc::new(
-            StagingLock::acquire(&meta)
-                .map_err(|e| StoreError::Lease(format!("database {}: {e}", dbc.path.display())))?,
+            StagingLock::acquire(&meta).map_err(|why| StoreError::Claimed {
+                db: dbc.path.clone(),
+                why,
+            })?,
         );
         // Every replica's lease comes first, before anything local or remote is touched: a
         // second daemon for this database must not clean up the first one's staging or
@@ -282,7 +333,7 @@ impl StoreCore {
                 .permits
                 .acquire()
                 .await
-                .map_err(|e| StoreError::Io(e.to_string()))?;
+                .map_err(|_| StoreError::ShuttingDown)?;
             let deferred = match lease
                 .acquire_with_retries(&counters, STARTUP_LEASE_ATTEMPTS)
                 .await
@@ -298,11 +349,11 @@ impl StoreCore {
                     // Hand back what this database already took: the other instance may need
                     // those replicas too.
                     release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
-                    return Err(StoreError::Lease(format!(
-                        "replica {} of {}: {e}",
-                        rc.name,
-                        dbc.path.display()
-                    )));
+                    return Err(StoreError::Lease {
+                        replica: rc.name.clone(),
+                        db: dbc.path.clone(),
+                        source: e,
+                    });
                 }
             };
             leased.push((rc, client, counters, lease, deferred));
@@ -312,10 +363,11 @@ impl StoreCore {
             Ok(s) => s,
             Err(e) => {
                 release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
-                return Err(StoreError::Io(format!(
-                    "open staging {}: {e}",
-                    staging_dir.display()
-                )));
+                return Err(StoreError::Io {
+                    op: "open staging",
+                    path: staging_dir,
+                    source: e,
+                });
             }
         };
         // Seed snapshots of a previous run: never uploaded whole, rebuilt on demand.
@@ -342,7 +394,7 @@ impl StoreCore {
                 .permits
                 .acquire()
                 .await
-                .map_err(|e| StoreError::Io(e.to_string()))?;
+                .map_err(|_| StoreError::ShuttingDown)?;
             match r.init_with(STARTUP_LIST_ATTEMPTS).await {
                 Err(e) if e.is_retryable() => {
                     replicas.push(r.deferred(format!("unreachable since start: {e}")));
@@ -360,11 +412,11 @@ impl StoreCore {
                     let rest = leased.map(|(_, _, c, l, _)| (c, l));
                     release_all(rest.chain(replicas.into_iter().map(Replica::into_lease))).await;
                     r.release_lease().await;
-                    return Err(StoreError::Io(format!(
-                        "list replica {} of {}: {e}",
-                        rc.name,
-                        dbc.path.display()
-                    )));
+                    return Err(StoreError::List {
+                        replica: rc.name.clone(),
+                        db: dbc.path.clone(),
+                        source: e,
+                    });
                 }
             }
             replicas.push(r);

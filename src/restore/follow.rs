@@ -751,22 +751,5 @@ async fn follow(
     Ok(())
 }
 
-/// [`run`] until SIGINT or SIGTERM.
-pub async fn run_until_signal(client: &AnyClient, opts: &FollowOptions) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())
-        .map_err(|e| anyhow::anyhow!("install SIGTERM handler: {e}"))?;
-    let mut int = signal(SignalKind::interrupt())
-        .map_err(|e| anyhow::anyhow!("install SIGINT handler: {e}"))?;
-    let shutdown = async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-            _ = int.recv() => tracing::info!("SIGINT: stopping"),
-        }
-    };
-    run(client, opts, shutdown).await?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests;

@@ -160,10 +160,10 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
     }
     let mut state = BTreeMap::new();
     for node in graph.keys() {
-        if !state.contains_key(node.as_str()) {
-            if let Some(c) = visit(node, graph, &mut state, &mut Vec::new()) {
-                return Some(c);
-            }
+        if !state.contains_key(node.as_str())
+            && let Some(c) = visit(node, graph, &mut state, &mut Vec::new())
+        {
+            return Some(c);
         }
     }
     None
