@@ -331,6 +331,7 @@ fn bench_restore(c: &mut Criterion) {
             target: Target::Latest,
             force: true,
             integrity_check: false,
+            phases: Default::default(),
         };
         group.bench_function(codec.to_string(), |b| {
             b.iter_custom(|iters| {

@@ -190,6 +190,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         target,
         force: args.force,
         integrity_check: !args.no_integrity_check,
+        phases: Default::default(),
     };
     let report = restore::apply_parallel(&client, plan, &opts, args.parallelism)
         .await

@@ -111,6 +111,7 @@ pub async fn run(args: SnapshotArgs) -> Result<(), CliError> {
         target,
         force: false,
         integrity_check: true,
+        phases: Default::default(),
     };
     let report = restore::apply(&client, plan, &opts)
         .await

@@ -226,6 +226,7 @@ async fn restore_and_sum(client: &AnyClient, to: &Path) -> Result<Restored, Stri
         target: Target::Latest,
         force: false,
         integrity_check: true,
+        phases: Default::default(),
     };
     let report = restore::apply(client, plan, &opts)
         .await

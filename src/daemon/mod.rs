@@ -88,13 +88,14 @@ pub enum StoreError {
         /// Its directory.
         dir: PathBuf,
     },
-    /// Another replicad replicates this database (the one-daemon-per-database claim).
-    #[error("database {}: {why}", db.display())]
+    /// Another replicad replicates this database (the one-daemon-per-database claim), or its
+    /// claim could not be written.
+    #[error("database {}: {source}", db.display())]
     Claimed {
         /// The database.
         db: PathBuf,
-        /// Who holds the claim.
-        why: String,
+        /// Why.
+        source: crate::replicate::staging::StagingError,
     },
     /// Another instance writes a replica (its single-writer lease is held), or the lease
     /// could not be taken.
@@ -154,6 +155,10 @@ struct Core {
     counters: ReplicaMetrics,
     /// Open connections of every database, against the descriptor budget.
     awake: Arc<crate::replicate::db::AwakeBudget>,
+    /// Phase totals of every database and replica.
+    phases: Arc<crate::util::phase::PhaseStats>,
+    /// Turns for the maintenance builds of every replica.
+    builds: Arc<Semaphore>,
     started_ms: i64,
     wrap: Option<ClientWrapper>,
     registry: DbRegistry,
@@ -302,9 +307,9 @@ impl StoreCore {
         }
         // One daemon per database: a second one would share (and clean) this staging.
         let lock = Arc::new(
-            StagingLock::acquire(&meta).map_err(|why| StoreError::Claimed {
+            StagingLock::acquire(&meta).map_err(|source| StoreError::Claimed {
                 db: dbc.path.clone(),
-                why,
+                source,
             })?,
         );
         // Every replica's lease comes first, before anything local or remote is touched: a
@@ -383,7 +388,7 @@ impl StoreCore {
                 staging.clone(),
                 dbc.settings.heartbeat_interval,
                 counters,
-                maintenance_of(&dbc.settings, meta.join("tmp").join(&rc.name)),
+                maintenance_of(&dbc.settings, meta.join("tmp").join(&rc.name), &core.builds),
                 lease,
             );
             if let Some(why) = deferred {
@@ -423,6 +428,7 @@ impl StoreCore {
         }
         let mut db = Db::new(dbc.path.clone(), Some(meta), dbc.settings.clone(), tip);
         db.share_awake_budget(core.awake.clone());
+        db.share_phases(core.phases.clone());
         let seeds = db.take_seed_requests();
         let replicas: Vec<Replica> = replicas
             .into_iter()
@@ -490,6 +496,7 @@ impl Store {
         let root = CancellationToken::new();
         let ingest = root.child_token();
         let prometheus = prometheus::Registry::new();
+        let phases = Arc::new(crate::util::phase::PhaseStats::new());
         let core = StoreCore {
             inner: Arc::new(Core {
                 root,
@@ -497,7 +504,9 @@ impl Store {
                 tracker: TaskTracker::new(),
                 permits: Arc::new(Semaphore::new(OPEN_CONCURRENCY)),
                 prometheus: prometheus.clone(),
-                counters: ReplicaMetrics::register(&prometheus),
+                counters: ReplicaMetrics::register(&prometheus, phases.clone()),
+                phases,
+                builds: Arc::new(Semaphore::new(crate::replicate::maintenance::MAX_BUILDS)),
                 awake: Arc::new(crate::replicate::db::AwakeBudget::unlimited()),
                 started_ms: crate::util::clock::now_ms(),
                 wrap,
@@ -545,6 +554,11 @@ impl Store {
     /// (see [`crate::replicate::db::AwakeBudget`]).
     pub fn set_awake_budget(&self, databases: usize) {
         self.core.inner.awake.set(databases);
+    }
+
+    /// The phase totals of every database and replica of this Store.
+    pub fn phases(&self) -> &Arc<crate::util::phase::PhaseStats> {
+        &self.core.inner.phases
     }
 
     /// When the Store started (ms since the epoch).
@@ -668,7 +682,11 @@ async fn release_all(leases: impl Iterator<Item = (ReplicaCounters, Lease)>) {
 }
 
 /// A replica's maintenance settings; removes build leftovers of a previous run.
-fn maintenance_of(s: &crate::config::DbSettings, tmp_dir: std::path::PathBuf) -> Maintenance {
+fn maintenance_of(
+    s: &crate::config::DbSettings,
+    tmp_dir: std::path::PathBuf,
+    builds: &Arc<Semaphore>,
+) -> Maintenance {
     // Leftovers are partial outputs of a crashed compaction: never uploaded, safe to drop.
     let _ = std::fs::remove_dir_all(&tmp_dir);
     Maintenance {
@@ -683,5 +701,6 @@ fn maintenance_of(s: &crate::config::DbSettings, tmp_dir: std::path::PathBuf) ->
         codec: s.compression,
         tmp_dir,
         verify_interval: s.verify_interval,
+        builds: builds.clone(),
     }
 }

@@ -17,7 +17,7 @@ use crate::daemon::Store;
 use crate::daemon::registry::{DbHandle, DbRegistry};
 use crate::replicate::db::DbPos;
 use crate::replicate::replica::ReplicaStats;
-use crate::util::phase::{PHASES, Phase};
+use crate::util::phase::{Phase, PhaseStats};
 
 /// The metrics of one Store, ready to render.
 #[derive(Clone)]
@@ -33,7 +33,7 @@ impl Metrics {
         let registry = store.prometheus().clone();
         let started_ms = store.started_ms();
         for c in [
-            Box::new(PhaseCollector::new()) as Box<dyn Collector>,
+            Box::new(PhaseCollector::new(store.phases().clone())) as Box<dyn Collector>,
             Box::new(DbCollector::new(store.registry().clone(), started_ms)),
         ] {
             match registry.register(c) {
@@ -342,20 +342,21 @@ impl Collector for DbCollector {
 
 const PHASE_BYTES: (&str, &str) = (
     "replicad_phase_bytes_total",
-    "Bytes processed per data-path phase, process-wide (see the phase list in the docs).",
+    "Bytes processed per data-path phase (see the phase list in the docs).",
 );
 const PHASE_SECONDS: (&str, &str) = (
     "replicad_phase_seconds_total",
-    "Time spent per data-path phase, process-wide; concurrent work adds up.",
+    "Time spent per data-path phase; concurrent work adds up.",
 );
 
-/// Exports [`PHASES`] at scrape time.
+/// Exports a Store's [`PhaseStats`] at scrape time.
 struct PhaseCollector {
     descs: Vec<Desc>,
+    phases: std::sync::Arc<PhaseStats>,
 }
 
 impl PhaseCollector {
-    fn new() -> PhaseCollector {
+    fn new(phases: std::sync::Arc<PhaseStats>) -> PhaseCollector {
         let descs = [PHASE_BYTES, PHASE_SECONDS]
             .iter()
             .map(|(name, help)| {
@@ -368,7 +369,7 @@ impl PhaseCollector {
                 .expect("metric definitions are static and valid")
             })
             .collect();
-        PhaseCollector { descs }
+        PhaseCollector { descs, phases }
     }
 }
 
@@ -389,13 +390,13 @@ impl Collector for PhaseCollector {
                 PHASE_BYTES.0,
                 PHASE_BYTES.1,
                 MetricType::COUNTER,
-                per_phase(&|p| PHASES.bytes(p) as f64),
+                per_phase(&|p| self.phases.bytes(p) as f64),
             ),
             family(
                 PHASE_SECONDS.0,
                 PHASE_SECONDS.1,
                 MetricType::COUNTER,
-                per_phase(&|p| PHASES.seconds(p)),
+                per_phase(&|p| self.phases.seconds(p)),
             ),
         ]
     }

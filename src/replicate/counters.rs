@@ -5,9 +5,12 @@
 //! operation names and re-seed reasons only.
 
 use prometheus::Registry;
+use std::sync::Arc;
+
 use prometheus::{Counter, CounterVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
 use crate::replicate::health::SeedReason;
+use crate::util::phase::PhaseStats;
 
 /// Replica operations counted, in the order of [`ReplicaCounters::ops`].
 pub const OPERATIONS: [&str; 4] = ["put", "get", "list", "delete"];
@@ -23,11 +26,12 @@ pub struct ReplicaMetrics {
     verify_ok: IntGaugeVec,
     verify_txid: IntGaugeVec,
     reseeds: IntCounterVec,
+    phases: Arc<PhaseStats>,
 }
 
 impl ReplicaMetrics {
-    /// Registers every per-replica metric in `registry`.
-    pub fn register(registry: &Registry) -> ReplicaMetrics {
+    /// Registers every per-replica metric in `registry`; uploads count into `phases`.
+    pub fn register(registry: &Registry, phases: Arc<PhaseStats>) -> ReplicaMetrics {
         let add = |c: Box<dyn prometheus::core::Collector>| {
             registry
                 .register(c)
@@ -56,6 +60,7 @@ impl ReplicaMetrics {
         .expect("metric definitions are static and valid");
         add(Box::new(seconds.clone()));
         ReplicaMetrics {
+            phases,
             ops: counter(
                 "replicad_replica_operations_total",
                 "Replica client calls by operation.",
@@ -109,6 +114,7 @@ impl ReplicaMetrics {
             verify_txid: self.verify_txid.with_label_values(&[db, replica]),
             reseeds: SeedReason::ALL
                 .map(|r| self.reseeds.with_label_values(&[db, replica, r.label()])),
+            phases: self.phases.clone(),
         }
     }
 
@@ -149,6 +155,8 @@ pub struct ReplicaCounters {
     pub verify_txid: IntGauge,
     /// Re-seeds, indexed like [`SeedReason::ALL`].
     pub reseeds: [IntCounter; 3],
+    /// The Store's phase totals (uploads count into them).
+    pub phases: Arc<PhaseStats>,
 }
 
 impl ReplicaCounters {

@@ -28,6 +28,46 @@ pub struct StagedTip {
     pub post_apply_checksum: u64,
 }
 
+/// Why local staging could not be claimed or read.
+#[derive(Debug, thiserror::Error)]
+pub enum StagingError {
+    /// Another live replicad claimed this database.
+    #[error(
+        "another replicad already replicates this database (pid {pid}, lock {}); \
+         run one daemon per database, with every replica in its config",
+        lock.display()
+    )]
+    Claimed {
+        /// Its pid.
+        pid: u32,
+        /// The claim file.
+        lock: PathBuf,
+    },
+    /// A file-system operation failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// What was done.
+        op: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The newest staged segment does not verify (torn or corrupt).
+    #[error("staged segment {}: {source}", path.display())]
+    Segment {
+        /// The segment.
+        path: PathBuf,
+        /// Why.
+        source: ltx::LtxError,
+    },
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StagingError {
+    let path = path.to_path_buf();
+    move |source| StagingError::Io { op, path, source }
+}
+
 /// The claim of one database's local state (`<meta>/lock`): one daemon per database. The file
 /// names the claiming process; a claim by a process that is gone (a crash, kill -9) or by our
 /// own pid (a container restarted as pid 1) is free. No descriptor is held while it lives (at
@@ -40,10 +80,9 @@ pub struct StagingLock {
 
 impl StagingLock {
     /// Claims `meta` (creating the directory), or says which live process holds it.
-    pub fn acquire(meta: &Path) -> Result<StagingLock, String> {
+    pub fn acquire(meta: &Path) -> Result<StagingLock, StagingError> {
         use std::io::{Seek, Write};
-        fsutil::create_dir_all_durable(meta)
-            .map_err(|e| format!("create {}: {e}", meta.display()))?;
+        fsutil::create_dir_all_durable(meta).map_err(io_err("create", meta))?;
         let path = meta.join("lock");
         let mut file = fs::OpenOptions::new()
             .read(true)
@@ -51,24 +90,20 @@ impl StagingLock {
             .create(true)
             .truncate(false)
             .open(&path)
-            .map_err(|e| format!("open {}: {e}", path.display()))?;
+            .map_err(io_err("open", &path))?;
         // Two daemons claiming at once take turns here; the descriptor closes below.
         rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| format!("lock {}: {e}", path.display()))?;
+            .map_err(|e| io_err("lock", &path)(e.into()))?;
         let mut text = String::new();
         let _ = file.read_to_string(&mut text);
         if let Some(pid) = claimed_by_another(&text) {
-            return Err(format!(
-                "another replicad already replicates this database (pid {pid}, lock {}); \
-                 run one daemon per database, with every replica in its config",
-                path.display()
-            ));
+            return Err(StagingError::Claimed { pid, lock: path });
         }
         file.set_len(0)
             .and_then(|()| file.rewind())
             .and_then(|()| write!(file, "{}", std::process::id()))
             .and_then(|()| file.sync_data())
-            .map_err(|e| format!("write {}: {e}", path.display()))?;
+            .map_err(io_err("write", &path))?;
         Ok(StagingLock { path })
     }
 
@@ -131,10 +166,8 @@ impl Staging {
 
     /// Reads the header and post-apply checksum of the newest segment. The whole file is
     /// verified first: a torn or corrupt newest segment must not define the position.
-    pub fn tip(&self) -> Result<Option<StagedTip>, String> {
-        let txids = self
-            .txids()
-            .map_err(|e| format!("list {}: {e}", self.dir.display()))?;
+    pub fn tip(&self) -> Result<Option<StagedTip>, StagingError> {
+        let txids = self.txids().map_err(io_err("list", &self.dir))?;
         let Some(&txid) = txids.last() else {
             return Ok(None);
         };
@@ -152,7 +185,7 @@ impl Staging {
         };
         verify()
             .map(Some)
-            .map_err(|e| format!("staged segment {}: {e}", path.display()))
+            .map_err(|source| StagingError::Segment { path, source })
     }
 
     /// Reads only the header of a staged segment (the upload path needs its timestamp).

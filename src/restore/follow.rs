@@ -230,6 +230,7 @@ async fn initial_restore(client: &AnyClient, opts: &FollowOptions) -> Result<TxI
         target: Target::Latest,
         force: opts.force,
         integrity_check: opts.integrity_check,
+        phases: Default::default(),
     };
     let report = restore::apply(client, plan, &ropts).await?;
     tracing::info!(

@@ -39,7 +39,7 @@ use crate::restore::download::{DownloadWindow, Slot};
 use crate::restore::output::{AlignedBuf, OutputFile};
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::util::fsutil;
-use crate::util::phase::{PHASES, Phase};
+use crate::util::phase::{Phase, PhaseStats};
 
 mod apply;
 mod plan;
@@ -130,6 +130,9 @@ pub struct RestoreOptions {
     pub force: bool,
     /// Run `PRAGMA integrity_check` before publishing.
     pub integrity_check: bool,
+    /// Where the download and apply phases are counted (a Store's for its verifies, else
+    /// the restore's own).
+    pub phases: Arc<PhaseStats>,
 }
 
 /// One file of a plan, for `--dry-run` and `--json`.
@@ -233,7 +236,14 @@ pub async fn apply_parallel(
     let result = match &window {
         Some(w) => {
             let fetching = Instant::now();
-            let fetched = download(w, client, &plan, parallelism.max(1), &progress);
+            let fetched = download(
+                w,
+                client,
+                &plan,
+                parallelism.max(1),
+                &progress,
+                &opts.phases,
+            );
             tokio::pin!(fetched);
             tokio::pin!(apply);
             let mut fetch_error = None;
@@ -243,7 +253,7 @@ pub async fn apply_parallel(
                     biased;
                     r = &mut fetched, if fetch_error.is_none() => {
                         // Wall time of the whole fetch; bytes are counted per chunk.
-                        PHASES.record(Phase::Download, 0, fetching.elapsed());
+                        opts.phases.record(Phase::Download, 0, fetching.elapsed());
                         fetch_error = Some(r.err());
                     }
                     r = &mut apply => break r,
@@ -277,6 +287,7 @@ async fn download(
     plan: &[LtxFileInfo],
     parallelism: usize,
     progress: &Progress,
+    phases: &PhaseStats,
 ) -> Result<(), RestoreError> {
     use futures_util::StreamExt;
     // Collected: an iterator of closures held across the awaits below would make the
@@ -301,7 +312,7 @@ async fn download(
             // flight go on (the reader frees room only as they arrive).
             slot = window.reserve(), if room => {
                 if let Some((i, off, len)) = chunks.next() {
-                    running.push(download_chunk(window, client, i, &plan[i], off, len, slot, progress));
+                    running.push(download_chunk(window, client, i, &plan[i], off, len, slot, progress, phases));
                 }
             }
             Some(r) = running.next() => {
@@ -329,6 +340,7 @@ async fn download_chunk(
     len: u64,
     slot: Slot,
     progress: &Progress,
+    phases: &PhaseStats,
 ) -> Result<(), RestoreError> {
     let mut buf = window.buffer();
     let mut attempt = 1;
@@ -345,7 +357,7 @@ async fn download_chunk(
     }
     window.arrive(i, off, buf, slot);
     progress.add(len);
-    PHASES.record_nanos(Phase::Download, len, 0);
+    phases.record_nanos(Phase::Download, len, 0);
     Ok(())
 }
 

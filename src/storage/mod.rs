@@ -472,41 +472,34 @@ impl AnyClient {
     }
 }
 
+/// Forwards a call to whichever client `self` holds: one line per method instead of one arm
+/// per backend (a new backend is a new arm here only).
+macro_rules! dispatch {
+    ($any:expr, $c:ident => $call:expr) => {
+        match $any {
+            AnyClient::File($c) => $call,
+            AnyClient::S3($c) => $call,
+            AnyClient::Faulty($c) => $call,
+            AnyClient::Age($c) => $call,
+        }
+    };
+}
+
 impl ReplicaClient for AnyClient {
     fn kind(&self) -> &'static str {
-        match self {
-            AnyClient::File(c) => c.kind(),
-            AnyClient::S3(c) => c.kind(),
-            AnyClient::Faulty(c) => c.kind(),
-            AnyClient::Age(c) => c.kind(),
-        }
+        dispatch!(self, c => c.kind())
     }
 
     fn location(&self) -> String {
-        match self {
-            AnyClient::File(c) => c.location(),
-            AnyClient::S3(c) => c.location(),
-            AnyClient::Faulty(c) => c.location(),
-            AnyClient::Age(c) => c.location(),
-        }
+        dispatch!(self, c => c.location())
     }
 
     async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
-        match self {
-            AnyClient::File(c) => c.list(level).await,
-            AnyClient::S3(c) => c.list(level).await,
-            AnyClient::Faulty(c) => c.list(level).await,
-            AnyClient::Age(c) => c.list(level).await,
-        }
+        dispatch!(self, c => c.list(level).await)
     }
 
     async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
-        match self {
-            AnyClient::File(c) => c.list_all().await,
-            AnyClient::S3(c) => c.list_all().await,
-            AnyClient::Faulty(c) => c.list_all().await,
-            AnyClient::Age(c) => c.list_all().await,
-        }
+        dispatch!(self, c => c.list_all().await)
     }
 
     async fn open(
@@ -516,12 +509,7 @@ impl ReplicaClient for AnyClient {
         max: TxId,
         offset: u64,
     ) -> Result<ObjectReader, StorageError> {
-        match self {
-            AnyClient::File(c) => c.open(level, min, max, offset).await,
-            AnyClient::S3(c) => c.open(level, min, max, offset).await,
-            AnyClient::Faulty(c) => c.open(level, min, max, offset).await,
-            AnyClient::Age(c) => c.open(level, min, max, offset).await,
-        }
+        dispatch!(self, c => c.open(level, min, max, offset).await)
     }
 
     async fn open_range(
@@ -532,12 +520,7 @@ impl ReplicaClient for AnyClient {
         offset: u64,
         len: u64,
     ) -> Result<ObjectReader, StorageError> {
-        match self {
-            AnyClient::File(c) => c.open_range(level, min, max, offset, len).await,
-            AnyClient::S3(c) => c.open_range(level, min, max, offset, len).await,
-            AnyClient::Faulty(c) => c.open_range(level, min, max, offset, len).await,
-            AnyClient::Age(c) => c.open_range(level, min, max, offset, len).await,
-        }
+        dispatch!(self, c => c.open_range(level, min, max, offset, len).await)
     }
 
     async fn put(
@@ -548,57 +531,27 @@ impl ReplicaClient for AnyClient {
         src: &Path,
         timestamp_ms: i64,
     ) -> Result<LtxFileInfo, StorageError> {
-        match self {
-            AnyClient::File(c) => c.put(level, min, max, src, timestamp_ms).await,
-            AnyClient::S3(c) => c.put(level, min, max, src, timestamp_ms).await,
-            AnyClient::Faulty(c) => c.put(level, min, max, src, timestamp_ms).await,
-            AnyClient::Age(c) => c.put(level, min, max, src, timestamp_ms).await,
-        }
+        dispatch!(self, c => c.put(level, min, max, src, timestamp_ms).await)
     }
 
     async fn delete(&self, files: &[LtxFileInfo]) -> Result<(), StorageError> {
-        match self {
-            AnyClient::File(c) => c.delete(files).await,
-            AnyClient::S3(c) => c.delete(files).await,
-            AnyClient::Faulty(c) => c.delete(files).await,
-            AnyClient::Age(c) => c.delete(files).await,
-        }
+        dispatch!(self, c => c.delete(files).await)
     }
 
     async fn read_aux(&self, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
-        match self {
-            AnyClient::File(c) => c.read_aux(name).await,
-            AnyClient::S3(c) => c.read_aux(name).await,
-            AnyClient::Faulty(c) => c.read_aux(name).await,
-            AnyClient::Age(c) => c.read_aux(name).await,
-        }
+        dispatch!(self, c => c.read_aux(name).await)
     }
 
     async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
-        match self {
-            AnyClient::File(c) => c.write_aux(name, data).await,
-            AnyClient::S3(c) => c.write_aux(name, data).await,
-            AnyClient::Faulty(c) => c.write_aux(name, data).await,
-            AnyClient::Age(c) => c.write_aux(name, data).await,
-        }
+        dispatch!(self, c => c.write_aux(name, data).await)
     }
 
     async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
-        match self {
-            AnyClient::File(c) => c.delete_aux(name).await,
-            AnyClient::S3(c) => c.delete_aux(name).await,
-            AnyClient::Faulty(c) => c.delete_aux(name).await,
-            AnyClient::Age(c) => c.delete_aux(name).await,
-        }
+        dispatch!(self, c => c.delete_aux(name).await)
     }
 
     async fn read_aux_versioned(&self, name: &str) -> Result<Option<Versioned>, StorageError> {
-        match self {
-            AnyClient::File(c) => c.read_aux_versioned(name).await,
-            AnyClient::S3(c) => c.read_aux_versioned(name).await,
-            AnyClient::Faulty(c) => c.read_aux_versioned(name).await,
-            AnyClient::Age(c) => c.read_aux_versioned(name).await,
-        }
+        dispatch!(self, c => c.read_aux_versioned(name).await)
     }
 
     async fn write_aux_if(
@@ -607,11 +560,6 @@ impl ReplicaClient for AnyClient {
         data: Vec<u8>,
         cond: WriteIf,
     ) -> Result<Option<String>, StorageError> {
-        match self {
-            AnyClient::File(c) => c.write_aux_if(name, data, cond).await,
-            AnyClient::S3(c) => c.write_aux_if(name, data, cond).await,
-            AnyClient::Faulty(c) => c.write_aux_if(name, data, cond).await,
-            AnyClient::Age(c) => c.write_aux_if(name, data, cond).await,
-        }
+        dispatch!(self, c => c.write_aux_if(name, data, cond).await)
     }
 }

@@ -1,7 +1,9 @@
 //! Per-phase throughput of the data path (Vitess-style phase stats): bytes and time spent
 //! reading the WAL, encoding, compressing, staging, uploading, downloading and applying.
 //!
-//! Plain atomics, added to once per unit of work; `ops::metrics` exports them at scrape time.
+//! Plain atomics, added to once per unit of work. A Store owns one set (shared by its
+//! databases and replicas, exported by `ops::metrics` at scrape time); a restore run outside a
+//! Store counts into its own ([`crate::restore::RestoreOptions::phases`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -57,7 +59,7 @@ impl Phase {
     }
 }
 
-/// Process-wide totals per [`Phase`]: bytes and nanoseconds, each an atomic. Callers sum
+/// Totals per [`Phase`]: bytes and nanoseconds, each an atomic. Callers sum
 /// locally and add once per unit of work (a segment, an upload, a chunk), so the shared
 /// cache lines are touched rarely. Times of concurrent work (parallel uploads or syncs of
 /// several databases) add up, so seconds may exceed wall time.
@@ -66,9 +68,6 @@ pub struct PhaseStats {
     bytes: [AtomicU64; 7],
     nanos: [AtomicU64; 7],
 }
-
-/// The process-wide phase totals (see the module documentation).
-pub static PHASES: PhaseStats = PhaseStats::new();
 
 impl PhaseStats {
     /// All zero.

@@ -2,9 +2,8 @@
 //! module is one behaviour, tested on real SQLite files, real storage servers on 127.0.0.1
 //! (`common::s3`), the real `replicad` binary (`CARGO_BIN_EXE_replicad`) and real signals.
 //!
-//! Two tests stay separate crates because they need a process of their own:
-//! `tests/idle_alloc.rs` installs a counting global allocator, and `tests/phases_status.rs`
-//! asserts exact process-wide phase totals.
+//! One test stays a separate crate because it needs a process of its own:
+//! `tests/idle_alloc.rs` installs a counting global allocator.
 //!
 //! Run one behaviour with `cargo test --test it <module>::`.
 
@@ -52,6 +51,8 @@ mod ltx_codec;
 mod maintenance;
 /// Never silently unprotected: every failure heals or is reported.
 mod never_unprotected;
+/// Per-phase throughput metrics and the /status endpoint.
+mod phases_status;
 /// `replicad replicate` end to end, kill -9 and restart included.
 mod replicate;
 /// Restore failure modes: corrupt, truncated, missing and foreign files.

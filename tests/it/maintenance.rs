@@ -80,6 +80,7 @@ async fn restore_txid(
         target,
         force: true,
         integrity_check: true,
+        phases: Default::default(),
     };
     restore::apply(&client, plan, &opts).await.map(|_| ())
 }

@@ -93,6 +93,7 @@ async fn restore_to(client: AnyClient, out: &Path) {
         target: Target::Latest,
         force: false,
         integrity_check: true,
+        phases: Default::default(),
     };
     restore::apply(&client, plan, &opts).await.unwrap();
 }
@@ -569,6 +570,7 @@ async fn parallel_chunked_restore_survives_failing_calls() {
         target: Target::Latest,
         force: false,
         integrity_check: true,
+        phases: Default::default(),
     };
     restore::apply_parallel(&client, plan, &opts, 4)
         .await

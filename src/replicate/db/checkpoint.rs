@@ -6,12 +6,10 @@ use super::connection::{begin_read, open_connection, read_wal_header};
 #[allow(unused_imports)]
 use super::*;
 
-/// Busy handler of the checkpoint barrier's `BEGIN IMMEDIATE` once the WAL is large. An
-/// application that commits back to back frees the write lock only for microseconds between
-/// its transactions, which SQLite's default handler (sleeps of 1 to 100 ms) almost never hits:
-/// the checkpoint was skipped again and again until the WAL reached `truncate-page-n`, and the
-/// TRUNCATE then stalled the application for seconds (3-7 s at 1 GiB). Polling every 20 us
-/// for about a second catches a gap.
+/// Busy handler of the checkpoint barrier's `BEGIN IMMEDIATE` once the WAL is large: a writer
+/// committing back to back frees the write lock only for microseconds, which SQLite's default
+/// handler (sleeps of 1 to 100 ms) misses until a TRUNCATE stalls the application; polling
+/// every 20 us for about a second catches a gap (figures: `docs/benchmarks.md`, write lock).
 pub(super) fn barrier_busy(attempt: i32) -> bool {
     std::thread::sleep(Duration::from_micros(20));
     attempt < BARRIER_BUSY_POLLS
@@ -28,8 +26,7 @@ pub(super) const BACKFILL_SETTLED_FRAMES: u64 = 256;
 /// lock, the database file's sync after its copy): each costs fsyncs of its own, which with a
 /// small backlog take longer than the locked work they save, and a longer pass lets a fast
 /// writer outgrow the checkpoint (`checkpoints_keep_up_with_a_writer_committing_back_to_back`
-/// reached `truncate-page-n` in most runs with the steps always on). 1,024 frames are 4 MiB
-/// of 4 KiB pages; the benchmark's writer leaves 2,000-25,000 per pass.
+/// guards this).
 pub(super) const PASS_EXTRA_MIN_FRAMES: u64 = 1024;
 
 /// How long a writer must have been quiet before an oversized WAL is shrunk.
@@ -79,10 +76,9 @@ impl Db {
     /// A complete PASSIVE checkpoint restarts the WAL with a small write of our own. That
     /// write shrinks the file to one frame unless the page count forced this checkpoint (a
     /// busy writer) and `quiet` is false: then the WAL is reused in place, as SQLite does by
-    /// default. Shrinking frees the file's blocks while our write holds SQLite's write lock:
-    /// beside a writer filling hundreds of MB of WAL between checkpoints, that write held the
-    /// application up for 50-164 ms at every checkpoint (the `ftruncate` alone took up to
-    /// 170 ms), against under 5 ms in place. The first quiet tick shrinks it instead.
+    /// default. Shrinking frees the file's blocks while our write holds SQLite's write lock,
+    /// which beside a busy writer costs the application far more than reuse in place
+    /// (`docs/benchmarks.md`, write lock). The first quiet tick shrinks it instead.
     pub(super) fn checkpoint(&mut self, quiet: bool) -> Result<usize, DbError> {
         let pages = self.wal_pages();
         let truncate = pages >= u64::from(self.settings.truncate_page_n);
@@ -284,9 +280,8 @@ impl Db {
             })?;
         let copy_ms = copying.elapsed().as_millis();
         // SQLite syncs the database file only when a checkpoint's copy ends at the end of the
-        // WAL, which a pass beside a busy writer never does: every pass's pages stayed dirty
-        // until the barrier's checkpoint wrote them all back under the write lock (130-240 ms
-        // of its time with 500-4,000 frames left to copy).
+        // WAL, which a pass beside a busy writer never does: every pass's pages would stay
+        // dirty until the barrier's checkpoint wrote them all back under the write lock.
         if copied >= PASS_EXTRA_MIN_FRAMES {
             self.sync_db()?;
         }

@@ -8,7 +8,7 @@ use super::*;
 /// Call once, first thing in `main`, before any connection exists.
 ///
 /// Each connection otherwise pre-allocates (and touches) a 20-page bulk page cache and a
-/// lookaside buffer: about 150 KiB a connection, 60 MiB at 400 databases, for a connection
+/// lookaside buffer (about 150 KiB) per connection, for a connection
 /// that reads a handful of pages (pages come from the files directly). Without them SQLite
 /// allocates pages and small objects on demand.
 #[allow(unsafe_code)]

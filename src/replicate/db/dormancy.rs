@@ -126,6 +126,16 @@ impl Db {
         &self.awake
     }
 
+    /// The phase totals this database counts into.
+    pub fn phases(&self) -> &Arc<PhaseStats> {
+        &self.phases
+    }
+
+    /// Counts this database's phases into `phases` (the Store's).
+    pub fn share_phases(&mut self, phases: Arc<PhaseStats>) {
+        self.phases = phases;
+    }
+
     /// Counts this database against `budget` (the Store's, shared by its databases). Call
     /// before the first sync: a connection already open stays counted where it was.
     pub fn share_awake_budget(&mut self, budget: Arc<AwakeBudget>) {

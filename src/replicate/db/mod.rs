@@ -75,7 +75,7 @@ use crate::replicate::staging::Staging;
 use crate::sqlite::wal::{self, WAL_HEADER_SIZE, WalError, WalHeader};
 use crate::storage::feed::{GrowingSegment, SegmentFeed, Tap};
 use crate::util::fsutil;
-use crate::util::phase::{PHASES, Phase, duration_nanos};
+use crate::util::phase::{Phase, PhaseStats, duration_nanos};
 
 mod checkpoint;
 mod connection;
@@ -220,6 +220,8 @@ const STREAM_MIN_BYTES: u64 = 16 * 1024 * 1024;
 pub struct Db {
     /// The open-connection budget counted against (see [`AwakeBudget`]).
     awake: Arc<AwakeBudget>,
+    /// Phase totals counted into (its own until [`Db::share_phases`]).
+    phases: Arc<PhaseStats>,
     path: PathBuf,
     wal_path: PathBuf,
     staging_dir: PathBuf,
@@ -293,6 +295,7 @@ impl Db {
         let now = Instant::now();
         Db {
             awake: Arc::new(AwakeBudget::unlimited()),
+            phases: Arc::default(),
             keep_awake: false,
             seed_dir: meta.join("seed"),
             last_seed: None,

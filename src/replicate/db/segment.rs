@@ -258,8 +258,10 @@ impl Db {
         });
         self.page_buf = buf;
         let build_nanos = duration_nanos(built.elapsed());
-        PHASES.record_nanos(Phase::WalRead, page_bytes, read_nanos);
-        PHASES.record_nanos(Phase::Compress, page_bytes, compress_nanos);
+        self.phases
+            .record_nanos(Phase::WalRead, page_bytes, read_nanos);
+        self.phases
+            .record_nanos(Phase::Compress, page_bytes, compress_nanos);
         let (file, post) = match result {
             Ok(v) => v,
             Err(e) => {
@@ -268,7 +270,7 @@ impl Db {
             }
         };
         let segment_bytes = file.metadata().map_or(0, |m| m.len());
-        PHASES.record_nanos(
+        self.phases.record_nanos(
             Phase::Encode,
             segment_bytes,
             build_nanos.saturating_sub(read_nanos + compress_nanos),
@@ -279,7 +281,8 @@ impl Db {
             return Err(io_err("publish", &dest)(e));
         }
         let stage_elapsed = staged.elapsed();
-        PHASES.record(Phase::StageWrite, segment_bytes, stage_elapsed);
+        self.phases
+            .record(Phase::StageWrite, segment_bytes, stage_elapsed);
         if full {
             tracing::debug!(
                 txid = %header.max_txid,

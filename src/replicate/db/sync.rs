@@ -338,7 +338,8 @@ impl Db {
         // segment fail (a failed read here once left the daemon retrying a full segment).
         self.page_buf = buf;
         read?;
-        PHASES.record_nanos(Phase::WalRead, read_bytes, read_nanos);
+        self.phases
+            .record_nanos(Phase::WalRead, read_bytes, read_nanos);
         self.table = table;
         self.sum = sum;
         Ok(())

@@ -44,6 +44,9 @@ pub struct Maintenance {
     pub tmp_dir: PathBuf,
     /// How often the replica is restored and checked (zero: never).
     pub verify_interval: Duration,
+    /// Turns for local builds (merge, compress, fsync), shared by every replica of a Store
+    /// ([`MAX_BUILDS`]).
+    pub builds: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// A maintenance job.
@@ -128,7 +131,7 @@ pub async fn run_job(
             if tip.0 == 0 || done {
                 return Ok(0);
             }
-            let result = verify(m, client, index).await;
+            let result = verify(m, client, index, counters).await;
             counters.verify_ok.set(i64::from(result.is_ok()));
             counters.verify_txid.set(tip.0 as i64);
             result.map(|()| 1)
@@ -190,6 +193,7 @@ async fn verify(
     m: &Maintenance,
     client: &AnyClient,
     index: &RemoteIndex,
+    counters: &ReplicaCounters,
 ) -> Result<(), StorageError> {
     let failed = |reason: String| StorageError::Permanent {
         op: "verify",
@@ -204,6 +208,7 @@ async fn verify(
         target: crate::restore::Target::Latest,
         force: true,
         integrity_check: true,
+        phases: counters.phases.clone(),
     };
     let result = crate::restore::apply(client, plan, &opts).await;
     let _ = std::fs::remove_file(&to);
@@ -219,11 +224,11 @@ async fn verify(
     }
 }
 
-/// Local builds (merge, compress, fsync) running at once, across every replica of the
-/// process. Databases started together reach their first compaction together: 400 of them
-/// took 87 blocking threads at once, whose stacks and allocator arenas stayed in memory.
-/// The uploads that follow are not bounded by it.
-static BUILDS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(8);
+/// Local builds (merge, compress, fsync) running at once, across every replica of a Store.
+/// Databases started together reach their first compaction together, and each build holds a
+/// blocking thread whose stack and allocator arena stay in memory. The uploads that follow
+/// are not bounded by it.
+pub const MAX_BUILDS: usize = 8;
 
 /// Merges `inputs` into one file of `level` and uploads it.
 async fn build(
@@ -236,7 +241,8 @@ async fn build(
     counters: &ReplicaCounters,
 ) -> Result<LtxFileInfo, StorageError> {
     // Taken before the inputs are opened, so that no remote body waits idle for a turn.
-    let turn = BUILDS
+    let turn = m
+        .builds
         .acquire()
         .await
         .expect("the build semaphore is never closed");

@@ -12,7 +12,7 @@ use crate::ltx::{self, TxId};
 use crate::replicate::maintenance::schedule::RemoteIndex;
 use crate::replicate::staging::Staging;
 use crate::storage::{LtxFileInfo, ReplicaClient, StorageError, put_new};
-use crate::util::phase::{PHASES, Phase};
+use crate::util::phase::Phase;
 
 impl Replica {
     /// A replica that could not be reached at start (`why`): its upload task connects to it
@@ -164,7 +164,9 @@ impl Replica {
         )
         .await;
         let bytes = put.as_ref().map_or(0, |info| info.size);
-        PHASES.record(Phase::Upload, bytes, started.elapsed());
+        self.stats.counters
+            .phases
+            .record(Phase::Upload, bytes, started.elapsed());
         self.stats.counters.observe(0, started, &put);
         let info = put.map_err(RoundError::Storage)?;
         tracing::info!(db = %self.db, replica = %self.name, txid = %seed.txid, bytes, elapsed = ?started.elapsed(), reason = reason.label(), "replica re-seeded");

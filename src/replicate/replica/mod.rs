@@ -46,7 +46,7 @@ use crate::replicate::maintenance::{self, Maintenance, Schedule};
 use crate::replicate::staging::Staging;
 use crate::storage::feed::GrowingSegment;
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, StorageError, put_new};
-use crate::util::phase::{PHASES, Phase};
+use crate::util::phase::Phase;
 use crate::util::retry::Backoff;
 
 mod converge;
@@ -398,7 +398,9 @@ impl Replica {
             let started = Instant::now();
             let put = put_new(&self.client, 0, txid, txid, &path, header.timestamp).await;
             let bytes = put.as_ref().map_or(0, |info| info.size);
-            PHASES.record(Phase::Upload, bytes, started.elapsed());
+            self.stats.counters
+                .phases
+                .record(Phase::Upload, bytes, started.elapsed());
             self.stats.counters.observe(0, started, &put);
             match put {
                 Err(StorageError::Conflict { .. }) => return Err(RoundError::Diverged(txid)),

@@ -1,11 +1,10 @@
 //! Per-phase throughput metrics (`replicad_phase_*_total{phase}`) and the `/status` endpoint,
 //! in-process and through `replicad status` against a running `replicad replicate`.
 //!
-//! Phase totals are process-wide (see `replicad::util::phase::PHASES`): tests in this binary only
-//! assert that they grow, never exact values.
+//! Phase totals belong to a Store (or to one restore): nothing else in the test process counts
+//! into them, so the restores below assert exact figures.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use common::http::{daemon_config, get, make_db, sample};
 
@@ -18,7 +17,7 @@ use replicad::ops::http::{self, Status};
 use replicad::restore::{self, RestoreOptions, Target};
 use replicad::storage::AnyClient;
 use replicad::storage::faulty::{Faults, FaultyClient};
-use replicad::util::phase::{PHASES, Phase};
+use replicad::util::phase::Phase;
 use tokio_util::sync::CancellationToken;
 
 async fn wait_until(what: &str, mut f: impl AsyncFnMut() -> bool) {
@@ -127,21 +126,23 @@ async fn phase_metrics_and_status_endpoint() {
     // Restore from the directory replica: read in place, so only `apply` counts (download
     // is for remote replicas, whose files are fetched first).
     let client = config.dbs[0].replicas[0].client().unwrap();
+    let phases = store.phases().clone();
     let opts = |to: &str| RestoreOptions {
         to: dir.path().join(to),
         target: Target::Latest,
         force: false,
         integrity_check: true,
+        phases: phases.clone(),
     };
-    let (apply0, download0) = (PHASES.bytes(Phase::Apply), PHASES.bytes(Phase::Download));
+    let (apply0, download0) = (phases.bytes(Phase::Apply), phases.bytes(Phase::Download));
     let plan = restore::plan(&client, Target::Latest).await.unwrap();
     restore::apply_parallel(&client, plan, &opts("file.db"), 2)
         .await
         .unwrap();
-    let apply1 = PHASES.bytes(Phase::Apply);
+    let apply1 = phases.bytes(Phase::Apply);
     assert!(apply1 > apply0, "apply bytes {apply0} -> {apply1}");
-    assert_eq!(PHASES.bytes(Phase::Download), download0);
-    assert!(PHASES.seconds(Phase::Apply) > 0.0);
+    assert_eq!(phases.bytes(Phase::Download), download0);
+    assert!(phases.seconds(Phase::Apply) > 0.0);
 
     // The same replica behind a (fault-free) wrapper counts as remote: fetched, then applied.
     let remote = AnyClient::Faulty(Box::new(FaultyClient::new(client.clone(), Faults::new())));
@@ -150,8 +151,8 @@ async fn phase_metrics_and_status_endpoint() {
     restore::apply_parallel(&remote, plan, &opts("remote.db"), 2)
         .await
         .unwrap();
-    assert!(PHASES.bytes(Phase::Download) >= download0 + planned);
-    assert!(PHASES.bytes(Phase::Apply) > apply1);
+    assert_eq!(phases.bytes(Phase::Download), download0 + planned);
+    assert!(phases.bytes(Phase::Apply) > apply1);
     let m = get(a, "/metrics").await.1;
     for phase in ["download", "apply"] {
         let l = format!("phase=\"{phase}\"");
