@@ -1,158 +1,31 @@
-//! The configuration file: which databases to replicate, where to, and how.
+//! The configuration: which databases to replicate, where to, and how.
 //!
-//! The file is YAML with the layout and key names of Litestream v0.5 (a subset of them):
+//! The file is YAML with the layout and key names of Litestream v0.5 (a subset of them), plus
+//! replicad's own keys. `config/replicad.yml` is the reference: every key, its default and
+//! unit, with examples. This module keeps the rules that hold for every key:
 //!
-//! ```yaml
-//! # Global settings: the defaults for every database below.
-//! monitor-interval: 1s
-//! compression: zstd:3
-//! shutdown-sync-timeout: 30s
-//!
-//! # Compaction, snapshots and retention (top level only, as in Litestream).
-//! levels:                              # L1..Ln compaction intervals (1 to 8 levels)
-//!   - interval: 30s
-//!   - interval: 5m
-//!   - interval: 1h
-//! snapshot:
-//!   interval: 24h                      # level-9 snapshot cadence
-//!   retention: 24h                     # how long snapshots are kept
-//! l0-retention: 5m
-//! l0-retention-check-interval: 15s
-//! retention:
-//!   enabled: true
-//!
-//! dbs:
-//!   - path: /var/lib/app/app.db
-//!     checkpoint-interval: 5m          # overrides the global value for this database
-//!     replicas:
-//!       - url: file:///backup/app      # or `path: /backup/app` (with optional `type: file`)
-//!       - type: s3                     # or `url: s3://my-bucket/app?region=eu-west-1`
-//!         bucket: my-bucket
-//!         path: app                    # the key prefix inside the bucket
-//!         region: eu-west-1
-//!   - path: /var/lib/app/audit.db
-//!     replica:                         # one replica: a map instead of a list
-//!       path: /backup/audit
-//! ```
-//!
-//! `config/replicad.yml` in the repository lists every key with its default and unit.
-//!
-//! Rules:
-//!
-//! - **Unknown keys are errors that name the key and its line — never silently ignored.** A
-//!   misspelt `checkpoint-intreval` must not quietly leave the default in force; the same goes
-//!   for Litestream keys replicad does not implement (`sync-interval`, `mcp-addr`, ...).
-//!   Duplicate keys are errors too, and so are unknown keys inside the maps `levels[]`,
-//!   `snapshot`, `retention` and `logging`.
+//! - **Unknown keys are errors that name the key and its line, never silently ignored**: a
+//!   misspelt `checkpoint-intreval` must not leave the default in force. The same goes for
+//!   Litestream keys replicad does not implement, for duplicate keys, and inside every map.
 //! - Every error names the file, the key and the line when they are known:
 //!   `config /etc/replicad.yml: line 7: unknown key `retention-foo` in dbs[0] (...)`.
-//! - Setting keys (`monitor-interval`, `checkpoint-interval`, `min-checkpoint-page-count`,
-//!   `truncate-page-n`, `full-verify-interval`, `compression`, `heartbeat-interval`,
-//!   `verify-interval`, `lease-ttl`, `dormant-after`, `dormant-max-size`) may appear
-//!   at the top level and in each database; the effective value is the database's key, else the
-//!   top-level key, else the default ([`DbSettings::default`]).
-//! - Compaction, snapshot and retention keys are **top level only, as in Litestream** (one
-//!   schedule for every database; each database's settings get a copy):
-//!   - `levels` (default `[30s, 5m, 1h]`): the compaction intervals of levels L1..Ln, a list
-//!     of 1 to 8 maps `- interval: DURATION` (each > 0); L0 holds the files written as the WAL
-//!     changes and L9 is the snapshot level. An empty list is an error (remove the key for the
-//!     defaults).
-//!   - `snapshot`: a map with `interval` (default 24h, > 0), how often a level-9 snapshot is
-//!     written, and `retention` (default 24h, > 0), how long snapshots are kept.
-//!   - `l0-retention` (default 5m): L0 files are deleted once compacted into L1 and older than
-//!     this; `0s` disables the deletion of L0 files.
-//!   - `l0-retention-check-interval` (default 15s, > 0): how often that rule is enforced.
-//!   - `retention`: a map with `enabled` (default true); `false` means replicad never deletes
-//!     remote files (leave it to the bucket's lifecycle rules).
+//! - Setting keys ([`DbSettings`]) may appear at the top level and in each database: the
+//!   database's key wins, then the top-level key, then the default. Compaction, snapshot and
+//!   retention keys are top level only, as in Litestream.
+//! - Durations use Go syntax (`500ms`, `1h30m`); a bare number is an error asking for a unit.
+//! - Paths are made absolute against the current directory, with `~` expanded, and normalised
+//!   lexically (`..` is kept: resolving it without the file system is wrong across symlinks).
+//! - `$VAR` and `${VAR}` are replaced by the environment before parsing (unset: empty, as in
+//!   Litestream) unless expansion is turned off.
+//! - Every database needs a replica; no two databases share a path, and no two replicas (in
+//!   any database) share a destination (`url.rs`).
+//! - Secrets never appear in an error message or in `Debug` output ([`Secret`]);
+//!   credentials inside a URL are rejected without echoing it. [`ReplicaConfig::url`] never
+//!   holds credentials.
 //!
-//!   In a database map these keys (and `shutdown-sync-timeout`) are errors saying they are
-//!   top-level only. `snapshot` or `retention` with no value (all sub-keys commented
-//!   out) means the defaults.
-//! - `addr` (top level only, default off): where the HTTP endpoint listens (`/metrics`,
-//!   `/healthz`, `/readyz`, see [`crate::ops::http`]). `":9090"` or `"9090"` means
-//!   **127.0.0.1:9090**: unlike Litestream, which then listens on every interface, replicad
-//!   binds the loopback address unless a host is given (`"0.0.0.0:9090"` for every interface,
-//!   `"[::]:9090"`, `"10.0.0.5:9090"`, `"localhost:9090"`). An empty value means off. The
-//!   host must be an IP address or `localhost`.
-//! - `exec` (top level only, default none): a command run as a child once every database is
-//!   open, as Litestream's `exec`. The string is split with shell-words rules (quotes and
-//!   backslashes, no shell: no `$VAR`, pipes or globs; `sh -c "..."` for those). When the
-//!   child exits, replicad does its normal shutdown and exits with the **child's exit code**
-//!   (Litestream exits 1 on any failure); SIGTERM/SIGINT are forwarded to the child. The
-//!   command line's `--exec` replaces it. An empty string or unbalanced quotes are errors.
-//! - `logging` (top level only): a map with `level` (`trace`, `debug`, `info` (default),
-//!   `warn`, `error`; any case), `type` (`text` (default) or `json`, one JSON object per
-//!   line; Litestream's `pretty` is taken as `text`) and `stderr` (true or false). replicad
-//!   **always logs to stderr**, whatever `stderr` says (Litestream logs to stdout unless it
-//!   is true); the key is accepted so Litestream files load. `RUST_LOG` and the command
-//!   line's `--log-level` take precedence over `level`. An empty `logging` means defaults.
-//! - `socket` (top level only, as Litestream): a map with `enabled` (default false), `path`
-//!   (default `/var/run/replicad.sock`) and `permissions` (an octal string, default
-//!   `"0600"`): the control socket of `replicad sync` ([`crate::ops::control`]).
-//! - `max-lag` (top level only, replicad's own, default 60s): `/readyz` reports a replica
-//!   ready while it holds the database's TXID or its newest uploaded segment is less than
-//!   this much older than the database's newest segment.
-//! - Durations use Go syntax, as Litestream: `500ms`, `10s`, `1m`, `24h`, `1h30m`. A bare
-//!   number (`10`) is an error asking for a unit.
-//! - Paths (`path`, `meta-path`, a file replica's `path` or plain-path `url`) are made absolute
-//!   against the current directory (not the config file's directory), with `~` expanded to
-//!   `$HOME` as Litestream does, and normalised lexically ([`std::path::absolute`], then `.`
-//!   components and duplicate or trailing slashes removed; `..` is kept because resolving it
-//!   without the file system is wrong across symbolic links).
-//! - `$VAR` and `${VAR}` are replaced by the environment variable before parsing (unset
-//!   variables become the empty string, as Litestream), unless expansion is turned off. A `$`
-//!   not followed by a name is kept as it is.
-//! - Every database needs at least one replica; no two databases may share a path, and no two
-//!   replicas (in any database) may share a destination: a directory for file replicas,
-//!   (endpoint, bucket, path) for S3 replicas.
-//! - A `dbs` entry may name a directory instead of one database (**directory discovery**,
-//!   [`crate::daemon::discovery`]): `dir` (absolute after `~` expansion and
-//!   [`std::path::absolute`]; `replicate` refuses to start unless it is an existing
-//!   directory, [`Config::check_dirs`]),
-//!   `pattern` (a glob on the file name, default `*`; the file header decides what is a
-//!   database), `recursive` (default false) and `watch` (default false: only the databases
-//!   present at start). `path` and `dir` together are an error, and so are `pattern`,
-//!   `recursive` or `watch` without `dir`, and `meta-path` with `dir` (each discovered
-//!   database keeps its state next to itself). The replicas and settings apply to every
-//!   discovered database, each replica under the database's path relative to `dir`
-//!   ([`DirConfig::replica_for`]).
-//!
-//! Replica types:
-//!
-//! - `file`: `url: file:///dir` or a plain path, or `path: /dir` (with optional `type: file`).
-//! - `s3`: `type: s3` with `bucket` (required; letters, digits, `.`, `-`, `_`) and `path` (the
-//!   key prefix, default none), or
-//!   `url: s3://BUCKET/PATH?endpoint=...&region=...` (the query takes the same keys, see
-//!   [`S3Config::from_url`]). Further keys, with Litestream's names and meanings: `region`,
-//!   `endpoint`, `force-path-style` (default true when `endpoint` is set, else false),
-//!   `access-key-id` and `secret-access-key` (both or neither; without them the standard AWS
-//!   chain or `LITESTREAM_ACCESS_KEY_ID`/`LITESTREAM_SECRET_ACCESS_KEY` is used), `part-size`
-//!   (bytes, `10MiB` or an integer; default 5 MiB), `concurrency` (default 5), `storage-class`,
-//!   `sse-kms-key-id`, `sse-customer-key` and `skip-verify` (only `false`: TLS verification
-//!   cannot be turned off). With `url`, only the secrets (`access-key-id`,
-//!   `secret-access-key`, `sse-customer-key`) and `skip-verify` may be added as keys; `url`
-//!   with `bucket` or `path` is an error, as in Litestream, and so is every other S3 key (it
-//!   goes in the URL's query). S3 keys on a file replica are errors.
-//! - Global replica settings, as Litestream: the S3 keys above (`bucket`, `region`,
-//!   `endpoint`, `force-path-style`, `access-key-id`, `secret-access-key`, `part-size`,
-//!   `concurrency`, `storage-class`, `sse-kms-key-id`, `sse-customer-key`, `skip-verify`) may
-//!   appear at the top level (before or after `dbs`), with the same checks, as the defaults of
-//!   every s3 replica that does not set them; the replica's own value wins. The credentials
-//!   (`access-key-id` + `secret-access-key`) and the encryption (`sse-kms-key-id` or
-//!   `sse-customer-key`) go as pairs: a replica setting either key of a pair takes neither
-//!   from the top level. A `url` replica takes only those pairs (its URL holds the rest).
-//!   File replicas ignore them. The top-level `path` is not a global key (unknown key error).
-//! - Secrets (`secret-access-key`, `sse-customer-key`) never appear in an error message or in
-//!   `Debug` output ([`Secret`]); credentials inside a URL (`s3://key:secret@bucket`) are
-//!   rejected without echoing the URL. [`ReplicaConfig::url`] never holds credentials.
-//!
-//! A new type is a new arm of [`ReplicaKind`] plus its keys in the replica map.
-//!
-//! Implementation note: the file is read with `serde_norway` through hand-written visitors
-//! rather than derived structs, because an error raised inside a visitor carries the line of
-//! the YAML node being read: unknown and duplicate keys are reported at the key's line, bad
-//! values at the value's line, and rules that involve several keys (such as `url` vs `path`,
-//! or an S3 key on a file replica) at the line where the map starts.
+//! A new replica type is a new arm of [`ReplicaKind`] plus its keys in `yaml/replica.rs`.
+//! Parsing is in `yaml/` (hand-written visitors, so that every error carries a line),
+//! loading and cross-database checks in `load.rs`.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -174,7 +47,7 @@ use crate::ltx::Codec;
 use crate::storage::AnyClient;
 use crate::storage::age::keys::AgeKeys;
 use crate::storage::s3::{
-    DEFAULT_PART_SIZE, S3Client, S3Config, Secret, parse_size, reject_skip_verify,
+    DEFAULT_PART_SIZE, S3Client, S3Clients, S3Config, Secret, parse_size, reject_skip_verify,
 };
 
 /// Default of `lease-ttl`: how long a replica's single-writer lease stays valid unrefreshed.
@@ -529,6 +402,15 @@ impl ReplicaConfig {
     pub fn client(&self) -> Result<AnyClient, String> {
         match &self.s3 {
             Some(cfg) => Ok(AnyClient::S3(S3Client::new(cfg.clone()))),
+            None => AnyClient::from_url(&self.url),
+        }
+    }
+
+    /// [`ReplicaConfig::client`], sharing S3 connection pools through `pool` (a daemon's
+    /// replicas of one bucket use one pool).
+    pub fn client_in(&self, pool: &S3Clients) -> Result<AnyClient, String> {
+        match &self.s3 {
+            Some(cfg) => Ok(AnyClient::S3(S3Client::shared(cfg.clone(), pool))),
             None => AnyClient::from_url(&self.url),
         }
     }

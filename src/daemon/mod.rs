@@ -159,6 +159,8 @@ struct Core {
     phases: Arc<crate::util::phase::PhaseStats>,
     /// Turns for the maintenance builds of every replica.
     builds: Arc<Semaphore>,
+    /// SDK clients shared by the replicas of one endpoint, region and credentials.
+    s3_clients: crate::storage::s3::S3Clients,
     started_ms: i64,
     wrap: Option<ClientWrapper>,
     registry: DbRegistry,
@@ -319,7 +321,7 @@ impl StoreCore {
         let mut leased: Vec<(_, AnyClient, _, Lease, Option<String>)> =
             Vec::with_capacity(dbc.replicas.len());
         for rc in &dbc.replicas {
-            let client = match rc.client() {
+            let client = match rc.client_in(&core.s3_clients) {
                 Ok(c) => c,
                 Err(e) => {
                     release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
@@ -507,6 +509,7 @@ impl Store {
                 counters: ReplicaMetrics::register(&prometheus, phases.clone()),
                 phases,
                 builds: Arc::new(Semaphore::new(crate::replicate::maintenance::MAX_BUILDS)),
+                s3_clients: Default::default(),
                 awake: Arc::new(crate::replicate::db::AwakeBudget::unlimited()),
                 started_ms: crate::util::clock::now_ms(),
                 wrap,

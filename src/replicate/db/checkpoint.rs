@@ -310,7 +310,7 @@ impl Db {
 
     /// Syncs the application's database file (see [`Db::sync_wal_and_db`]).
     pub(super) fn sync_db(&self) -> Result<(), DbError> {
-        if let Some(open) = &self.open {
+        if let Some(open) = self.opened() {
             open.db_file
                 .sync_data()
                 .map_err(io_err("fsync", &self.path))?;
@@ -321,14 +321,14 @@ impl Db {
     /// After an error left us without our read transaction, the WAL may restart behind us:
     /// the next sync reopens from the staged position (a full segment if continuity is lost).
     pub(super) fn reopen_after_lost_read(&mut self) {
-        self.set_open(None);
+        self.close();
         self.continuous = false;
     }
 
     /// True when the path no longer names the file we have open (replaced, or removed:
     /// then [`DbError::Missing`] after the reopen).
     pub(super) fn replaced(&self) -> Result<bool, DbError> {
-        let Some(open) = &self.open else {
+        let Some(open) = self.opened() else {
             return Ok(false);
         };
         match std::fs::metadata(&self.path) {
@@ -357,8 +357,7 @@ impl Db {
     /// checksum table); the next sync opens the database again and writes a full segment.
     pub(super) fn reopen(&mut self, reason: &'static str) {
         self.force_full(reason);
-        self.set_open(None);
-        self.dormant = None;
+        self.forget_conn();
         self.stats.dormant.store(false, Ordering::Relaxed);
         self.continuous = false;
         self.mark = None;
@@ -391,8 +390,7 @@ impl Db {
     /// Ends our read transaction (only under the barrier); returns the connection.
     pub(super) fn end_read(&self) -> Result<&Connection, DbError> {
         let conn = &self
-            .open
-            .as_ref()
+            .opened()
             .ok_or_else(|| DbError::Unsupported("database not open".into()))?
             .conn;
         conn.execute_batch("COMMIT")?;
@@ -402,7 +400,7 @@ impl Db {
     /// Final sync before shutdown (no checkpoint: the next start continues from the WAL).
     /// A dormant database that did not change stays closed.
     pub fn final_sync(&mut self) -> Result<usize, DbError> {
-        if self.dormant.is_some() && self.unchanged_since_sync() {
+        if self.dormant().is_some() && self.unchanged_since_sync() {
             return Ok(0);
         }
         self.sync(false)

@@ -139,7 +139,7 @@ impl Db {
     /// Counts this database against `budget` (the Store's, shared by its databases). Call
     /// before the first sync: a connection already open stays counted where it was.
     pub fn share_awake_budget(&mut self, budget: Arc<AwakeBudget>) {
-        if self.open.is_none() {
+        if self.opened().is_none() {
             self.awake = budget;
         }
     }
@@ -158,7 +158,7 @@ impl Db {
     /// A dormant database skips the full verification (it holds no state to verify) and
     /// compares stamps instead (module doc): one `statx` of the WAL, or two when it is missing.
     pub fn fast_path_skip(&mut self, now: Instant) -> bool {
-        if self.dormant.is_none()
+        if self.dormant().is_none()
             && (now.duration_since(self.last_full_verify) >= self.settings.full_verify_interval
                 || self.dormancy_due(now)
                 || self.shrink_due(now))
@@ -171,7 +171,7 @@ impl Db {
     /// While dormant and healthy: its idle check, to run away from the Db (its skipped ticks
     /// are counted on this Db's stats).
     pub fn dormant_probe(&self) -> Option<DormantProbe> {
-        let stamps = *self.dormant.as_ref()?;
+        let stamps = self.dormant()?;
         if self.poisoned.is_some() {
             return None;
         }
@@ -185,14 +185,14 @@ impl Db {
 
     /// The WAL (and, while dormant, the database file) is as the last sync left it.
     pub(super) fn unchanged_since_sync(&self) -> bool {
-        if let Some(d) = &self.dormant {
+        if let Some(d) = self.dormant() {
             return d.unchanged(&self.path, &self.wal_path);
         }
         let Some((size, salt1, salt2)) = self.fast else {
             return false;
         };
         // A file renamed over the database, or the database removed, leaves ours unlinked.
-        if let Some(open) = &self.open
+        if let Some(open) = self.opened()
             && open.db_file.metadata().is_ok_and(|m| m.nlink() == 0)
         {
             return false;
@@ -247,18 +247,49 @@ impl Db {
         true
     }
 
-    /// Installs or drops the connection, keeping the count of open ones.
-    pub(super) fn set_open(&mut self, open: Option<Open>) {
-        match (self.open.is_some(), open.is_some()) {
-            (false, true) => {
-                self.awake.awake.fetch_add(1, Ordering::Relaxed);
-            }
-            (true, false) => {
-                self.awake.awake.fetch_sub(1, Ordering::Relaxed);
-            }
-            _ => {}
+    /// The open connection, if there is one.
+    pub(super) fn opened(&self) -> Option<&Open> {
+        match &self.conn {
+            Conn::Open(open) => Some(open),
+            _ => None,
         }
-        self.open = open;
+    }
+
+    /// The stamps taken at dormancy, while dormant.
+    pub(super) fn dormant(&self) -> Option<Dormant> {
+        match &self.conn {
+            Conn::Dormant(d) => Some(*d),
+            _ => None,
+        }
+    }
+
+    /// Moves to `conn`, keeping the budget's count of open connections.
+    fn set_conn(&mut self, conn: Conn) {
+        let was = matches!(self.conn, Conn::Open(_));
+        let is = matches!(conn, Conn::Open(_));
+        if !was && is {
+            self.awake.awake.fetch_add(1, Ordering::Relaxed);
+        } else if was && !is {
+            self.awake.awake.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.conn = conn;
+    }
+
+    /// Installs a freshly opened connection (ending dormancy, if it was dormant).
+    pub(super) fn install(&mut self, open: Open) {
+        self.set_conn(Conn::Open(open));
+    }
+
+    /// Drops the connection if one is open; a dormant database stays dormant.
+    pub(super) fn close(&mut self) {
+        if matches!(self.conn, Conn::Open(_)) {
+            self.set_conn(Conn::Closed);
+        }
+    }
+
+    /// Forgets the connection and any dormancy: the next sync opens the database again.
+    pub(super) fn forget_conn(&mut self) {
+        self.set_conn(Conn::Closed);
     }
 
     /// Time to close the connection: idle long enough (at once when open connections exceed
@@ -268,7 +299,9 @@ impl Db {
             return false;
         }
         let after = self.settings.dormant_after;
-        let Some(open) = &self.open else { return false };
+        let Some(open) = self.opened() else {
+            return false;
+        };
         let pressed = self.awake.pressed();
         !after.is_zero()
             && self.continuous
@@ -297,9 +330,8 @@ impl Db {
         }
         // Dropping the connection ends the read transaction and closes every descriptor and
         // the shared-memory mapping (no checkpoint: SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE).
-        self.set_open(None);
+        self.set_conn(Conn::Dormant(Dormant { db, wal }));
         self.continuous = false;
-        self.dormant = Some(Dormant { db, wal });
         self.dirty_since_checkpoint = false;
         self.stats.dormant.store(true, Ordering::Relaxed);
         tracing::debug!(db = %self.path.display(), txid = %self.pos, "dormant");
@@ -324,13 +356,12 @@ impl Db {
             tracing::warn!(db = %self.path.display(), txid = %self.pos, "the database file was replaced while dormant; the next segment is a full copy of the new one");
             self.force_full("database file replaced");
         }
-        self.set_open(Some(Open {
+        self.install(Open {
             conn,
             db_file,
             page_size,
             id,
-        }));
-        self.dormant = None;
+        });
         self.continuous = false;
         self.stats.dormant.store(false, Ordering::Relaxed);
         self.stats.wakes.fetch_add(1, Ordering::Relaxed);

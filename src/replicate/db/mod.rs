@@ -204,6 +204,17 @@ struct WalMark {
     offset: u64,
 }
 
+/// The state of a [`Db`]'s SQLite connection.
+enum Conn {
+    /// None: before the first sync, or after a failure or a replaced file (the next sync
+    /// opens the database again).
+    Closed,
+    /// The pinned connection, holding the read transaction.
+    Open(Open),
+    /// Closed while idle: the stamps taken then decide how the database wakes.
+    Dormant(Dormant),
+}
+
 struct Open {
     conn: Connection,
     db_file: File,
@@ -228,7 +239,8 @@ pub struct Db {
     settings: DbSettings,
     codec: Codec,
     checksums: bool,
-    open: Option<Open>,
+    /// The SQLite connection: closed, open (holding the read transaction) or dormant.
+    conn: Conn,
     staging: Option<Staging>,
     remote_tip: RemoteTip,
     pos: TxId,
@@ -256,8 +268,6 @@ pub struct Db {
     poisoned: Option<String>,
     /// Start of the current run of idle ticks.
     idle_since: Option<Instant>,
-    /// Set while dormant: the stamps when the connection was closed.
-    dormant: Option<Dormant>,
     /// Set by a wake that found the database file untouched since dormancy (see the module
     /// doc); consumed by the first sync after it.
     woke_unchanged: bool,
@@ -310,7 +320,7 @@ impl Db {
             // Litestream's restore merges inputs into a NoChecksum stream and refuses inputs
             // that carry checksums, so the Litestream-compatible codec writes none.
             checksums: codec != Codec::Lz4,
-            open: None,
+            conn: Conn::Closed,
             staging: None,
             remote_tip,
             pos: TxId(0),
@@ -329,7 +339,6 @@ impl Db {
             shrink_tried: None,
             poisoned: None,
             idle_since: None,
-            dormant: None,
             woke_unchanged: false,
             pos_tx,
             feed: SegmentFeed::default(),
@@ -400,7 +409,7 @@ impl Db {
 
 impl Drop for Db {
     fn drop(&mut self) {
-        self.set_open(None);
+        self.close();
     }
 }
 

@@ -31,17 +31,17 @@ impl Db {
     }
 
     pub(super) fn sync_inner(&mut self, allow_checkpoint: bool) -> Result<usize, DbError> {
-        if let Some(d) = self.dormant {
+        if let Some(d) = self.dormant() {
             if !self.path.exists() {
                 return Err(DbError::Missing(self.path.clone()));
             }
             self.wake(d.db)?;
         }
-        if self.open.is_some() && self.replaced()? {
+        if self.opened().is_some() && self.replaced()? {
             tracing::warn!(db = %self.path.display(), txid = %self.pos, "the database file was replaced (a new file at its path); reopening it, the next segment is a full copy of the new one");
             self.reopen("database file replaced");
         }
-        if self.open.is_none() && !self.init()? {
+        if self.opened().is_none() && !self.init()? {
             return Err(DbError::Missing(self.path.clone()));
         }
         if self.staging.is_some() && !self.staging_dir.is_dir() {
@@ -140,12 +140,12 @@ impl Db {
         self.continuous = false;
         self.page_buf = vec![0u8; page_size as usize];
         let id = file_id(&db_file, &self.path)?;
-        self.set_open(Some(Open {
+        self.install(Open {
             conn,
             db_file,
             page_size,
             id,
-        }));
+        });
         self.staging = Some(staging);
         Ok(true)
     }
@@ -346,7 +346,7 @@ impl Db {
     }
 
     pub(super) fn page_size(&self) -> u32 {
-        self.open.as_ref().map_or(4096, |o| o.page_size)
+        self.opened().map_or(4096, |o| o.page_size)
     }
 
     /// Database size in pages: the last commit frame's, else the database header's.
@@ -355,8 +355,7 @@ impl Db {
             return Ok(s.commit);
         }
         let open = self
-            .open
-            .as_ref()
+            .opened()
             .ok_or_else(|| DbError::Unsupported("database not open".into()))?;
         let len = open
             .db_file
@@ -390,8 +389,7 @@ impl Db {
         wal_file: Option<&'a File>,
     ) -> Result<PageReader<'a>, DbError> {
         let open = self
-            .open
-            .as_ref()
+            .opened()
             .ok_or_else(|| DbError::Unsupported("database not open".into()))?;
         Ok(PageReader {
             db_file: &open.db_file,

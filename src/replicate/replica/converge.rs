@@ -164,7 +164,8 @@ impl Replica {
         )
         .await;
         let bytes = put.as_ref().map_or(0, |info| info.size);
-        self.stats.counters
+        self.stats
+            .counters
             .phases
             .record(Phase::Upload, bytes, started.elapsed());
         self.stats.counters.observe(0, started, &put);

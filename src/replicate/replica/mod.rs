@@ -398,7 +398,8 @@ impl Replica {
             let started = Instant::now();
             let put = put_new(&self.client, 0, txid, txid, &path, header.timestamp).await;
             let bytes = put.as_ref().map_or(0, |info| info.size);
-            self.stats.counters
+            self.stats
+                .counters
                 .phases
                 .record(Phase::Upload, bytes, started.elapsed());
             self.stats.counters.observe(0, started, &put);

@@ -80,9 +80,8 @@ pub use config::{
     DEFAULT_CONCURRENCY, DEFAULT_PART_SIZE, S3Config, Secret, check_bucket_name, parse_size,
     redact_url, reject_skip_verify,
 };
-use sdk::{
-    ClientKey, SHARED_CLIENTS, build_client, classify, from_smithy_time, permanent, transient,
-};
+pub use sdk::S3Clients;
+use sdk::{build_client, classify, from_smithy_time, permanent, transient};
 
 /// Most keys one DeleteObjects call may name (an S3 limit).
 const DELETE_BATCH: usize = 1000;
@@ -113,21 +112,21 @@ impl fmt::Debug for S3Client {
 }
 
 impl S3Client {
-    /// A client for `cfg`; nothing is contacted until the first call. Replicas with the same
-    /// endpoint, region and credentials share one SDK client.
+    /// A client for `cfg`, with an SDK client of its own; nothing is contacted until the
+    /// first call.
     pub fn new(cfg: S3Config) -> S3Client {
-        let key = ClientKey {
-            region: cfg.region.clone(),
-            endpoint: cfg.endpoint.clone(),
-            force_path_style: cfg.force_path_style,
-            access_key_id: cfg.access_key_id.clone(),
-            secret_access_key: cfg.secret_access_key.as_ref().map(|s| s.0.clone()),
-        };
-        let client = match SHARED_CLIENTS.lock() {
-            Ok(mut shared) => shared.entry(key).or_default().clone(),
-            // A panic elsewhere while looking up: an unshared client still works.
-            Err(_) => Arc::new(OnceCell::new()),
-        };
+        S3Client::with_sdk(cfg, Arc::new(OnceCell::new()))
+    }
+
+    /// [`S3Client::new`], sharing the SDK client (and its connection pool) of `pool` with
+    /// every other replica of the same endpoint, region and credentials: every database of a
+    /// bucket then uses one pool. Bucket and path are per request.
+    pub fn shared(cfg: S3Config, pool: &S3Clients) -> S3Client {
+        let client = pool.get(&cfg);
+        S3Client::with_sdk(cfg, client)
+    }
+
+    fn with_sdk(cfg: S3Config, client: Arc<OnceCell<Client>>) -> S3Client {
         S3Client {
             cfg: Arc::new(cfg),
             client,

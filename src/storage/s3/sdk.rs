@@ -17,10 +17,30 @@ pub(super) struct ClientKey {
     pub(super) secret_access_key: Option<String>,
 }
 
-/// SDK clients shared across replicas; held only while looking up, never across `.await`.
-pub(super) static SHARED_CLIENTS: std::sync::LazyLock<
-    std::sync::Mutex<HashMap<ClientKey, Arc<OnceCell<Client>>>>,
-> = std::sync::LazyLock::new(Default::default);
+/// SDK clients shared by the replicas of one Store ([`S3Client::shared`](super::S3Client::shared)).
+#[derive(Default)]
+pub struct S3Clients {
+    /// Held only while looking up, never across `.await`.
+    by_key: std::sync::Mutex<HashMap<ClientKey, Arc<OnceCell<Client>>>>,
+}
+
+impl S3Clients {
+    /// The (lazily built) SDK client for `cfg`'s endpoint, region and credentials.
+    pub(super) fn get(&self, cfg: &S3Config) -> Arc<OnceCell<Client>> {
+        let key = ClientKey {
+            region: cfg.region.clone(),
+            endpoint: cfg.endpoint.clone(),
+            force_path_style: cfg.force_path_style,
+            access_key_id: cfg.access_key_id.clone(),
+            secret_access_key: cfg.secret_access_key.as_ref().map(|s| s.0.clone()),
+        };
+        match self.by_key.lock() {
+            Ok(mut shared) => shared.entry(key).or_default().clone(),
+            // A panic elsewhere while looking up: an unshared client still works.
+            Err(_) => Arc::new(OnceCell::new()),
+        }
+    }
+}
 
 pub(super) async fn build_client(cfg: &S3Config) -> Result<Client, StorageError> {
     let region = cfg
