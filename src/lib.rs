@@ -29,6 +29,10 @@
 //! 6. No silent states: a database or replica that is not protected is healing (retry,
 //!    reopen, re-seed) or reported ([`replicate::health`]: `/readyz`, `/status`, metrics, the
 //!    log, systemd STATUS, and a non-zero exit when shutdown leaves anything not uploaded).
+//! 7. No process-wide mutable state: counters, budgets and connection pools belong to a
+//!    Store (or to one restore). What remains process-wide is write-once (the tick grid's
+//!    epoch, this process's lease identity), thread-local codec caches, and SQLite's own
+//!    memory settings ([`replicate::db::configure_sqlite_memory`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]

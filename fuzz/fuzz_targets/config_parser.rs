@@ -1,7 +1,7 @@
 //! Arbitrary text through the YAML config loader (`Config::parse`, with and without `$VAR`
 //! expansion): a config or a `ConfigError`, never a panic.
 //!
-//! Checked on every `Ok(config)`, the rules `src/config.rs` promises: at least one database,
+//! Checked on every `Ok(config)`, the rules `src/config/` promises: at least one database,
 //! each with at least one replica and an absolute path, no database path twice, a client can
 //! be built from every replica, no replica URL carries credentials in its authority, and every
 //! error message renders.

@@ -1,5 +1,5 @@
-//! The bottom layer: file-system durability, retries and the clock. Depends on nothing else in
-//! the crate.
+//! The bottom layer: file-system durability, retries, the clock and the phase totals. Depends
+//! on nothing else in the crate.
 
 pub mod clock;
 pub mod fsutil;

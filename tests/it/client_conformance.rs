@@ -1,5 +1,5 @@
 //! One conformance suite for every replica backend: the semantics written down in
-//! `src/replica_client.rs`, checked the same way against the `file` backend (a temp dir) and the
+//! `src/storage/mod.rs`, checked the same way against the `file` backend (a temp dir) and the
 //! `s3` backend (the in-process S3 server of `common::s3`, or `REPLICAD_TEST_S3_ENDPOINT`).
 //!
 //! [`conformance`] runs every section against a fresh replica of the backend and reports all

@@ -610,7 +610,7 @@ async fn parallel_chunked_restore_survives_failing_calls() {
 }
 
 /// A large initial snapshot is uploaded while it is staged (its parts go out during the
-/// encoding, see `segment_feed`), and the object it completes restores to exactly the source.
+/// encoding, see `storage::feed`), and the object it completes restores to exactly the source.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_snapshot_is_uploaded_while_staged_and_restores_exactly() {
     let server = S3Server::start().await;

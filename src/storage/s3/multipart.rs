@@ -144,7 +144,7 @@ impl S3Client {
                 inflight.push(async move {
                     let body = file_part(&seg.reopen_path(), offset, n, key).await?;
                     let part = self.upload_part(c, key, upload_id, index, body, n).await?;
-                    // Uploaded: its pages are dead weight in the page cache (see segment_feed).
+                    // Uploaded: its pages are dead weight in the page cache (see `storage/feed.rs`).
                     let _ = tokio::task::spawn_blocking(move || seg.release(offset, n)).await;
                     Ok::<_, StorageError>(part)
                 });

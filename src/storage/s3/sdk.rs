@@ -1,5 +1,6 @@
-//! The AWS SDK behind an [`S3Client`](super::S3Client): one shared client per endpoint, region and
-//! credentials, and the mapping of SDK errors to [`StorageError`] (transient or permanent).
+//! The AWS SDK behind an [`S3Client`](super::S3Client): building it, sharing one per endpoint,
+//! region and credentials among a Store's replicas ([`S3Clients`]), and mapping its errors to
+//! [`StorageError`] (transient or permanent).
 
 use super::config::S3Config;
 #[allow(unused_imports)]
