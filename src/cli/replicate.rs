@@ -119,6 +119,12 @@ impl ReplicateArgs {
         for dir in &mut config.dirs {
             self.overrides(&mut dir.settings);
         }
+        if self.compression.is_some() {
+            let dbs = config.dbs.iter_mut().map(|d| &mut d.codec);
+            for codec in dbs.chain(config.dirs.iter_mut().map(|d| &mut d.codec)) {
+                *codec = crate::config::CodecOrigin::Set;
+            }
+        }
         if let Some(t) = self.shutdown_sync_timeout {
             config.shutdown_sync_timeout = t;
         }

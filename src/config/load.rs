@@ -25,7 +25,7 @@ impl Config {
                 std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
             })
         } else {
-            parse_yaml(text, origin)
+            parse_yaml(text, origin).map(|c| c.litestream_compatible(text))
         }
     }
 
@@ -36,7 +36,7 @@ impl Config {
         origin: &str,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        parse_yaml(&expand_vars(text, lookup), origin)
+        parse_yaml(&expand_vars(text, lookup), origin).map(|c| c.litestream_compatible(text))
     }
 
     /// One database with replicas from the command line (`replicad replicate DB URL...`),
@@ -87,6 +87,7 @@ impl Config {
                 meta_path: None,
                 replicas,
                 settings,
+                codec: CodecOrigin::Default,
             }],
             dirs: Vec::new(),
             shutdown_sync_timeout: DEFAULT_SHUTDOWN_SYNC_TIMEOUT,
@@ -186,4 +187,41 @@ pub(crate) fn expand_vars(text: &str, lookup: impl Fn(&str) -> Option<String>) -
     }
     out.push_str(rest);
     out
+}
+
+impl Config {
+    /// A Litestream config file (no key only replicad reads) writes `lz4`, the one codec
+    /// Litestream restores, so that its user keeps the way back.
+    fn litestream_compatible(mut self, text: &str) -> Config {
+        if !litestream_file(text) {
+            return self;
+        }
+        let dbs = self.dbs.iter_mut().map(|d| (&mut d.settings, &mut d.codec));
+        let dirs = self
+            .dirs
+            .iter_mut()
+            .map(|d| (&mut d.settings, &mut d.codec));
+        for (settings, codec) in dbs.chain(dirs) {
+            if *codec == CodecOrigin::Default {
+                settings.compression = Codec::Lz4;
+                *codec = CodecOrigin::LitestreamFile;
+            }
+        }
+        self
+    }
+}
+
+/// True when `text` names no key of [`REPLICAD_ONLY_KEYS`], at any depth.
+pub(crate) fn litestream_file(text: &str) -> bool {
+    fn replicad_key(v: &serde_norway::Value) -> bool {
+        match v {
+            serde_norway::Value::Mapping(m) => m.iter().any(|(k, v)| {
+                k.as_str().is_some_and(|k| REPLICAD_ONLY_KEYS.contains(&k)) || replicad_key(v)
+            }),
+            serde_norway::Value::Sequence(s) => s.iter().any(replicad_key),
+            serde_norway::Value::Tagged(t) => replicad_key(&t.value),
+            _ => false,
+        }
+    }
+    serde_norway::from_str::<serde_norway::Value>(text).is_ok_and(|v| !replicad_key(&v))
 }

@@ -176,7 +176,34 @@ pub struct DbConfig {
     pub replicas: Vec<ReplicaConfig>,
     /// Effective settings: this database's keys, else the top-level keys, else the defaults.
     pub settings: DbSettings,
+    /// How `settings.compression` was chosen (the Litestream-compatibility rule).
+    pub codec: CodecOrigin,
 }
+
+/// How a database's page codec was chosen. Litestream reads only `lz4`, so a user who came
+/// from Litestream keeps the way back: `lz4` is written unless a codec is set explicitly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodecOrigin {
+    /// Key `compression` (file, top level or database) or `--compression`: always honoured.
+    Set,
+    /// The config file is Litestream's (no replicad-only key): `lz4`.
+    LitestreamFile,
+    /// replicad's default, which becomes `lz4` when a replica already holds
+    /// Litestream-readable files (decided at start, [`crate::daemon`]).
+    Default,
+}
+
+/// Keys only replicad reads: a file with none of them is a Litestream config.
+pub const REPLICAD_ONLY_KEYS: [&str; 8] = [
+    "compression",
+    "age",
+    "max-lag",
+    "lease-ttl",
+    "dormant-after",
+    "dormant-max-size",
+    "full-verify-interval",
+    "verify-interval",
+];
 
 /// A `dbs` entry with `dir`: every SQLite database found under a directory
 /// ([`crate::daemon::discovery`]).
@@ -195,6 +222,8 @@ pub struct DirConfig {
     pub replicas: Vec<ReplicaConfig>,
     /// Effective settings of every discovered database.
     pub settings: DbSettings,
+    /// How `settings.compression` was chosen.
+    pub codec: CodecOrigin,
 }
 
 impl DirConfig {
@@ -210,6 +239,7 @@ impl DirConfig {
                 .map(|r| replica_under(r, rel))
                 .collect(),
             settings: self.settings.clone(),
+            codec: self.codec,
         }
     }
 }

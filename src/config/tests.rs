@@ -76,7 +76,15 @@ fn defaults() {
         }]
     );
     let d = DbSettings::default();
-    assert_eq!(db.settings, d);
+    // No key only replicad reads: a Litestream config, which writes Litestream's codec.
+    assert_eq!(db.codec, CodecOrigin::LitestreamFile);
+    assert_eq!(
+        db.settings,
+        DbSettings {
+            compression: Codec::Lz4,
+            ..d.clone()
+        }
+    );
     assert_eq!(d.monitor_interval, Duration::from_secs(1));
     assert_eq!(d.checkpoint_interval, Duration::from_secs(60));
     assert_eq!(d.min_checkpoint_page_count, 1000);
@@ -190,6 +198,7 @@ fn compaction_keys_are_parsed_and_copied_to_every_database() {
         l0_retention: Duration::ZERO,
         l0_retention_check_interval: Duration::from_secs(60),
         retention_enabled: false,
+        compression: Codec::Lz4,
         ..DbSettings::default()
     };
     assert_eq!(
@@ -206,7 +215,11 @@ fn compaction_keys_are_parsed_and_copied_to_every_database() {
             .settings
             .clone()
     };
-    let d = DbSettings::default;
+    // Litestream's keys only: Litestream's codec.
+    let d = || DbSettings {
+        compression: Codec::Lz4,
+        ..DbSettings::default()
+    };
     assert_eq!(
             one("levels: [{interval: 1s}, {interval: 2s}, {interval: 3s}, {interval: 4s}, {interval: 5s}, {interval: 6s}, {interval: 7s}, {interval: 8s}]\n").levels,
             (1..=8).map(Duration::from_secs).collect::<Vec<_>>()
@@ -2301,4 +2314,33 @@ fn dir_entries_discover_databases() {
     );
     let (_, msg) = fail("dbs:\n  - path: /x.db\n    watch: true\n    replica: {url: /b}\n");
     assert!(msg.contains("key `watch` needs `dir`"), "{msg}");
+}
+
+#[test]
+fn a_litestream_config_writes_lz4_unless_a_codec_is_set() {
+    // Litestream's own keys only: lz4, so Litestream can still restore the replica.
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.dbs[0].settings.compression, Codec::Lz4);
+    assert_eq!(c.dbs[0].codec, CodecOrigin::LitestreamFile);
+    // One key only replicad reads, at any depth, makes it a replicad config: its default.
+    for extra in ["max-lag: 30s\n", "dormant-after: 1m\n"] {
+        let c = parse(&format!("{extra}{MINIMAL}")).unwrap();
+        assert_eq!(c.dbs[0].settings.compression, Codec::Zstd(3), "{extra}");
+        assert_eq!(c.dbs[0].codec, CodecOrigin::Default, "{extra}");
+    }
+    let c = parse(&format!("{MINIMAL}    verify-interval: 1h\n")).unwrap();
+    assert_eq!(c.dbs[0].codec, CodecOrigin::Default);
+    // A codec set at the top level or for the database is always honoured.
+    let c = parse(&format!("compression: gzip\n{MINIMAL}")).unwrap();
+    assert_eq!(c.dbs[0].settings.compression, Codec::Gzip(6));
+    assert_eq!(c.dbs[0].codec, CodecOrigin::Set);
+    let c = parse(&format!("{MINIMAL}    compression: zstd:3\n")).unwrap();
+    assert_eq!(c.dbs[0].settings.compression, Codec::Zstd(3));
+    assert_eq!(c.dbs[0].codec, CodecOrigin::Set);
+    assert!(super::load::litestream_file(
+        "dbs: [{path: /a.db, replica: {url: /b}}]"
+    ));
+    assert!(!super::load::litestream_file(
+        "dbs: [{path: /a.db, replica: {url: /b, age: {recipients: [x]}}}]"
+    ));
 }

@@ -470,6 +470,7 @@ mod tests {
                 age: None,
             }],
             settings: DbSettings::default(),
+            codec: crate::config::CodecOrigin::Default,
         }
     }
 

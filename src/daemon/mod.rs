@@ -428,7 +428,8 @@ impl StoreCore {
             }
             replicas.push(r);
         }
-        let mut db = Db::new(dbc.path.clone(), Some(meta), dbc.settings.clone(), tip);
+        let settings = codec_for(dbc, &mut replicas);
+        let mut db = Db::new(dbc.path.clone(), Some(meta), settings, tip);
         db.share_awake_budget(core.awake.clone());
         db.share_phases(core.phases.clone());
         let seeds = db.take_seed_requests();
@@ -685,6 +686,48 @@ async fn release_all(leases: impl Iterator<Item = (ReplicaCounters, Lease)>) {
 }
 
 /// A replica's maintenance settings; removes build leftovers of a previous run.
+/// The database's settings with its codec decided: a database whose codec was not chosen
+/// explicitly keeps writing `lz4` to a replica that holds Litestream-readable files, so that
+/// Litestream can still restore it; an explicit codec Litestream cannot read on such a replica
+/// is kept, with one warning.
+fn codec_for(dbc: &DbConfig, replicas: &mut [Replica]) -> crate::config::DbSettings {
+    use crate::config::CodecOrigin;
+    use crate::ltx::Codec;
+    let mut settings = dbc.settings.clone();
+    let readable: Vec<&str> = replicas
+        .iter()
+        .filter(|r| r.remote_codec() == Some(Codec::Lz4))
+        .map(Replica::name)
+        .collect();
+    if readable.is_empty() || settings.compression == Codec::Lz4 {
+        return settings;
+    }
+    let names = readable.join(", ");
+    match dbc.codec {
+        CodecOrigin::Set => tracing::warn!(
+            db = %dbc.path.display(),
+            replicas = %names,
+            compression = settings.compression.name(),
+            "the replica holds files Litestream can restore, but `compression` is not lz4: \
+             Litestream cannot restore the files written from now on (set `compression: lz4` \
+             to keep it able to)"
+        ),
+        CodecOrigin::Default | CodecOrigin::LitestreamFile => {
+            tracing::info!(
+                db = %dbc.path.display(),
+                replicas = %names,
+                "the replica holds files Litestream can restore: writing lz4 so that it still \
+                 can (set `compression` to choose another codec)"
+            );
+            settings.compression = Codec::Lz4;
+            for r in replicas.iter_mut() {
+                r.set_output_codec(Codec::Lz4);
+            }
+        }
+    }
+    settings
+}
+
 fn maintenance_of(
     s: &crate::config::DbSettings,
     tmp_dir: std::path::PathBuf,

@@ -185,6 +185,35 @@ async fn litestream_yml_replicates_and_restores_from_both_replicas() {
     );
     drop(conn);
 
+    // Written from a Litestream config, the replica stays Litestream's (lz4, no codec set):
+    // Litestream itself restores it.
+    match common::litestream_bin() {
+        Some(ls) => {
+            let out = dir.join("by-litestream.db");
+            let o = std::process::Command::new(ls)
+                .args(["restore", "-o", s(&out)])
+                .arg(format!("file://{}", backup.display()))
+                .env_remove("AWS_CA_BUNDLE")
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "litestream could not restore the replica written from litestream.yml: {}\n{}",
+                String::from_utf8_lossy(&o.stderr),
+                log_text()
+            );
+            let n: i64 = Connection::open(&out)
+                .unwrap()
+                .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(n, 100);
+        }
+        None if std::env::var_os("CI").is_some() => {
+            panic!("litestream is not installed, and CI must run the interoperability test")
+        }
+        None => println!("SKIPPED (litestream part): litestream not installed"),
+    }
+
     // Both replicas restore the same rows, through the same file (the S3 credentials come
     // from the file's top-level keys).
     for name in ["file", "s3-2"] {

@@ -415,6 +415,67 @@ fn litestream_restores_replicad_replica() {
     assert!(!out.exists(), "litestream left {} behind", out.display());
 }
 
+/// The codec of the newest level-0 file of a directory replica.
+fn newest_l0_codec(replica: &Path) -> &'static str {
+    let (min, max) = *l0_ranges(replica)
+        .last()
+        .expect("the replica holds level-0 files");
+    let name = replicad::ltx::format_filename(replicad::ltx::TxId(min), replicad::ltx::TxId(max));
+    let f = std::fs::File::open(replica.join("ltx/0").join(name)).unwrap();
+    let header = replicad::ltx::decoder::read_header(f).unwrap();
+    header.codec().unwrap().name()
+}
+
+/// A Litestream user keeps the way back: a replica holding files Litestream can restore
+/// (lz4) gets lz4 from a daemon whose codec was not chosen, while an explicit codec
+/// Litestream cannot read is honoured with a warning.
+#[test]
+fn a_replica_litestream_can_restore_stays_lz4_unless_a_codec_is_set() {
+    let t = Setup::new("codec-compat");
+    let mut w = Writer::open(&t.db, seed("codec-compat"));
+    let d = t.spawn(&["--compression", "lz4"]);
+    w.run(10);
+    d.stop_ok();
+    assert_eq!(newest_l0_codec(&t.replica), "lz4");
+
+    // No codec chosen: replicad's default would be zstd, but the replica is Litestream's.
+    let d = t.spawn(&[]);
+    w.run(10);
+    d.stop_ok();
+    assert_eq!(newest_l0_codec(&t.replica), "lz4", "{}", t.dir.logs_all());
+    assert!(
+        t.dir
+            .logs_all()
+            .contains("writing lz4 so that it still can"),
+        "{}",
+        t.dir.logs_all()
+    );
+    assert_l0_contiguous(&t.replica);
+    t.check_restore("after the default run");
+
+    // Chosen explicitly: honoured, and said once.
+    let d = t.spawn(&["--compression", "zstd"]);
+    w.run(10);
+    let log = d.log_text();
+    d.stop_ok();
+    assert_eq!(newest_l0_codec(&t.replica), "zstd", "{log}");
+    assert_eq!(
+        log.matches("Litestream cannot restore the files written from now on")
+            .count(),
+        1,
+        "{log}"
+    );
+    t.check_restore("after the zstd run");
+
+    // A replica that holds no Litestream-readable file keeps replicad's default.
+    let t = Setup::new("codec-default");
+    let mut w = Writer::open(&t.db, seed("codec-default"));
+    let d = t.spawn(&[]);
+    w.run(10);
+    d.stop_ok();
+    assert_eq!(newest_l0_codec(&t.replica), "zstd");
+}
+
 #[test]
 fn usage_errors_exit_2() {
     let t = TestDir::new("usage");

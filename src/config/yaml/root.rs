@@ -175,6 +175,11 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
         let mut dbs = Vec::new();
         let mut dirs = Vec::new();
         for db in entries {
+            let codec = if db.settings.compression.is_some() || settings.compression.is_some() {
+                CodecOrigin::Set
+            } else {
+                CodecOrigin::Default
+            };
             let mut db_settings = db.settings.resolve(&settings);
             compaction.apply(&mut db_settings);
             match db.source {
@@ -183,6 +188,7 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                     path,
                     meta_path: db.meta_path,
                     replicas: db.replicas,
+                    codec,
                 }),
                 Source::Dir(d) => dirs.push(DirConfig {
                     dir: d.dir,
@@ -191,6 +197,7 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                     watch: d.watch,
                     replicas: db.replicas,
                     settings: db_settings,
+                    codec,
                 }),
             }
         }

@@ -108,6 +108,8 @@ pub struct Replica {
     seeds: Option<SeedRequests>,
     /// The replica was found wiped: the next seed counts as that.
     wiped: bool,
+    /// The codec of the newest file found at start (plain files only).
+    remote_codec: Option<ltx::Codec>,
     /// Unreachable at start: the upload task takes the lease and lists the replica first.
     deferred: bool,
     /// A seed to store before anything else (set when a late listing asks for a new chain).
@@ -145,10 +147,22 @@ impl Replica {
             maint,
             seeds: None,
             wiped: false,
+            remote_codec: None,
             deferred: false,
             pending_seed: None,
             recheck: false,
         }
+    }
+
+    /// The codec of the newest (plain) file the replica held at start: `Lz4` means Litestream
+    /// can restore it.
+    pub fn remote_codec(&self) -> Option<ltx::Codec> {
+        self.remote_codec
+    }
+
+    /// Writes compaction and snapshot outputs with `codec` (the database's, once decided).
+    pub fn set_output_codec(&mut self, codec: ltx::Codec) {
+        self.maint.codec = codec;
     }
 
     /// Its lease and counters, for a start that failed after taking it.
@@ -248,6 +262,7 @@ impl Replica {
             tip.post_apply_checksum = self.read_post_apply(&f).await.unwrap_or(0);
             let header = self.read_remote_header(&f).await.ok().flatten();
             tip.page_size = header.map_or(0, |h| h.page_size);
+            self.remote_codec = header.filter(|_| !f.encrypted).and_then(|h| h.codec().ok());
             if !self.is_our_chain(&f, header.as_ref(), tip.post_apply_checksum) {
                 tracing::warn!(db = %self.db, replica = %self.name, tip = %f.max_txid, "the replica's newest file is not the one this database staged for that TXID: another writer continued the chain; it gets a seed snapshot after a full segment");
                 tip.full_reason = Some("a replica was continued by another writer");
