@@ -25,7 +25,7 @@ pub struct DatabasesArgs {
 
 /// Runs `replicad databases`.
 pub async fn run(args: DatabasesArgs) -> Result<(), CliError> {
-    let mut config = Config::load(&args.config, !args.no_expand_env)
+    let mut config = Config::load_without_credentials(&args.config, !args.no_expand_env)
         .map_err(|e| CliError::Usage(e.to_string()))?;
     for dir in &config.dirs {
         let discovery = Discovery::new(dir.clone()).map_err(CliError::Usage)?;

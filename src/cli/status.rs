@@ -36,7 +36,8 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     let addr = match (&args.addr, &args.config) {
         (Some(a), _) => a.clone(),
         (None, Some(path)) => {
-            let config = Config::load(path, true).map_err(|e| CliError::Usage(e.to_string()))?;
+            let config = Config::load_without_credentials(path, true)
+                .map_err(|e| CliError::Usage(e.to_string()))?;
             match config.addr {
                 Some(a) => a.to_string(),
                 None => {

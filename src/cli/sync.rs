@@ -44,7 +44,7 @@ pub async fn run(args: SyncArgs) -> Result<(), CliError> {
     let socket = match (&args.socket, &args.config) {
         (Some(s), _) => s.clone(),
         (None, Some(path)) => {
-            Config::load(path, true)
+            Config::load_without_credentials(path, true)
                 .map_err(|e| CliError::Usage(e.to_string()))?
                 .socket
                 .path

@@ -2,7 +2,7 @@
 //! expansion, paths made absolute, and the checks that span several databases.
 
 use crate::config::url::{absolutize, redact_userinfo};
-use crate::config::yaml::parse_yaml;
+use crate::config::yaml::{parse_yaml, parse_yaml_with};
 #[allow(unused_imports)]
 use crate::config::*;
 
@@ -15,6 +15,26 @@ impl Config {
             error,
         })?;
         Config::parse(&text, &path.display().to_string(), expand_env)
+    }
+
+    /// [`Config::load`] for a command that never contacts a replica (`status`, `sync`,
+    /// `databases`): the replicas' credentials (`access-key-id`, `secret-access-key`,
+    /// `sse-customer-key`) are not read, so the variables they name need not be set. The
+    /// clients of such a config hold no credentials: do not build them.
+    pub fn load_without_credentials(path: &Path, expand_env: bool) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let origin = path.display().to_string();
+        let text = if expand_env {
+            expand_vars(&text, |name| {
+                std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+            })
+        } else {
+            text
+        };
+        parse_yaml_with(&text, &origin, true).map(|c| c.litestream_compatible(&text))
     }
 
     /// Parses configuration text; `origin` names it in errors (usually the file's path).

@@ -231,3 +231,65 @@ fn second_signal_aborts_a_stuck_drain_and_nothing_is_lost() {
         .unwrap();
     assert_eq!(n, 2);
 }
+
+/// Commands that never contact a replica (`databases`, `status`, `sync`) do not need its
+/// secrets: a config naming unset variables for them still loads. Commands that use the
+/// replica still refuse it, naming the key.
+#[test]
+fn commands_that_do_not_use_a_replica_do_not_need_its_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let cfg = dir.path().join("replicad.yml");
+    fs::write(
+        &cfg,
+        format!(
+            "addr: 127.0.0.1:1\nsocket: {{enabled: true, path: {sock}}}\n\
+             access-key-id: ${{REPLICAD_TEST_UNSET_KEY_ID}}\n\
+             secret-access-key: ${{REPLICAD_TEST_UNSET_SECRET}}\n\
+             dbs:\n  - path: {db}\n    replica:\n      type: s3\n      bucket: b\n      \
+             endpoint: http://127.0.0.1:1\n      sse-customer-key: ${{REPLICAD_TEST_UNSET_SSE}}\n",
+            sock = dir.path().join("ctl.sock").display(),
+            db = db.display(),
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        Command::new(bin())
+            .args(args)
+            .env_remove("REPLICAD_TEST_UNSET_KEY_ID")
+            .env_remove("REPLICAD_TEST_UNSET_SECRET")
+            .env_remove("REPLICAD_TEST_UNSET_SSE")
+            .output()
+            .unwrap()
+    };
+    let cfg = cfg.to_str().unwrap();
+    let o = run(&["databases", "--config", cfg]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("app.db"));
+    // No daemon is listening: a runtime failure (1), not a config error (2).
+    let db_arg = db.to_str().unwrap();
+    for args in [
+        vec!["status", "--config", cfg],
+        vec!["sync", "--config", cfg, db_arg],
+    ] {
+        let o = run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(!err.contains("value is empty"), "{args:?}: {err}");
+    }
+    // restore uses the replica: the empty secret is still an error naming its key.
+    let o = run(&[
+        "restore",
+        "--config",
+        cfg,
+        "--to",
+        "/nonexistent/out.db",
+        db.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("access-key-id") || err.contains("secret-access-key"),
+        "{err}"
+    );
+}

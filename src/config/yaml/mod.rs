@@ -309,6 +309,8 @@ pub(crate) struct Ctx {
     /// The top-level S3 keys (global replica defaults), read by a first pass over the file
     /// so that they are known whatever their position relative to `dbs`.
     pub(crate) s3_defaults: RawS3,
+    /// Credential keys are skipped, not read ([`Config::load_without_credentials`]).
+    pub(crate) skip_credentials: bool,
 }
 
 impl Ctx {
@@ -351,10 +353,22 @@ impl Ctx {
 }
 
 pub(crate) fn parse_yaml(text: &str, origin: &str) -> Result<Config, ConfigError> {
+    parse_yaml_with(text, origin, false)
+}
+
+/// [`parse_yaml`]; with `skip_credentials`, the replicas' credential keys are not read.
+pub(crate) fn parse_yaml_with(
+    text: &str,
+    origin: &str,
+    skip_credentials: bool,
+) -> Result<Config, ConfigError> {
     // First pass: the global replica defaults only. An error raised on one of those keys is
     // reported as it is; any other problem is left to the second pass, which reports it with
     // its key and line.
-    let first = Ctx::default();
+    let first = Ctx {
+        skip_credentials,
+        ..Ctx::default()
+    };
     let globals = GlobalsSeed { ctx: &first };
     let s3_defaults = match globals.deserialize(serde_norway::Deserializer::from_str(text)) {
         Ok(globals) => globals,
@@ -365,6 +379,7 @@ pub(crate) fn parse_yaml(text: &str, origin: &str) -> Result<Config, ConfigError
     };
     let ctx = Ctx {
         s3_defaults,
+        skip_credentials,
         ..Ctx::default()
     };
     let result = RootSeed { ctx: &ctx }.deserialize(serde_norway::Deserializer::from_str(text));
