@@ -420,7 +420,9 @@ fn spawn_writer(c: &Cycle, seed: u64, steps: usize, schema: bool, tag: &str) -> 
     let log = File::create(c.dir.join(&format!("logs/writer-{tag}.log"))).unwrap();
     Command::new(std::env::current_exe().unwrap())
         .args([
-            "writer_process",
+            // The test's full name in this crate (a writer that matches no test writes
+            // nothing, which the check below catches).
+            "soak::writer_process",
             "--exact",
             "--nocapture",
             "--test-threads=1",
@@ -628,6 +630,12 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
                 status.success(),
                 "cycle {n}: writer {phase}-{i} failed ({status}); {}",
                 c.context()
+            );
+            let log = fs::read_to_string(c.dir.join(&format!("logs/writer-{phase}-{i}.log")))
+                .unwrap_or_default();
+            assert!(
+                log.contains("1 passed"),
+                "cycle {n}: writer {phase}-{i} ran no writer test:\n{log}"
             );
         }
         // Outages and obstacles end with the phase: the recorded point needs a daemon that
