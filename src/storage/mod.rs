@@ -111,12 +111,28 @@ impl StorageError {
         let key = key.display().to_string();
         match e.kind() {
             io::ErrorKind::NotFound => StorageError::NotFound(key),
-            io::ErrorKind::PermissionDenied
-            | io::ErrorKind::InvalidInput
-            | io::ErrorKind::ReadOnlyFilesystem => StorageError::Permanent {
+            io::ErrorKind::PermissionDenied => StorageError::Permanent {
+                op,
+                key,
+                reason: format!(
+                    "{e}; hint: the user replicad runs as needs read and write access to the \
+                     replica directory"
+                ),
+            },
+            io::ErrorKind::ReadOnlyFilesystem => StorageError::Permanent {
+                op,
+                key,
+                reason: format!("{e}; hint: the replica directory must be on a writable mount"),
+            },
+            io::ErrorKind::InvalidInput => StorageError::Permanent {
                 op,
                 key,
                 reason: e.to_string(),
+            },
+            io::ErrorKind::StorageFull => StorageError::Transient {
+                op,
+                key,
+                reason: format!("{e}; hint: free space on the replica's disk; uploads resume"),
             },
             _ => StorageError::Transient {
                 op,

@@ -67,3 +67,5 @@ mod single_writer;
 mod snapshot_verify;
 /// Randomized soak (the long one is `#[ignore]`d; `tests/soak/run.sh` runs it).
 mod soak;
+/// Storage errors as one readable line: replica, operation, cause, hint.
+mod storage_errors;

@@ -178,7 +178,7 @@ impl S3Client {
             .send();
         let mut out = Vec::new();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| classify("list", prefix, e))?;
+            let page = page.map_err(|e| classify(&self.cfg, "list", prefix, e))?;
             for obj in page.contents() {
                 let Some((level, name)) = obj
                     .key()
@@ -232,7 +232,9 @@ impl S3Client {
             .key(&key)
             .body(ByteStream::from(body));
         req = with_sse_c!(self, req);
-        req.send().await.map_err(|e| classify("put", &key, e))?;
+        req.send()
+            .await
+            .map_err(|e| classify(&self.cfg, "put", &key, e))?;
         Ok(())
     }
 
@@ -266,7 +268,7 @@ impl S3Client {
         let data = body
             .collect()
             .await
-            .map_err(|e| transient("get", &key, e))?;
+            .map_err(|e| transient(&self.cfg, "get", &key, e))?;
         Ok(data.into_bytes().to_vec())
     }
 
@@ -280,7 +282,7 @@ impl S3Client {
         let c = self.client().await?;
         let body = ByteStream::from_path(src)
             .await
-            .map_err(|e| transient("put", key, e))?;
+            .map_err(|e| transient(&self.cfg, "put", key, e))?;
         let mut req = c
             .put_object()
             .bucket(&self.cfg.bucket)
@@ -292,7 +294,9 @@ impl S3Client {
             req = req.if_none_match("*");
         }
         req = with_write_options!(self, req);
-        req.send().await.map_err(|e| classify("put", key, e))?;
+        req.send()
+            .await
+            .map_err(|e| classify(&self.cfg, "put", key, e))?;
         Ok(())
     }
 
@@ -380,7 +384,7 @@ impl S3Client {
             {
                 Ok(ByteStream::from_static(b""))
             }
-            Err(e) => Err(classify("get", key, e)),
+            Err(e) => Err(classify(&self.cfg, "get", key, e)),
         }
     }
 }
@@ -491,19 +495,19 @@ impl ReplicaClient for S3Client {
                 .iter()
                 .map(|k| ObjectIdentifier::builder().key(k).build())
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| permanent("delete", &batch[0], &e.to_string()))?;
+                .map_err(|e| permanent(&self.cfg, "delete", &batch[0], &e.to_string()))?;
             let delete = Delete::builder()
                 .set_objects(Some(ids))
                 .quiet(true)
                 .build()
-                .map_err(|e| permanent("delete", &batch[0], &e.to_string()))?;
+                .map_err(|e| permanent(&self.cfg, "delete", &batch[0], &e.to_string()))?;
             let out = c
                 .delete_objects()
                 .bucket(&self.cfg.bucket)
                 .delete(delete)
                 .send()
                 .await
-                .map_err(|e| classify("delete", &batch[0], e))?;
+                .map_err(|e| classify(&self.cfg, "delete", &batch[0], e))?;
             let failed: HashMap<&str, &str> = out
                 .errors()
                 .iter()
@@ -512,6 +516,7 @@ impl ReplicaClient for S3Client {
                 .collect();
             if let Some((k, code)) = failed.iter().next() {
                 return Err(transient(
+                    &self.cfg,
                     "delete",
                     k,
                     format!("{code} ({} keys failed)", failed.len()),
@@ -531,14 +536,16 @@ impl ReplicaClient for S3Client {
         let data = body
             .collect()
             .await
-            .map_err(|e| transient("get", &key, e))?;
+            .map_err(|e| transient(&self.cfg, "get", &key, e))?;
         Ok(Some(data.into_bytes().to_vec()))
     }
 
     async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
         let key = format!("{}{name}", self.prefix());
         let req = self.aux_put(&key, data).await?;
-        req.send().await.map_err(|e| classify("put", &key, e))?;
+        req.send()
+            .await
+            .map_err(|e| classify(&self.cfg, "put", &key, e))?;
         Ok(())
     }
 
@@ -550,7 +557,7 @@ impl ReplicaClient for S3Client {
         let out = match req.send().await {
             Ok(out) => out,
             Err(e) => {
-                return match classify("get", &key, e) {
+                return match classify(&self.cfg, "get", &key, e) {
                     StorageError::NotFound(_) => Ok(None),
                     e => Err(e),
                 };
@@ -561,7 +568,7 @@ impl ReplicaClient for S3Client {
             .body
             .collect()
             .await
-            .map_err(|e| transient("get", &key, e))?;
+            .map_err(|e| transient(&self.cfg, "get", &key, e))?;
         Ok(Some((data.into_bytes().to_vec(), etag)))
     }
 
@@ -578,7 +585,10 @@ impl ReplicaClient for S3Client {
             WriteIf::Absent => req.if_none_match("*"),
             WriteIf::Version(v) => req.if_match(v),
         };
-        let r = req.send().await.map_err(|e| classify("put", &key, e));
+        let r = req
+            .send()
+            .await
+            .map_err(|e| classify(&self.cfg, "put", &key, e));
         if probe {
             // A write that must fail when conditions are honoured (see `PROBE_VERSION`).
             let mode = match &r {
@@ -602,7 +612,7 @@ impl ReplicaClient for S3Client {
             .await
         {
             Ok(_) => Ok(()),
-            Err(e) => match classify("delete", &key, e) {
+            Err(e) => match classify(&self.cfg, "delete", &key, e) {
                 StorageError::NotFound(_) => Ok(()),
                 e => Err(e),
             },

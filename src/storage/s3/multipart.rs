@@ -1,6 +1,6 @@
 //! Large objects: multipart uploads of a staged file or of a segment still being written.
 
-use super::sdk::{classify, permanent, transient};
+use super::sdk::{classify, permanent};
 #[allow(unused_imports)]
 use super::*;
 
@@ -19,7 +19,11 @@ pub(super) async fn file_part(
         .length(Length::Exact(n))
         .build()
         .await
-        .map_err(|e| transient("put", key, e))
+        .map_err(|e| StorageError::Transient {
+            op: "put",
+            key: key.to_string(),
+            reason: format!("reading {}: {e}", path.display()),
+        })
 }
 
 impl S3Client {
@@ -178,10 +182,20 @@ impl S3Client {
             .key(key)
             .metadata("litestream-timestamp", timestamp);
         create = with_write_options!(self, create);
-        let upload = create.send().await.map_err(|e| classify("put", key, e))?;
+        let upload = create
+            .send()
+            .await
+            .map_err(|e| classify(&self.cfg, "put", key, e))?;
         Ok(upload
             .upload_id()
-            .ok_or_else(|| permanent("put", key, "CreateMultipartUpload returned no upload id"))?
+            .ok_or_else(|| {
+                permanent(
+                    &self.cfg,
+                    "put",
+                    key,
+                    "CreateMultipartUpload returned no upload id",
+                )
+            })?
             .to_string())
     }
 
@@ -205,10 +219,13 @@ impl S3Client {
             .content_length(n as i64)
             .body(body);
         req = with_sse_c!(self, req);
-        let out = req.send().await.map_err(|e| classify("put", key, e))?;
+        let out = req
+            .send()
+            .await
+            .map_err(|e| classify(&self.cfg, "put", key, e))?;
         let etag = out
             .e_tag()
-            .ok_or_else(|| permanent("put", key, "UploadPart returned no ETag"))?;
+            .ok_or_else(|| permanent(&self.cfg, "put", key, "UploadPart returned no ETag"))?;
         Ok(CompletedPart::builder()
             .part_number(number)
             .e_tag(etag)
@@ -240,7 +257,7 @@ impl S3Client {
         let done = req.send().await;
         if let Err(e) = done {
             self.abort(c, key, upload_id).await;
-            return Err(classify("put", key, e));
+            return Err(classify(&self.cfg, "put", key, e));
         }
         Ok(())
     }
@@ -254,7 +271,7 @@ impl S3Client {
             .send()
             .await;
         if let Err(e) = r {
-            tracing::warn!(key, error = %classify("abort multipart", key, e), "could not abort a failed multipart upload; a bucket lifecycle rule cleans it up");
+            tracing::warn!(key, error = %classify(&self.cfg, "abort multipart", key, e), "could not abort a failed multipart upload; a bucket lifecycle rule cleans it up");
         }
     }
 }

@@ -107,6 +107,9 @@ struct Counters {
     by_op: Mutex<BTreeMap<String, u64>>,
     /// Injected failures still to serve, by operation name.
     faults: Mutex<BTreeMap<String, u64>>,
+    /// Every signed request is refused with AccessDenied, as under a bucket policy that
+    /// denies these credentials ([`S3Server::deny_access`]).
+    deny: std::sync::atomic::AtomicBool,
 }
 
 /// Counts operations. s3s calls `check` for every request it routed to an operation (when
@@ -134,6 +137,9 @@ impl S3Access for CountingAccess {
             .or_default() += 1;
         if cx.credentials().is_none() {
             return Err(s3s::s3_error!(AccessDenied, "Signature is required"));
+        }
+        if self.counters.deny.load(Ordering::SeqCst) {
+            return Err(s3s::s3_error!(AccessDenied, "Access Denied"));
         }
         if let Some(left) = self.counters.faults.lock().unwrap().get_mut(op)
             && *left > 0
@@ -352,6 +358,16 @@ impl S3Server {
     /// Requests of one operation since start.
     pub fn op_count(&self, op: &str) -> u64 {
         self.requests_by_op().get(op).copied().unwrap_or(0)
+    }
+
+    /// While `deny`, every signed request is refused with `403 AccessDenied`, as a bucket
+    /// policy denying these credentials would. Panics for an external endpoint.
+    pub fn deny_access(&self, deny: bool) {
+        let local = self
+            .local
+            .as_ref()
+            .expect("S3Server::deny_access is not possible with REPLICAD_TEST_S3_ENDPOINT");
+        local.counters.deny.store(deny, Ordering::SeqCst);
     }
 
     /// Makes the next `n` signed requests of operation `op` (a name as in
