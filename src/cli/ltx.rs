@@ -82,7 +82,8 @@ pub async fn run(args: LtxArgs) -> Result<(), CliError> {
             if f.encrypted { "  age" } else { "" }
         );
     }
-    eprintln!("{} files on {}", files.len(), client.location());
+    let plural = if files.len() == 1 { "" } else { "s" };
+    eprintln!("{} file{plural} on {}", files.len(), client.location());
     Ok(())
 }
 

@@ -202,11 +202,12 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         );
     } else {
         println!(
-            "restored {} to TXID {} from {} ({} files, {} bytes, {} pages of {} bytes, integrity_check {}{}) in {} ms",
+            "restored {} to TXID {} from {} ({} file{}, {} bytes, {} pages of {} bytes, integrity_check {}{}) in {} ms",
             report.db_path.display(),
             report.txid,
             report.replica,
             report.files.len(),
+            if report.files.len() == 1 { "" } else { "s" },
             report.bytes,
             report.pages,
             report.page_size,
@@ -242,7 +243,8 @@ fn print_plan(plan: &[crate::storage::LtxFileInfo], json: bool) {
         );
     }
     let total: u64 = files.iter().map(|f| f.size).sum();
-    println!("{} files, {total} bytes", files.len());
+    let plural = if files.len() == 1 { "" } else { "s" };
+    println!("{} file{plural}, {total} bytes", files.len());
 }
 
 /// [`crate::restore::follow::run`] until SIGINT or SIGTERM (signals are the CLI's business).
