@@ -720,7 +720,7 @@ def main():
             # Litestream keeps about four descriptors a database (SQLite: database twice, WAL,
             # shared memory) and has no budget: cap the count for it. replicad is not capped:
             # idle databases go dormant (no descriptor) when open ones near a fifth of its
-            # open-file limit (README, "dormant").
+            # open-file limit (docs/operations.md, "Many databases in one process").
             fits = int((fd_limit - 500) / 4.2)
             if args.scale > fits:
                 log(f"--scale {args.scale} needs ~{4.2 * args.scale + 500:.0f} open files; the hard "

@@ -53,6 +53,8 @@ mod maintenance;
 mod never_unprotected;
 /// Per-phase throughput metrics and the /status endpoint.
 mod phases_status;
+/// README.md's commands, run verbatim.
+mod readme;
 /// `replicad replicate` end to end, kill -9 and restart included.
 mod replicate;
 /// Restore failure modes: corrupt, truncated, missing and foreign files.
