@@ -563,7 +563,6 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
             })
             .collect();
         let deadline = Instant::now() + Duration::from_secs(120);
-        let mut down_until_phase_end = false;
         while writers.iter_mut().any(|w| w.try_wait().unwrap().is_none()) {
             assert!(
                 Instant::now() < deadline,
@@ -612,9 +611,8 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
                     st.fault_runs += faults.is_some() as u64;
                     drilled = faults.is_some();
                     daemon = Some(c.spawn(faults.as_deref()));
-                } else {
-                    down_until_phase_end = true;
                 }
+                // Otherwise it stays down until a later kill respawns one or the phase ends.
             } else if x < 0.32 {
                 if server.is_serving() {
                     rt.block_on(server.stop());
@@ -704,7 +702,9 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
             fs::rename(&new, &c.db).unwrap();
             st.replaced += 1;
         }
-        if down_until_phase_end || daemon.is_none() {
+        // Only when none runs: a second daemon beside a live one is refused (one per
+        // database), and replacing the live one would kill it after the refusal.
+        if daemon.is_none() {
             daemon = Some(c.spawn(None));
         }
         let hash = content_hash(&c.db);
