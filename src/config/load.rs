@@ -88,11 +88,12 @@ impl Config {
             let in_url =
                 |e: String| invalid(format!("{e} (replica URL {:?})", redact_userinfo(raw)));
             let kind = ReplicaKind::from_url(raw).map_err(in_url)?;
-            let (url, s3) = kind.parse_url(raw).map_err(in_url)?;
+            let (url, s3, object) = kind.parse_url(raw).map_err(in_url)?;
             let replica = ReplicaConfig {
                 name: kind.default_name(i),
                 url,
                 s3,
+                object,
                 age: None,
             };
             let dest = replica.destination();

@@ -46,6 +46,7 @@ use crate::config::yaml::settings::{EMPTY_LEVELS, too_many_levels};
 use crate::ltx::Codec;
 use crate::storage::AnyClient;
 use crate::storage::age::keys::AgeKeys;
+use crate::storage::object::{ObjectClient, ObjectConfig};
 use crate::storage::s3::{
     DEFAULT_PART_SIZE, S3Client, S3Clients, S3Config, Secret, parse_size, reject_skip_verify,
 };
@@ -264,6 +265,23 @@ pub fn replica_under(replica: &ReplicaConfig, rel: &Path) -> ReplicaConfig {
                 name: replica.name.clone(),
                 url: s3_url(&cfg),
                 s3: Some(cfg),
+                object: None,
+                age: replica.age.clone(),
+            }
+        }
+        None if replica.object.is_some() => {
+            let mut cfg = replica.object.clone().expect("checked by the guard");
+            let base = cfg.path.trim_end_matches('/');
+            cfg.path = if base.is_empty() {
+                rel.to_string()
+            } else {
+                format!("{base}/{rel}")
+            };
+            ReplicaConfig {
+                name: replica.name.clone(),
+                url: cfg.url(),
+                s3: None,
+                object: Some(cfg),
                 age: replica.age.clone(),
             }
         }
@@ -271,6 +289,7 @@ pub fn replica_under(replica: &ReplicaConfig, rel: &Path) -> ReplicaConfig {
             name: replica.name.clone(),
             url: format!("{}/{rel}", replica.url.trim_end_matches('/')),
             s3: None,
+            object: None,
             age: replica.age.clone(),
         },
     }
@@ -421,6 +440,9 @@ pub struct ReplicaConfig {
     /// The settings of an S3 replica (`None` for file replicas). Its `Debug` output redacts
     /// the secrets.
     pub s3: Option<S3Config>,
+    /// The settings of a Google Cloud Storage or Azure Blob Storage replica (`None`
+    /// otherwise). Its `Debug` output redacts the secrets.
+    pub object: Option<ObjectConfig>,
     /// Key `age`: the recipients new files are encrypted to and the identities that read
     /// encrypted files, loaded (and checked) when the config is read. `None`: plain. Its
     /// `Debug` output names identities by source and public key only.
@@ -430,9 +452,10 @@ pub struct ReplicaConfig {
 impl ReplicaConfig {
     /// Builds the client of this replica (nothing is contacted yet).
     pub fn client(&self) -> Result<AnyClient, String> {
-        match &self.s3 {
-            Some(cfg) => Ok(AnyClient::S3(S3Client::new(cfg.clone()))),
-            None => AnyClient::from_url(&self.url),
+        match (&self.s3, &self.object) {
+            (Some(cfg), _) => Ok(AnyClient::S3(S3Client::new(cfg.clone()))),
+            (None, Some(cfg)) => Ok(AnyClient::Object(ObjectClient::new(cfg.clone())?)),
+            (None, None) => AnyClient::from_url(&self.url),
         }
     }
 
@@ -441,7 +464,7 @@ impl ReplicaConfig {
     pub fn client_in(&self, pool: &S3Clients) -> Result<AnyClient, String> {
         match &self.s3 {
             Some(cfg) => Ok(AnyClient::S3(S3Client::shared(cfg.clone(), pool))),
-            None => AnyClient::from_url(&self.url),
+            None => self.client(),
         }
     }
 
@@ -467,6 +490,10 @@ pub enum ReplicaKind {
     File,
     /// An S3-compatible bucket (`type: s3` or `s3://` URL).
     S3,
+    /// A Google Cloud Storage bucket (`type: gs` or `gs://` URL).
+    Gs,
+    /// An Azure Blob Storage container (`type: abs` or `abs://` URL).
+    Abs,
 }
 
 impl ReplicaKind {
@@ -475,6 +502,8 @@ impl ReplicaKind {
         match self {
             ReplicaKind::File => "file",
             ReplicaKind::S3 => "s3",
+            ReplicaKind::Gs => "gs",
+            ReplicaKind::Abs => "abs",
         }
     }
 
@@ -483,6 +512,8 @@ impl ReplicaKind {
         match t {
             "file" => Ok(ReplicaKind::File),
             "s3" => Ok(ReplicaKind::S3),
+            "gs" => Ok(ReplicaKind::Gs),
+            "abs" => Ok(ReplicaKind::Abs),
             other => Err(unsupported_type(other)),
         }
     }
@@ -492,15 +523,23 @@ impl ReplicaKind {
         match url.split_once("://") {
             None | Some(("file", _)) => Ok(ReplicaKind::File),
             Some(("s3", _)) => Ok(ReplicaKind::S3),
+            Some(("gs", _)) => Ok(ReplicaKind::Gs),
+            Some(("abs", _)) => Ok(ReplicaKind::Abs),
             Some((scheme, _)) => Err(unsupported_type(scheme)),
         }
     }
 
     /// Parses a URL of this kind: the normalised URL ([`ReplicaConfig::url`]) and, for S3,
     /// the settings the URL gives. Checks that a client can be built from it.
-    fn parse_url(self, url: &str) -> Result<(String, Option<S3Config>), String> {
+    fn parse_url(self, url: &str) -> Result<ParsedUrl, String> {
+        if matches!(self, ReplicaKind::Gs | ReplicaKind::Abs) {
+            // `abs://ACCOUNT@CONTAINER` is Litestream's form: the account is not a secret.
+            let cfg = ObjectConfig::from_url(url)?;
+            return Ok((cfg.url(), None, Some(cfg)));
+        }
         reject_userinfo(url)?;
         match self {
+            ReplicaKind::Gs | ReplicaKind::Abs => unreachable!("handled above"),
             ReplicaKind::File => {
                 let path = match url.strip_prefix("file://") {
                     Some(rest) if !rest.starts_with('/') => {
@@ -510,11 +549,11 @@ impl ReplicaKind {
                     None => url,
                 };
                 let normalized = file_url_from_path(path)?;
-                Ok((normalized, None))
+                Ok((normalized, None, None))
             }
             ReplicaKind::S3 => {
                 let cfg = S3Config::from_url(url)?;
-                Ok((s3_url(&cfg), Some(cfg)))
+                Ok((s3_url(&cfg), Some(cfg), None))
             }
         }
     }
@@ -528,6 +567,9 @@ impl ReplicaKind {
         }
     }
 }
+
+/// A replica URL as parsed: the normalised URL and the settings it gives.
+type ParsedUrl = (String, Option<S3Config>, Option<ObjectConfig>);
 
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]

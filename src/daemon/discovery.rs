@@ -467,6 +467,7 @@ mod tests {
                 name: "file".into(),
                 url: "file:///backup/data".into(),
                 s3: None,
+                object: None,
                 age: None,
             }],
             settings: DbSettings::default(),
@@ -487,6 +488,7 @@ mod tests {
             name: "file".into(),
             url: "file:///backup/data/".into(),
             s3: None,
+            object: None,
             age: None,
         };
         let r = replica_under(&file, Path::new("sub/app.db"));
@@ -500,6 +502,7 @@ mod tests {
                 path: prefix.into(),
                 ..S3Config::default()
             }),
+            object: None,
             age: None,
         };
         let r = replica_under(&s3("backups/"), Path::new("sub/app.db"));

@@ -19,6 +19,7 @@ pub mod age;
 pub mod faulty;
 pub mod feed;
 pub mod file;
+pub mod object;
 pub mod s3;
 
 use std::io;
@@ -34,6 +35,7 @@ use crate::storage::age::AgeClient;
 use crate::storage::age::keys::AgeKeys;
 use crate::storage::faulty::FaultyClient;
 use crate::storage::file::FileClient;
+use crate::storage::object::{ObjectClient, ObjectConfig};
 use crate::storage::s3::{S3Client, S3Config};
 
 /// Name suffix of age-encrypted objects (`<min>-<max>.ltx.age`).
@@ -355,6 +357,8 @@ pub enum AnyClient {
     File(FileClient),
     /// An S3-compatible bucket.
     S3(S3Client),
+    /// A Google Cloud Storage bucket or an Azure Blob Storage container.
+    Object(ObjectClient),
     /// Any client with injected faults (tests and failure drills).
     Faulty(Box<FaultyClient>),
     /// A file or S3 client seen through plain and age-encrypted names (see [`AgeClient`]).
@@ -367,6 +371,11 @@ impl AnyClient {
     pub fn from_url(url: &str) -> Result<AnyClient, String> {
         if url.starts_with("s3://") {
             return Ok(AnyClient::S3(S3Client::new(S3Config::from_url(url)?)));
+        }
+        if url.starts_with("gs://") || url.starts_with("abs://") {
+            return Ok(AnyClient::Object(ObjectClient::new(
+                ObjectConfig::from_url(url)?,
+            )?));
         }
         if let Some(rest) = url.strip_prefix("file://") {
             if !rest.starts_with('/') {
@@ -495,6 +504,7 @@ macro_rules! dispatch {
         match $any {
             AnyClient::File($c) => $call,
             AnyClient::S3($c) => $call,
+            AnyClient::Object($c) => $call,
             AnyClient::Faulty($c) => $call,
             AnyClient::Age($c) => $call,
         }

@@ -28,6 +28,7 @@ use rand::{Rng, SeedableRng};
 use tokio::io::AsyncReadExt;
 
 use common::TestDir;
+use common::emulators::Emulator;
 use common::s3::{S3Server, plant_file};
 use replicad::ltx::{self, Codec, Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId};
 use replicad::storage::file::FileClient;
@@ -57,6 +58,11 @@ enum Kind<'a> {
         server: &'a S3Server,
         prefix: String,
     },
+    /// GCS or Azure, in an emulator.
+    Object {
+        emu: &'a Emulator,
+        prefix: String,
+    },
 }
 
 fn s3_client(server: &S3Server, prefix: &str) -> AnyClient {
@@ -76,6 +82,7 @@ impl Backend<'_> {
             Kind::File { .. } if self.age => "file+age",
             Kind::File { .. } => "file",
             Kind::S3 { .. } => "s3",
+            Kind::Object { emu, .. } => emu.name(),
         }
     }
 
@@ -117,6 +124,7 @@ impl Backend<'_> {
                     .unwrap_or(&full)
                     .to_string()
             }
+            Kind::Object { prefix, .. } => format!("{prefix}/ltx/{level}/{name}"),
         }
     }
 
@@ -137,6 +145,12 @@ impl Backend<'_> {
                     .key(server.key(&loc))
                     .body(bytes.to_vec().into())
                     .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("plant {loc}: {e:?}"));
+            }
+            Kind::Object { emu, prefix } => {
+                let op = emu.config(prefix).build().unwrap();
+                op.write(&loc, bytes.to_vec())
                     .await
                     .unwrap_or_else(|e| panic!("plant {loc}: {e:?}"));
             }
@@ -174,6 +188,20 @@ impl Backend<'_> {
                     self.plant(level, n, n.as_bytes()).await;
                 }
             }
+            Kind::Object { emu, prefix } => {
+                let op = emu.config(prefix).build().unwrap();
+                for chunk in names.chunks(32) {
+                    let mut set = tokio::task::JoinSet::new();
+                    for n in chunk {
+                        let (op, loc) = (op.clone(), self.level_location(level, n));
+                        let body = n.as_bytes().to_vec();
+                        set.spawn(async move { op.write(&loc, body).await });
+                    }
+                    while let Some(r) = set.join_next().await {
+                        r.unwrap().expect("plant");
+                    }
+                }
+            }
         }
     }
 
@@ -186,6 +214,7 @@ impl Backend<'_> {
                 AnyClient::File(FileClient::new(PathBuf::from(s)))
             }
             Kind::S3 { server, prefix } => s3_client(server, &format!("{prefix}2")),
+            Kind::Object { emu, prefix } => emu.client(&format!("{prefix}2")),
         }
     }
 }
@@ -400,6 +429,10 @@ enum Env<'a> {
         server: &'a S3Server,
         scratch: PathBuf,
     },
+    Object {
+        emu: &'a Emulator,
+        scratch: PathBuf,
+    },
 }
 
 impl<'a> Env<'a> {
@@ -429,6 +462,17 @@ impl<'a> Env<'a> {
                     age: false,
                     client: s3_client(server, &prefix),
                     kind: Kind::S3 { server, prefix },
+                    scratch,
+                }
+            }
+            Env::Object { emu, scratch } => {
+                let prefix = format!("{section}/db/app.db");
+                let scratch = scratch.join(section);
+                std::fs::create_dir_all(&scratch).unwrap();
+                Backend {
+                    age: false,
+                    client: emu.client(&prefix),
+                    kind: Kind::Object { emu, prefix },
                     scratch,
                 }
             }
@@ -1012,6 +1056,30 @@ async fn s3_backend_conforms() {
     let dir = TestDir::new("conformance-s3");
     conformance(&Env::S3 {
         server: &server,
+        scratch: dir.path().to_path_buf(),
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcs_backend_conforms() {
+    let Some(emu) = Emulator::gcs() else { return };
+    let dir = TestDir::new("conformance-gcs");
+    conformance(&Env::Object {
+        emu: &emu,
+        scratch: dir.path().to_path_buf(),
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_backend_conforms() {
+    let Some(emu) = Emulator::azurite() else {
+        return;
+    };
+    let dir = TestDir::new("conformance-azure");
+    conformance(&Env::Object {
+        emu: &emu,
         scratch: dir.path().to_path_buf(),
     })
     .await;

@@ -51,6 +51,8 @@ mod ltx_codec;
 mod maintenance;
 /// Never silently unprotected: every failure heals or is reported.
 mod never_unprotected;
+/// Google Cloud Storage and Azure replicas end to end, against emulators.
+mod object_replicate;
 /// Per-phase throughput metrics and the /status endpoint.
 mod phases_status;
 /// README.md's commands, run verbatim.

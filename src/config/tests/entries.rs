@@ -51,6 +51,7 @@ fn replica_forms() {
             name: "file".into(),
             url: format!("file://{}", cwd.join("rel/six").display()),
             s3: None,
+            object: None,
             age: None,
         }]
     );
@@ -415,12 +416,14 @@ fn single_from_command_line() {
                 name: "file".into(),
                 url: "file:///backup/a".into(),
                 s3: None,
+                object: None,
                 age: None,
             },
             ReplicaConfig {
                 name: "file-2".into(),
                 url: format!("file://{}", cwd().join("rel/b").display()),
                 s3: None,
+                object: None,
                 age: None,
             },
         ]

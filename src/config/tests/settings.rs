@@ -33,6 +33,7 @@ fn defaults() {
             name: "file".into(),
             url: "file:///backup/a".into(),
             s3: None,
+            object: None,
             age: None,
         }]
     );

@@ -297,6 +297,7 @@ impl<'de> Visitor<'de> for DbSeed<'_> {
                 name,
                 url: r.url,
                 s3: r.s3,
+                object: r.object,
                 age: r.age,
             });
         }

@@ -267,7 +267,14 @@ pub(crate) const REPLICA_KEYS: &[&str] = &[
     S3_KEYS[9],
     S3_KEYS[10],
     S3_KEYS[11],
+    AZURE_KEYS[0],
+    AZURE_KEYS[1],
+    AZURE_KEYS[2],
 ];
+/// Replica keys of Azure Blob Storage replicas only (Litestream's names).
+pub(crate) const AZURE_KEYS: [&str; 3] = ["account-name", "account-key", "sas-token"];
+/// The S3 keys a gs or abs replica takes too.
+pub(crate) const OBJECT_SHARED_KEYS: [&str; 2] = ["bucket", "endpoint"];
 /// Replica keys of S3 replicas only.
 pub(crate) const S3_KEYS: [&str; 12] = [
     "bucket",

@@ -2,11 +2,13 @@
 
 use crate::config::url::{Destination, file_url_from_path, s3_url};
 use crate::config::yaml::{
-    AGE_KEYS, Ctx, KeySeed, REPLICA_KEYS, S3_KEYS, S3_KEYS_WITH_URL, Scalar, ValueSeed, boolean,
-    bucket, concurrency, part_size, secret, skip_verify, text,
+    AGE_KEYS, AZURE_KEYS, Ctx, KeySeed, OBJECT_SHARED_KEYS, REPLICA_KEYS, S3_KEYS,
+    S3_KEYS_WITH_URL, Scalar, ValueSeed, boolean, bucket, concurrency, part_size, secret,
+    skip_verify, text,
 };
 #[allow(unused_imports)]
 use crate::config::*;
+use crate::storage::object::{ObjectConfig, Service};
 
 /// The `replicas` list of one database.
 pub(crate) struct ReplicasSeed<'a> {
@@ -61,6 +63,7 @@ pub(crate) struct RawReplica {
     pub(crate) kind: ReplicaKind,
     pub(crate) url: String,
     pub(crate) s3: Option<S3Config>,
+    pub(crate) object: Option<ObjectConfig>,
     pub(crate) age: Option<Arc<AgeKeys>>,
 }
 
@@ -368,7 +371,8 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
         let mut name = None;
         let mut kind = None;
         let mut path = None;
-        let mut url: Option<(ReplicaKind, String, Option<S3Config>)> = None;
+        let mut url: Option<(ReplicaKind, String, Option<S3Config>, Option<ObjectConfig>)> = None;
+        let mut azure = RawAzure::default();
         let mut raw_s3 = RawS3::default();
         let mut age = None;
         while let Some(key) = map.next_key_seed(KeySeed {
@@ -404,10 +408,28 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                         convert: &|s| {
                             let raw = text(s)?;
                             let kind = ReplicaKind::from_url(&raw)?;
-                            let (url, s3) = kind.parse_url(&raw)?;
-                            Ok((kind, url, s3))
+                            let (url, s3, object) = kind.parse_url(&raw)?;
+                            Ok((kind, url, s3, object))
                         },
                     })?)
+                }
+                "account-name" => azure.account_name = Some(map.next_value_seed(seed(&text))?),
+                "account-key" | "sas-token" if ctx.skip_credentials => {
+                    // A command that never contacts the replica: its secrets need not be set.
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+                "account-key" | "sas-token" => {
+                    let v = map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &secret,
+                    })?;
+                    if key == "account-key" {
+                        azure.account_key = Some(v);
+                    } else {
+                        azure.sas_token = Some(v);
+                    }
                 }
                 _ => {
                     if !raw_s3.read(key, &mut map, ctx, place)? {
@@ -423,14 +445,14 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
             .collect();
         // The kind: `type`, else the URL's scheme, else file (as Litestream).
         let kind = match (kind, &url) {
-            (Some(kind), Some((url_kind, url, _))) if kind != *url_kind => {
+            (Some(kind), Some((url_kind, url, _, _))) if kind != *url_kind => {
                 return Err(ctx.fail(format!(
                     "`type: {}` does not match the URL {url} {place}",
                     kind.name()
                 )));
             }
             (Some(kind), _) => kind,
-            (None, Some((url_kind, _, _))) => *url_kind,
+            (None, Some((url_kind, _, _, _))) => *url_kind,
             (None, None) => {
                 if let Some(key) = s3_keys.first() {
                     return Err(ctx.fail(format!(
@@ -441,7 +463,69 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                 ReplicaKind::File
             }
         };
-        let (url, s3) = match kind {
+        let azure_keys: Vec<&str> = seen
+            .iter()
+            .copied()
+            .filter(|k| AZURE_KEYS.contains(k))
+            .collect();
+        if kind != ReplicaKind::Abs
+            && let Some(key) = azure_keys.first()
+        {
+            return Err(ctx.fail(format!(
+                "key `{key}` applies only to abs replicas, not to a {} replica {place}",
+                kind.name()
+            )));
+        }
+        let (url, s3, object) = match kind {
+            ReplicaKind::Gs | ReplicaKind::Abs => {
+                if let Some(key) = s3_keys.iter().find(|k| !OBJECT_SHARED_KEYS.contains(k)) {
+                    return Err(ctx.fail(format!(
+                        "key `{key}` applies only to s3 replicas, not to a {} replica {place}",
+                        kind.name()
+                    )));
+                }
+                let mut cfg = match url {
+                    Some((_, _, _, Some(cfg))) => {
+                        for other in ["path", "bucket", "endpoint", "account-name"] {
+                            if seen.contains(&other) {
+                                return Err(ctx.fail(format!(
+                                    "keys `url` and `{other}` are mutually exclusive {place}"
+                                )));
+                            }
+                        }
+                        cfg
+                    }
+                    _ => {
+                        let service = if kind == ReplicaKind::Gs {
+                            Service::Gcs
+                        } else {
+                            Service::Azure
+                        };
+                        let Some(bucket) = raw_s3.bucket.clone() else {
+                            return Err(ctx.fail(format!(
+                                "missing key `bucket` {place} (a {} replica takes `bucket`{} and \
+                                 an optional key prefix `path`, or a `url`)",
+                                kind.name(),
+                                if kind == ReplicaKind::Abs {
+                                    " (the container), `account-name`"
+                                } else {
+                                    ""
+                                }
+                            )));
+                        };
+                        let mut c =
+                            ObjectConfig::new(service, &bucket, path.as_deref().unwrap_or(""));
+                        c.endpoint = raw_s3.endpoint.clone();
+                        c.account_name = azure.account_name.clone();
+                        c
+                    }
+                };
+                cfg.account_key = azure.account_key.clone();
+                cfg.sas_token = azure.sas_token.clone();
+                cfg.validate()
+                    .map_err(|e| ctx.fail(format!("{e} {place}")))?;
+                (cfg.url(), None, Some(cfg))
+            }
             ReplicaKind::File => {
                 if let Some(key) = s3_keys.first() {
                     return Err(ctx.fail(format!(
@@ -457,17 +541,17 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                     (None, None) => {
                         return Err(ctx.fail(format!("missing key `url` or `path` {place}")));
                     }
-                    (Some((_, url, _)), None) => (url, None),
+                    (Some((_, url, _, _)), None) => (url, None, None),
                     (None, Some(path)) => {
                         let url = file_url_from_path(&path)
                             .map_err(|e| ctx.fail(format!("{e} (key `path` {place})")))?;
-                        (url, None)
+                        (url, None, None)
                     }
                 }
             }
             ReplicaKind::S3 => {
                 let cfg = match url {
-                    Some((_, _, url_cfg)) => {
+                    Some((_, _, url_cfg, _)) => {
                         // As Litestream: the URL names the bucket and the prefix.
                         for other in ["path", "bucket"] {
                             if seen.contains(&other) {
@@ -513,7 +597,7 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                          {place} (S3 accepts one server-side encryption per object)"
                     )));
                 }
-                (s3_url(&cfg), Some(cfg))
+                (s3_url(&cfg), Some(cfg), None)
             }
         };
         let dest = Destination::of(&url, s3.as_ref());
@@ -538,7 +622,16 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
             kind,
             url,
             s3,
+            object,
             age,
         })
     }
+}
+
+/// The Azure keys of one replica map, as read.
+#[derive(Default)]
+struct RawAzure {
+    account_name: Option<String>,
+    account_key: Option<Secret>,
+    sas_token: Option<Secret>,
 }

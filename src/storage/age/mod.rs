@@ -300,6 +300,7 @@ impl AgeClient {
         let text = match self.backend() {
             AnyClient::File(c) => tokio::fs::read_to_string(note_path(c.root())).await.ok()?,
             AnyClient::S3(c) => String::from_utf8(c.get_small(NOTE_NAME).await.ok()?).ok()?,
+            AnyClient::Object(c) => String::from_utf8(c.read_aux(NOTE_NAME).await.ok()??).ok()?,
             _ => return None,
         };
         let rs: Vec<&str> = text
@@ -337,6 +338,7 @@ impl AgeClient {
                 })?
             }
             AnyClient::S3(c) => c.put_small(NOTE_NAME, text.into_bytes()).await,
+            AnyClient::Object(c) => c.write_aux(NOTE_NAME, text.into_bytes()).await,
             _ => Ok(()),
         }
     }
@@ -347,6 +349,7 @@ fn sealed_view(c: &AnyClient) -> Option<AnyClient> {
     match c {
         AnyClient::File(c) => Some(AnyClient::File(c.sealed_view())),
         AnyClient::S3(c) => Some(AnyClient::S3(c.sealed_view())),
+        AnyClient::Object(c) => Some(AnyClient::Object(c.sealed_view())),
         AnyClient::Faulty(f) => Some(AnyClient::Faulty(Box::new(
             f.with_inner(sealed_view(f.inner())?),
         ))),

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod emulators;
 pub mod http;
 pub mod s3;
 

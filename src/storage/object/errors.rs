@@ -1,0 +1,143 @@
+//! OpenDAL errors as [`StorageError`]s a person can act on: the object named as
+//! `gs://BUCKET/KEY` or `abs://ACCOUNT@CONTAINER/KEY`, the cause in words, a hint.
+
+use super::config::{ObjectConfig, Service};
+use crate::storage::StorageError;
+
+/// `gs://BUCKET/KEY` or `abs://ACCOUNT@CONTAINER/KEY`.
+pub(super) fn at(cfg: &ObjectConfig, key: &str) -> String {
+    let host = match (cfg.service, &cfg.account_name) {
+        (Service::Azure, Some(a)) => format!("{a}@{}", cfg.bucket),
+        _ => cfg.bucket.clone(),
+    };
+    format!("{}://{host}/{key}", cfg.service.scheme())
+}
+
+/// Maps an OpenDAL error. `listing`: a NotFound answer to a listing means the bucket or
+/// container itself is missing (a missing prefix lists empty).
+pub(super) fn classify(
+    cfg: &ObjectConfig,
+    op: &'static str,
+    key: &str,
+    e: opendal::Error,
+    listing: bool,
+) -> StorageError {
+    use opendal::ErrorKind as K;
+    tracing::debug!(op, key = %at(cfg, key), error = ?e, "object store request failed");
+    let key_at = at(cfg, key);
+    let (bucket_word, perms) = match cfg.service {
+        Service::Gcs => (
+            "bucket",
+            "the account needs roles/storage.objectAdmin on the bucket (objects create, get, \
+             list and delete)",
+        ),
+        Service::Azure => (
+            "container",
+            "the identity needs the Storage Blob Data Contributor role on the container (or a \
+             SAS token with read, add, create, write, delete and list)",
+        ),
+    };
+    let cause = one_line(&deepest(&e));
+    let lower = format!("{e:?}").to_ascii_lowercase();
+    let permanent = |reason: String| StorageError::Permanent {
+        op,
+        key: key_at.clone(),
+        reason,
+    };
+    let missing_bucket = || {
+        permanent(format!(
+            "{bucket_word} `{}` does not exist at {}; hint: create it, or correct the \
+             {bucket_word} name or endpoint",
+            cfg.bucket,
+            cfg.endpoint_label()
+        ))
+    };
+    match e.kind() {
+        K::NotFound
+            if listing
+                || lower.contains("containernotfound")
+                || lower.contains("bucket does not exist")
+                || lower.contains("no such bucket") =>
+        {
+            missing_bucket()
+        }
+        K::NotFound => StorageError::NotFound(key_at),
+        K::AlreadyExists | K::ConditionNotMatch => StorageError::Conflict { op, key: key_at },
+        K::PermissionDenied
+            if lower.contains("authenticationfailed")
+                || lower.contains("authorizationfailure") && lower.contains("signature")
+                || lower.contains("401") =>
+        {
+            permanent(format!(
+                "the credentials were refused ({cause}); hint: {}",
+                credentials_hint(cfg)
+            ))
+        }
+        K::PermissionDenied => permanent(format!("access denied ({cause}); hint: {perms}")),
+        K::ConfigInvalid | K::Unsupported => permanent(cause),
+        _ if lower.contains("credential") || lower.contains("token") && lower.contains("load") => {
+            StorageError::Transient {
+                op,
+                key: key_at,
+                reason: format!(
+                    "no usable credentials ({cause}); hint: {}",
+                    credentials_hint(cfg)
+                ),
+            }
+        }
+        _ if lower.contains("connect")
+            || lower.contains("dns")
+            || lower.contains("timed out")
+            || lower.contains("timeout") =>
+        {
+            StorageError::Transient {
+                op,
+                key: key_at,
+                reason: format!(
+                    "cannot reach {}: {cause}; hint: check the endpoint and that the service is \
+                     up",
+                    cfg.endpoint_label()
+                ),
+            }
+        }
+        _ if e.is_temporary() || matches!(e.kind(), K::RateLimited | K::Unexpected) => {
+            StorageError::Transient {
+                op,
+                key: key_at,
+                reason: cause,
+            }
+        }
+        _ => permanent(cause),
+    }
+}
+
+fn credentials_hint(cfg: &ObjectConfig) -> &'static str {
+    match cfg.service {
+        Service::Gcs => {
+            "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file (or \
+             `credentials-path`), or run with a service account attached"
+        }
+        Service::Azure => {
+            "set `account-key` (or LITESTREAM_AZURE_ACCOUNT_KEY) or `sas-token`, or run with a \
+             managed or workload identity"
+        }
+    }
+}
+
+/// The innermost error's text: the cause, not the wrappers.
+fn deepest(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let t = s.to_string();
+        if !t.is_empty() {
+            last = t;
+        }
+        source = s.source();
+    }
+    last
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
