@@ -69,12 +69,12 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Logs to stderr at `level` (`RUST_LOG` overrides it) in `format`.
 fn init_tracing(level: &str, format: LogFormat) {
-    // The AWS SDK's credential chain warns once per provider it tries; what matters reaches
-    // the user as one error line, so its own logs show only at debug and below.
+    // The AWS SDK's and reqsign's credential chains warn once per provider they try; what
+    // matters reaches the user as one error line, so their own logs show only at debug.
     let sdk_quiet = if matches!(level, "debug" | "trace") {
         ""
     } else {
-        ",aws_config=off,aws_smithy_runtime=off"
+        ",aws_config=off,aws_smithy_runtime=off,reqsign_core=off"
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level}{sdk_quiet}")));

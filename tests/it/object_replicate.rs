@@ -155,12 +155,20 @@ async fn age_encrypted_round_trip_on_each_backend() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         stop_ok(&mut d, dir.path(), "d.log");
 
-        let files = emu.client("age/app.db");
-        use replicad::storage::ReplicaClient;
-        let sealed = files.list_all().await.unwrap();
+        // What the storage holds: only encrypted segments.
+        let op = emu.config("age/app.db").build().unwrap();
+        let keys: Vec<String> = op
+            .list_with("age/app.db/ltx/")
+            .recursive(true)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.path().to_string())
+            .filter(|p| !p.ends_with('/'))
+            .collect();
         assert!(
-            !sealed.is_empty() && sealed.iter().all(|f| f.encrypted),
-            "{name}: {sealed:?}"
+            !keys.is_empty() && keys.iter().all(|k| k.ends_with(".ltx.age")),
+            "{name}: {keys:?}"
         );
         let out = dir.join("no-key.db");
         let o = run(&emu, &["restore", "--to", common::s(&out), &url]);

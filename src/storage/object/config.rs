@@ -48,8 +48,6 @@ pub struct ObjectConfig {
     pub account_key: Option<Secret>,
     /// Azure SAS token (the query string, with or without a leading `?`).
     pub sas_token: Option<Secret>,
-    /// GCS service-account JSON key file (else Application Default Credentials).
-    pub credentials_path: Option<String>,
 }
 
 impl ObjectConfig {
@@ -63,7 +61,6 @@ impl ObjectConfig {
             account_name: None,
             account_key: None,
             sas_token: None,
-            credentials_path: None,
         }
     }
 
@@ -200,14 +197,11 @@ impl ObjectConfig {
                             format!("http://{h}")
                         }
                     });
-                match self.endpoint.clone().or(emulator) {
+                // Otherwise Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS
+                // (a service-account key file), gcloud's, or the attached service account.
+                if let Some(ep) = self.endpoint.clone().or(emulator) {
                     // An emulator takes no OAuth token.
-                    Some(ep) => b = b.endpoint(ep.trim_end_matches('/')).skip_signature(),
-                    None => {
-                        if let Some(p) = &self.credentials_path {
-                            b = b.credential_path(p);
-                        }
-                    }
+                    b = b.endpoint(ep.trim_end_matches('/')).skip_signature();
                 }
                 Operator::new(b)
             }

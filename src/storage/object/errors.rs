@@ -114,8 +114,8 @@ pub(super) fn classify(
 fn credentials_hint(cfg: &ObjectConfig) -> &'static str {
     match cfg.service {
         Service::Gcs => {
-            "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file (or \
-             `credentials-path`), or run with a service account attached"
+            "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or run with a \
+             service account attached"
         }
         Service::Azure => {
             "set `account-key` (or LITESTREAM_AZURE_ACCOUNT_KEY) or `sas-token`, or run with a \
