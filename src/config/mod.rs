@@ -454,7 +454,7 @@ impl ReplicaConfig {
     pub fn client(&self) -> Result<AnyClient, String> {
         match (&self.s3, &self.object) {
             (Some(cfg), _) => Ok(AnyClient::S3(S3Client::new(cfg.clone()))),
-            (None, Some(cfg)) => Ok(AnyClient::Object(ObjectClient::new(cfg.clone())?)),
+            (None, Some(cfg)) => Ok(AnyClient::Object(Box::new(ObjectClient::new(cfg.clone())?))),
             (None, None) => AnyClient::from_url(&self.url),
         }
     }

@@ -358,7 +358,7 @@ pub enum AnyClient {
     /// An S3-compatible bucket.
     S3(S3Client),
     /// A Google Cloud Storage bucket or an Azure Blob Storage container.
-    Object(ObjectClient),
+    Object(Box<ObjectClient>),
     /// Any client with injected faults (tests and failure drills).
     Faulty(Box<FaultyClient>),
     /// A file or S3 client seen through plain and age-encrypted names (see [`AgeClient`]).
@@ -373,9 +373,9 @@ impl AnyClient {
             return Ok(AnyClient::S3(S3Client::new(S3Config::from_url(url)?)));
         }
         if url.starts_with("gs://") || url.starts_with("abs://") {
-            return Ok(AnyClient::Object(ObjectClient::new(
+            return Ok(AnyClient::Object(Box::new(ObjectClient::new(
                 ObjectConfig::from_url(url)?,
-            )?));
+            )?)));
         }
         if let Some(rest) = url.strip_prefix("file://") {
             if !rest.starts_with('/') {

@@ -153,9 +153,9 @@ fn unsupported_replica_types() {
         &["replica type sftp is not supported yet (key `type` in dbs[0].replica)"],
     );
     assert_fail(
-        "dbs:\n  - path: /a.db\n    replica:\n      name: gcs\n      url: gs://bucket/db\n",
+        "dbs:\n  - path: /a.db\n    replica:\n      name: bus\n      url: nats://host/db\n",
         5,
-        &["replica type gs is not supported yet (key `url` in dbs[0].replica)"],
+        &["replica type nats is not supported yet (key `url` in dbs[0].replica)"],
     );
 }
 

@@ -2,6 +2,7 @@
 //! helpers every part uses are here.
 
 mod entries;
+mod object;
 mod s3;
 mod settings;
 mod top_level;

@@ -349,7 +349,7 @@ fn sealed_view(c: &AnyClient) -> Option<AnyClient> {
     match c {
         AnyClient::File(c) => Some(AnyClient::File(c.sealed_view())),
         AnyClient::S3(c) => Some(AnyClient::S3(c.sealed_view())),
-        AnyClient::Object(c) => Some(AnyClient::Object(c.sealed_view())),
+        AnyClient::Object(c) => Some(AnyClient::Object(Box::new(c.sealed_view()))),
         AnyClient::Faulty(f) => Some(AnyClient::Faulty(Box::new(
             f.with_inner(sealed_view(f.inner())?),
         ))),

@@ -223,7 +223,9 @@ impl Emulator {
 
     /// A client for `prefix`.
     pub fn client(&self, prefix: &str) -> AnyClient {
-        AnyClient::Object(ObjectClient::new(self.config(prefix)).expect("emulator client"))
+        AnyClient::Object(Box::new(
+            ObjectClient::new(self.config(prefix)).expect("emulator client"),
+        ))
     }
 
     /// The environment a replicad process needs to reach this emulator by URL.
