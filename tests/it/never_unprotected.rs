@@ -154,6 +154,42 @@ fn a_replica_added_later_is_seeded_with_a_snapshot() {
     restored_equals(&dir, &a, &db, "from-a.db");
 }
 
+/// Local staging lost and one replica emptied while the daemon was down, the database idle
+/// after the restart: the empty replica is seeded at once from the position the other
+/// replica gives, with no write needed (it used to wait for the next commit, reporting "no
+/// position to seed from yet").
+#[test]
+fn an_idle_database_with_lost_staging_seeds_an_empty_replica() {
+    let dir = TestDir::new("lost-staging-idle");
+    let db = dir.join("app.db");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let c = new_db(&db);
+    insert(&c, 20, "first");
+    let port = free_port();
+    let cfg = config(&dir, &db, &[&a, &b], port, "");
+    let d = spawn_replicate(dir.path(), &["--config", s(&cfg)]);
+    wait_caught_up(&dir, port, &b);
+    d.stop_ok();
+    drop(c);
+    fs::remove_dir_all(dir.join(".app.db-replicad")).unwrap();
+    fs::remove_dir_all(&b).unwrap();
+
+    let port = free_port();
+    let cfg = config(&dir, &db, &[&a, &b], port, "");
+    let d = spawn_replicate(dir.path(), &["--config", s(&cfg)]);
+    wait_until(
+        &dir,
+        "the emptied replica to be seeded without a write",
+        || max_replica_txid(&b) > 0 && ready(port),
+    );
+    let log = d.log_text();
+    d.stop_ok();
+    assert!(log.contains("replica re-seeded"), "{log}");
+    assert!(!log.contains("no position to seed from yet"), "{log}");
+    restored_equals(&dir, &b, &db, "from-b.db");
+    restored_equals(&dir, &a, &db, "from-a.db");
+}
+
 #[test]
 fn a_replica_wiped_while_running_is_seeded_again() {
     let dir = TestDir::new("wiped");

@@ -285,6 +285,10 @@ impl Db {
                 if forced.is_none() && self.checksums && self.pos.0 > 0 && self.post != 0 {
                     self.build_table(scan.as_ref().zip(wal_file).map(|(s, f)| (f, s)))?;
                     if self.sum.value() == self.post {
+                        // The position's page count is the database's now (the checksums
+                        // say they are the same state); a seed snapshot needs it when staging
+                        // was lost and only a replica gave the position.
+                        self.commit = self.current_commit(scan.as_ref())?;
                         self.mark = scan.as_ref().map(|s| WalMark {
                             salt1: s.header.salt1,
                             salt2: s.header.salt2,
