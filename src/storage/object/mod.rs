@@ -32,7 +32,7 @@ use crate::storage::{
 };
 
 /// Largest segment written with one upload; larger ones go in parts.
-pub const SINGLE_PUT_MAX: u64 = 32 * 1024 * 1024;
+pub const SINGLE_PUT_MAX: u64 = 8 * 1024 * 1024;
 /// Size of one part of a multipart upload.
 const PART_SIZE: usize = 8 * 1024 * 1024;
 /// Parts of one upload in flight.
