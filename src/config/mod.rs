@@ -252,15 +252,19 @@ impl DirConfig {
 pub fn replica_under(replica: &ReplicaConfig, rel: &Path) -> ReplicaConfig {
     let rel = rel.to_string_lossy();
     let rel = rel.trim_matches('/');
-    match &replica.s3 {
-        Some(cfg) => {
+    // A key prefix `p` becomes `p/<rel>`, an empty one `<rel>`.
+    let under = |base: &str| {
+        let base = base.trim_end_matches('/');
+        if base.is_empty() {
+            rel.to_string()
+        } else {
+            format!("{base}/{rel}")
+        }
+    };
+    match (&replica.s3, &replica.object) {
+        (Some(cfg), _) => {
             let mut cfg = cfg.clone();
-            let base = cfg.path.trim_end_matches('/');
-            cfg.path = if base.is_empty() {
-                rel.to_string()
-            } else {
-                format!("{base}/{rel}")
-            };
+            cfg.path = under(&cfg.path);
             ReplicaConfig {
                 name: replica.name.clone(),
                 url: s3_url(&cfg),
@@ -269,14 +273,9 @@ pub fn replica_under(replica: &ReplicaConfig, rel: &Path) -> ReplicaConfig {
                 age: replica.age.clone(),
             }
         }
-        None if replica.object.is_some() => {
-            let mut cfg = replica.object.clone().expect("checked by the guard");
-            let base = cfg.path.trim_end_matches('/');
-            cfg.path = if base.is_empty() {
-                rel.to_string()
-            } else {
-                format!("{base}/{rel}")
-            };
+        (None, Some(cfg)) => {
+            let mut cfg = cfg.clone();
+            cfg.path = under(&cfg.path);
             ReplicaConfig {
                 name: replica.name.clone(),
                 url: cfg.url(),
@@ -285,7 +284,7 @@ pub fn replica_under(replica: &ReplicaConfig, rel: &Path) -> ReplicaConfig {
                 age: replica.age.clone(),
             }
         }
-        None => ReplicaConfig {
+        (None, None) => ReplicaConfig {
             name: replica.name.clone(),
             url: format!("{}/{rel}", replica.url.trim_end_matches('/')),
             s3: None,

@@ -511,6 +511,16 @@ mod tests {
         let r = replica_under(&s3(""), Path::new("app.db"));
         assert_eq!(r.s3.as_ref().unwrap().path, "app.db");
         assert_eq!(r.url, "s3://b/app.db");
+        let gs = ReplicaConfig {
+            name: "gs".into(),
+            url: "gs://b/backups".into(),
+            s3: None,
+            object: Some(crate::storage::object::ObjectConfig::from_url("gs://b/backups").unwrap()),
+            age: None,
+        };
+        let r = replica_under(&gs, Path::new("sub/app.db"));
+        assert_eq!(r.object.as_ref().unwrap().path, "backups/sub/app.db");
+        assert_eq!(r.url, "gs://b/backups/sub/app.db");
         let cfg = dir_config(Path::new("/data"), "*", true);
         let db = cfg.db(Path::new("a/b.db"));
         assert_eq!(db.path, Path::new("/data/a/b.db"));
