@@ -88,12 +88,13 @@ impl Config {
             let in_url =
                 |e: String| invalid(format!("{e} (replica URL {:?})", redact_userinfo(raw)));
             let kind = ReplicaKind::from_url(raw).map_err(in_url)?;
-            let (url, s3, object) = kind.parse_url(raw).map_err(in_url)?;
+            let parsed = kind.parse_url(raw).map_err(in_url)?;
             let replica = ReplicaConfig {
                 name: kind.default_name(i),
-                url,
-                s3,
-                object,
+                url: parsed.url,
+                s3: parsed.s3,
+                object: parsed.object,
+                sftp: parsed.sftp,
                 age: None,
             };
             let dest = replica.destination();

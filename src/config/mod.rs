@@ -47,6 +47,7 @@ use crate::ltx::Codec;
 use crate::storage::AnyClient;
 use crate::storage::age::keys::AgeKeys;
 use crate::storage::object::{ObjectClient, ObjectConfig};
+use crate::storage::sftp::{SftpClient, SftpConfig};
 use crate::storage::s3::{
     DEFAULT_PART_SIZE, S3Client, S3Clients, S3Config, Secret, parse_size, reject_skip_verify,
 };
@@ -261,37 +262,26 @@ pub fn replica_under(replica: &ReplicaConfig, rel: &Path) -> ReplicaConfig {
             format!("{base}/{rel}")
         }
     };
-    match (&replica.s3, &replica.object) {
-        (Some(cfg), _) => {
-            let mut cfg = cfg.clone();
-            cfg.path = under(&cfg.path);
-            ReplicaConfig {
-                name: replica.name.clone(),
-                url: s3_url(&cfg),
-                s3: Some(cfg),
-                object: None,
-                age: replica.age.clone(),
-            }
-        }
-        (None, Some(cfg)) => {
-            let mut cfg = cfg.clone();
-            cfg.path = under(&cfg.path);
-            ReplicaConfig {
-                name: replica.name.clone(),
-                url: cfg.url(),
-                s3: None,
-                object: Some(cfg),
-                age: replica.age.clone(),
-            }
-        }
-        (None, None) => ReplicaConfig {
-            name: replica.name.clone(),
-            url: format!("{}/{rel}", replica.url.trim_end_matches('/')),
-            s3: None,
-            object: None,
-            age: replica.age.clone(),
-        },
+    let mut moved = ReplicaConfig {
+        url: format!("{}/{rel}", replica.url.trim_end_matches('/')),
+        ..replica.clone()
+    };
+    if let Some(cfg) = &mut moved.s3 {
+        cfg.path = under(&cfg.path);
+        moved.url = s3_url(cfg);
+    } else if let Some(cfg) = &mut moved.object {
+        cfg.path = under(&cfg.path);
+        moved.url = cfg.url();
+    } else if let Some(cfg) = &mut moved.sftp {
+        // Not `under`: an empty path is the login directory, `/` the server's root.
+        cfg.path = match cfg.path.as_str() {
+            "" => rel.to_string(),
+            "/" => format!("/{rel}"),
+            p => format!("{p}/{rel}"),
+        };
+        moved.url = cfg.url();
     }
+    moved
 }
 
 /// Per-database settings (effective values).
@@ -442,6 +432,9 @@ pub struct ReplicaConfig {
     /// The settings of a Google Cloud Storage or Azure Blob Storage replica (`None`
     /// otherwise). Its `Debug` output redacts the secrets.
     pub object: Option<ObjectConfig>,
+    /// The settings of an SFTP replica (`None` otherwise). Its `Debug` output redacts the
+    /// password.
+    pub sftp: Option<SftpConfig>,
     /// Key `age`: the recipients new files are encrypted to and the identities that read
     /// encrypted files, loaded (and checked) when the config is read. `None`: plain. Its
     /// `Debug` output names identities by source and public key only.
@@ -451,10 +444,14 @@ pub struct ReplicaConfig {
 impl ReplicaConfig {
     /// Builds the client of this replica (nothing is contacted yet).
     pub fn client(&self) -> Result<AnyClient, String> {
-        match (&self.s3, &self.object) {
-            (Some(cfg), _) => Ok(AnyClient::S3(S3Client::new(cfg.clone()))),
-            (None, Some(cfg)) => Ok(AnyClient::Object(Box::new(ObjectClient::new(cfg.clone())?))),
-            (None, None) => AnyClient::from_url(&self.url),
+        if let Some(cfg) = &self.s3 {
+            Ok(AnyClient::S3(S3Client::new(cfg.clone())))
+        } else if let Some(cfg) = &self.object {
+            Ok(AnyClient::Object(Box::new(ObjectClient::new(cfg.clone())?)))
+        } else if let Some(cfg) = &self.sftp {
+            Ok(AnyClient::Sftp(SftpClient::new(cfg.clone())))
+        } else {
+            AnyClient::from_url(&self.url)
         }
     }
 
@@ -493,6 +490,10 @@ pub enum ReplicaKind {
     Gs,
     /// An Azure Blob Storage container (`type: abs` or `abs://` URL).
     Abs,
+    /// A directory on an SFTP server (`type: sftp` or `sftp://` URL).
+    Sftp,
+    /// A WebDAV server (`type: webdav`, or a `webdav://` or `webdavs://` URL).
+    Webdav,
 }
 
 impl ReplicaKind {
@@ -503,6 +504,8 @@ impl ReplicaKind {
             ReplicaKind::S3 => "s3",
             ReplicaKind::Gs => "gs",
             ReplicaKind::Abs => "abs",
+            ReplicaKind::Sftp => "sftp",
+            ReplicaKind::Webdav => "webdav",
         }
     }
 
@@ -513,6 +516,8 @@ impl ReplicaKind {
             "s3" => Ok(ReplicaKind::S3),
             "gs" => Ok(ReplicaKind::Gs),
             "abs" => Ok(ReplicaKind::Abs),
+            "sftp" => Ok(ReplicaKind::Sftp),
+            "webdav" => Ok(ReplicaKind::Webdav),
             other => Err(unsupported_type(other)),
         }
     }
@@ -524,6 +529,8 @@ impl ReplicaKind {
             Some(("s3", _)) => Ok(ReplicaKind::S3),
             Some(("gs", _)) => Ok(ReplicaKind::Gs),
             Some(("abs", _)) => Ok(ReplicaKind::Abs),
+            Some(("sftp", _)) => Ok(ReplicaKind::Sftp),
+            Some(("webdav" | "webdavs", _)) => Ok(ReplicaKind::Webdav),
             Some((scheme, _)) => Err(unsupported_type(scheme)),
         }
     }
@@ -531,14 +538,29 @@ impl ReplicaKind {
     /// Parses a URL of this kind: the normalised URL ([`ReplicaConfig::url`]) and, for S3,
     /// the settings the URL gives. Checks that a client can be built from it.
     fn parse_url(self, url: &str) -> Result<ParsedUrl, String> {
-        if matches!(self, ReplicaKind::Gs | ReplicaKind::Abs) {
+        if matches!(self, ReplicaKind::Gs | ReplicaKind::Abs | ReplicaKind::Webdav) {
             // `abs://ACCOUNT@CONTAINER` is Litestream's form: the account is not a secret.
             let cfg = ObjectConfig::from_url(url)?;
-            return Ok((cfg.url(), None, Some(cfg)));
+            return Ok(ParsedUrl {
+                url: cfg.url(),
+                object: Some(cfg),
+                ..ParsedUrl::default()
+            });
+        }
+        if self == ReplicaKind::Sftp {
+            // The user in `sftp://USER@HOST` is not a secret either; a password is refused.
+            let cfg = SftpConfig::from_url(url)?;
+            return Ok(ParsedUrl {
+                url: cfg.url(),
+                sftp: Some(cfg),
+                ..ParsedUrl::default()
+            });
         }
         reject_userinfo(url)?;
         match self {
-            ReplicaKind::Gs | ReplicaKind::Abs => unreachable!("handled above"),
+            ReplicaKind::Gs | ReplicaKind::Abs | ReplicaKind::Webdav | ReplicaKind::Sftp => {
+                unreachable!("handled above")
+            }
             ReplicaKind::File => {
                 let path = match url.strip_prefix("file://") {
                     Some(rest) if !rest.starts_with('/') => {
@@ -547,12 +569,18 @@ impl ReplicaKind {
                     Some(rest) => rest,
                     None => url,
                 };
-                let normalized = file_url_from_path(path)?;
-                Ok((normalized, None, None))
+                Ok(ParsedUrl {
+                    url: file_url_from_path(path)?,
+                    ..ParsedUrl::default()
+                })
             }
             ReplicaKind::S3 => {
                 let cfg = S3Config::from_url(url)?;
-                Ok((s3_url(&cfg), Some(cfg), None))
+                Ok(ParsedUrl {
+                    url: s3_url(&cfg),
+                    s3: Some(cfg),
+                    ..ParsedUrl::default()
+                })
             }
         }
     }
@@ -568,7 +596,13 @@ impl ReplicaKind {
 }
 
 /// A replica URL as parsed: the normalised URL and the settings it gives.
-type ParsedUrl = (String, Option<S3Config>, Option<ObjectConfig>);
+#[derive(Clone, Debug, Default)]
+struct ParsedUrl {
+    url: String,
+    s3: Option<S3Config>,
+    object: Option<ObjectConfig>,
+    sftp: Option<SftpConfig>,
+}
 
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]

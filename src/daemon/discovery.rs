@@ -468,6 +468,7 @@ mod tests {
                 url: "file:///backup/data".into(),
                 s3: None,
                 object: None,
+                sftp: None,
                 age: None,
             }],
             settings: DbSettings::default(),
@@ -489,6 +490,7 @@ mod tests {
             url: "file:///backup/data/".into(),
             s3: None,
             object: None,
+            sftp: None,
             age: None,
         };
         let r = replica_under(&file, Path::new("sub/app.db"));
@@ -503,6 +505,7 @@ mod tests {
                 ..S3Config::default()
             }),
             object: None,
+            sftp: None,
             age: None,
         };
         let r = replica_under(&s3("backups/"), Path::new("sub/app.db"));
@@ -516,6 +519,7 @@ mod tests {
             url: "gs://b/backups".into(),
             s3: None,
             object: Some(crate::storage::object::ObjectConfig::from_url("gs://b/backups").unwrap()),
+            sftp: None,
             age: None,
         };
         let r = replica_under(&gs, Path::new("sub/app.db"));

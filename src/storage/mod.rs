@@ -21,6 +21,7 @@ pub mod feed;
 pub mod file;
 pub mod object;
 pub mod s3;
+pub mod sftp;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -36,6 +37,7 @@ use crate::storage::age::keys::AgeKeys;
 use crate::storage::faulty::FaultyClient;
 use crate::storage::file::FileClient;
 use crate::storage::object::{ObjectClient, ObjectConfig};
+use crate::storage::sftp::SftpClient;
 use crate::storage::s3::{S3Client, S3Config};
 
 /// Name suffix of age-encrypted objects (`<min>-<max>.ltx.age`).
@@ -357,8 +359,10 @@ pub enum AnyClient {
     File(FileClient),
     /// An S3-compatible bucket.
     S3(S3Client),
-    /// A Google Cloud Storage bucket or an Azure Blob Storage container.
+    /// A Google Cloud Storage bucket, an Azure Blob Storage container or a WebDAV server.
     Object(Box<ObjectClient>),
+    /// A directory on an SFTP server.
+    Sftp(SftpClient),
     /// Any client with injected faults (tests and failure drills).
     Faulty(Box<FaultyClient>),
     /// A file or S3 client seen through plain and age-encrypted names (see [`AgeClient`]).
@@ -505,6 +509,7 @@ macro_rules! dispatch {
             AnyClient::File($c) => $call,
             AnyClient::S3($c) => $call,
             AnyClient::Object($c) => $call,
+            AnyClient::Sftp($c) => $call,
             AnyClient::Faulty($c) => $call,
             AnyClient::Age($c) => $call,
         }

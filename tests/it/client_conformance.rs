@@ -1,6 +1,8 @@
 //! One conformance suite for every replica backend: the semantics written down in
-//! `src/storage/mod.rs`, checked the same way against the `file` backend (a temp dir) and the
-//! `s3` backend (the in-process S3 server of `common::s3`, or `REPLICAD_TEST_S3_ENDPOINT`).
+//! `src/storage/mod.rs`, checked the same way against the `file` backend (a temp dir), the
+//! `s3` backend (the in-process S3 server of `common::s3`, or `REPLICAD_TEST_S3_ENDPOINT`), `gs`
+//! and `abs` (fake-gcs-server, Azurite), `webdav` (`rclone serve webdav` with basic auth) and
+//! `sftp` (OpenSSH's sshd with `internal-sftp`).
 //!
 //! [`conformance`] runs every section against a fresh replica of the backend and reports all
 //! failed sections at once: empty listings; put then list (sorted by TXID range, one level
@@ -30,6 +32,7 @@ use tokio::io::AsyncReadExt;
 use common::TestDir;
 use common::emulators::Emulator;
 use common::s3::{S3Server, plant_file};
+use common::sshd::Sshd;
 use replicad::ltx::{self, Codec, Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId};
 use replicad::storage::file::FileClient;
 use replicad::storage::s3::{S3Client, S3Config, Secret};
@@ -58,10 +61,16 @@ enum Kind<'a> {
         server: &'a S3Server,
         prefix: String,
     },
-    /// GCS or Azure, in an emulator.
+    /// GCS, Azure or WebDAV, in an emulator.
     Object {
         emu: &'a Emulator,
         prefix: String,
+    },
+    /// A directory of an sshd on this machine (planted into straight through the file system).
+    Sftp {
+        sshd: &'a Sshd,
+        rel: String,
+        root: PathBuf,
     },
 }
 
@@ -83,6 +92,7 @@ impl Backend<'_> {
             Kind::File { .. } => "file",
             Kind::S3 { .. } => "s3",
             Kind::Object { emu, .. } => emu.name(),
+            Kind::Sftp { .. } => "sftp",
         }
     }
 
@@ -107,7 +117,7 @@ impl Backend<'_> {
     /// The object key (S3, without the server's key prefix) or path (file) of `name` in `level`.
     fn level_location(&self, level: u8, name: &str) -> String {
         match &self.kind {
-            Kind::File { root } => root
+            Kind::File { root } | Kind::Sftp { root, .. } => root
                 .join("ltx")
                 .join(level.to_string())
                 .join(name)
@@ -132,7 +142,7 @@ impl Backend<'_> {
     async fn plant(&self, level: u8, name: &str, bytes: &[u8]) {
         let loc = self.level_location(level, name);
         match &self.kind {
-            Kind::File { .. } => {
+            Kind::File { .. } | Kind::Sftp { .. } => {
                 let p = Path::new(&loc);
                 std::fs::create_dir_all(p.parent().unwrap()).unwrap();
                 std::fs::write(p, bytes).unwrap();
@@ -150,6 +160,10 @@ impl Backend<'_> {
             }
             Kind::Object { emu, prefix } => {
                 let op = emu.config(prefix).build().unwrap();
+                if let Some((dir, _)) = loc.rsplit_once('/') {
+                    // WebDAV: the client makes collections itself, not OpenDAL's writer.
+                    op.create_dir(&format!("{dir}/")).await.unwrap();
+                }
                 op.write(&loc, bytes.to_vec())
                     .await
                     .unwrap_or_else(|e| panic!("plant {loc}: {e:?}"));
@@ -183,13 +197,17 @@ impl Backend<'_> {
                     }
                 }
             }
-            Kind::File { .. } => {
+            Kind::File { .. } | Kind::Sftp { .. } => {
                 for n in names {
                     self.plant(level, n, n.as_bytes()).await;
                 }
             }
             Kind::Object { emu, prefix } => {
                 let op = emu.config(prefix).build().unwrap();
+                let loc = self.level_location(level, "x");
+                if let Some((dir, _)) = loc.rsplit_once('/') {
+                    op.create_dir(&format!("{dir}/")).await.unwrap();
+                }
                 for chunk in names.chunks(32) {
                     let mut set = tokio::task::JoinSet::new();
                     for n in chunk {
@@ -215,6 +233,7 @@ impl Backend<'_> {
             }
             Kind::S3 { server, prefix } => s3_client(server, &format!("{prefix}2")),
             Kind::Object { emu, prefix } => emu.client(&format!("{prefix}2")),
+            Kind::Sftp { sshd, rel, .. } => sshd.client(&format!("{rel}2")),
         }
     }
 }
@@ -433,6 +452,10 @@ enum Env<'a> {
         emu: &'a Emulator,
         scratch: PathBuf,
     },
+    Sftp {
+        sshd: &'a Sshd,
+        scratch: PathBuf,
+    },
 }
 
 impl<'a> Env<'a> {
@@ -473,6 +496,21 @@ impl<'a> Env<'a> {
                     age: false,
                     client: emu.client(&prefix),
                     kind: Kind::Object { emu, prefix },
+                    scratch,
+                }
+            }
+            Env::Sftp { sshd, scratch } => {
+                let rel = format!("{section}/db/app.db");
+                let scratch = scratch.join(section);
+                std::fs::create_dir_all(&scratch).unwrap();
+                Backend {
+                    age: false,
+                    client: sshd.client(&rel),
+                    kind: Kind::Sftp {
+                        sshd,
+                        root: sshd.root.join(&rel),
+                        rel,
+                    },
                     scratch,
                 }
             }
@@ -1080,6 +1118,30 @@ async fn azure_backend_conforms() {
     let dir = TestDir::new("conformance-azure");
     conformance(&Env::Object {
         emu: &emu,
+        scratch: dir.path().to_path_buf(),
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webdav_backend_conforms() {
+    let Some(emu) = Emulator::webdav(true) else {
+        return;
+    };
+    let dir = TestDir::new("conformance-webdav");
+    conformance(&Env::Object {
+        emu: &emu,
+        scratch: dir.path().to_path_buf(),
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sftp_backend_conforms() {
+    let Some(sshd) = Sshd::start() else { return };
+    let dir = TestDir::new("conformance-sftp");
+    conformance(&Env::Sftp {
+        sshd: &sshd,
         scratch: dir.path().to_path_buf(),
     })
     .await;

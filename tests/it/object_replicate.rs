@@ -54,7 +54,7 @@ fn run_ok(emu: &Emulator, args: &[&str]) -> Output {
 }
 
 fn emulators() -> Vec<Emulator> {
-    [Emulator::gcs(), Emulator::azurite()]
+    [Emulator::gcs(), Emulator::azurite(), Emulator::webdav(false)]
         .into_iter()
         .flatten()
         .collect()
@@ -245,6 +245,10 @@ async fn litestream_and_replicad_read_each_others_replicas_on_each_backend() {
                 "      type: abs\n      account-name: {AZURITE_ACCOUNT}\n      bucket: {}\n      path: {path}\n      endpoint: {}\n",
                 emu.bucket, emu.endpoint
             ),
+            Service::Webdav => format!(
+                "      type: webdav\n      webdav-url: {}\n      path: {path}\n",
+                emu.endpoint
+            ),
         };
 
         // replicad writes (lz4), Litestream restores.
@@ -403,17 +407,19 @@ async fn bad_input_is_named_on_each_backend() {
         let dir = TestDir::new(&format!("obj-bad-{name}"));
         let out = dir.join("out.db");
 
-        // A missing bucket or container.
-        let url = emu
-            .url("x/app.db")
-            .replacen(&emu.bucket, "no-such-bucket", 1);
-        let o = run(&emu, &["restore", "--to", common::s(&out), &url]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{name}: {err}");
-        assert!(
-            err.contains("`no-such-bucket` does not exist") && err.trim().lines().count() == 1,
-            "{name}: missing bucket:\n{err}"
-        );
+        // A missing bucket or container (WebDAV has neither: see sftp_webdav_errors).
+        if emu.service != Service::Webdav {
+            let url = emu
+                .url("x/app.db")
+                .replacen(&emu.bucket, "no-such-bucket", 1);
+            let o = run(&emu, &["restore", "--to", common::s(&out), &url]);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+            assert!(
+                err.contains("`no-such-bucket` does not exist") && err.trim().lines().count() == 1,
+                "{name}: missing bucket:\n{err}"
+            );
+        }
 
         // A wrong key.
         if emu.service == Service::Azure {

@@ -52,6 +52,7 @@ fn replica_forms() {
             url: format!("file://{}", cwd.join("rel/six").display()),
             s3: None,
             object: None,
+            sftp: None,
             age: None,
         }]
     );
@@ -417,6 +418,7 @@ fn single_from_command_line() {
                 url: "file:///backup/a".into(),
                 s3: None,
                 object: None,
+                sftp: None,
                 age: None,
             },
             ReplicaConfig {
@@ -424,6 +426,7 @@ fn single_from_command_line() {
                 url: format!("file://{}", cwd().join("rel/b").display()),
                 s3: None,
                 object: None,
+                sftp: None,
                 age: None,
             },
         ]

@@ -34,6 +34,7 @@ fn defaults() {
             url: "file:///backup/a".into(),
             s3: None,
             object: None,
+            sftp: None,
             age: None,
         }]
     );

@@ -298,6 +298,7 @@ impl<'de> Visitor<'de> for DbSeed<'_> {
                 url: r.url,
                 s3: r.s3,
                 object: r.object,
+                sftp: r.sftp,
                 age: r.age,
             });
         }

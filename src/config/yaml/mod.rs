@@ -270,7 +270,32 @@ pub(crate) const REPLICA_KEYS: &[&str] = &[
     AZURE_KEYS[0],
     AZURE_KEYS[1],
     AZURE_KEYS[2],
+    SFTP_KEYS[0],
+    SFTP_KEYS[1],
+    SFTP_KEYS[2],
+    SFTP_KEYS[3],
+    SFTP_KEYS[4],
+    SFTP_KEYS[5],
+    SFTP_KEYS[6],
+    SFTP_KEYS[7],
+    WEBDAV_KEYS[0],
+    WEBDAV_KEYS[1],
+    WEBDAV_KEYS[2],
 ];
+/// Replica keys of SFTP replicas only (Litestream's names, then replicad's two for the host
+/// key check).
+pub(crate) const SFTP_KEYS: [&str; 8] = [
+    "host",
+    "user",
+    "password",
+    "key-path",
+    "host-key",
+    "concurrent-writes",
+    "known-hosts-path",
+    "insecure-skip-host-key-check",
+];
+/// Replica keys of WebDAV replicas only (Litestream's names).
+pub(crate) const WEBDAV_KEYS: [&str; 3] = ["webdav-url", "webdav-username", "webdav-password"];
 /// Replica keys of Azure Blob Storage replicas only (Litestream's names).
 pub(crate) const AZURE_KEYS: [&str; 3] = ["account-name", "account-key", "sas-token"];
 /// The S3 keys a gs or abs replica takes too.

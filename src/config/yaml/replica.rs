@@ -3,12 +3,13 @@
 use crate::config::url::{Destination, file_url_from_path, s3_url};
 use crate::config::yaml::{
     AGE_KEYS, AZURE_KEYS, Ctx, KeySeed, OBJECT_SHARED_KEYS, REPLICA_KEYS, S3_KEYS,
-    S3_KEYS_WITH_URL, Scalar, ValueSeed, boolean, bucket, concurrency, part_size, secret,
-    skip_verify, text,
+    S3_KEYS_WITH_URL, SFTP_KEYS, Scalar, ValueSeed, WEBDAV_KEYS, boolean, bucket, concurrency,
+    part_size, secret, skip_verify, text,
 };
 #[allow(unused_imports)]
 use crate::config::*;
 use crate::storage::object::{ObjectConfig, Service};
+use crate::storage::sftp::{HostKeyCheck, SftpConfig, split_host_port};
 
 /// The `replicas` list of one database.
 pub(crate) struct ReplicasSeed<'a> {
@@ -64,6 +65,7 @@ pub(crate) struct RawReplica {
     pub(crate) url: String,
     pub(crate) s3: Option<S3Config>,
     pub(crate) object: Option<ObjectConfig>,
+    pub(crate) sftp: Option<SftpConfig>,
     pub(crate) age: Option<Arc<AgeKeys>>,
 }
 
@@ -371,8 +373,9 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
         let mut name = None;
         let mut kind = None;
         let mut path = None;
-        let mut url: Option<(ReplicaKind, String, Option<S3Config>, Option<ObjectConfig>)> = None;
+        let mut url: Option<(ReplicaKind, ParsedUrl)> = None;
         let mut azure = RawAzure::default();
+        let mut other = RawOther::default();
         let mut raw_s3 = RawS3::default();
         let mut age = None;
         while let Some(key) = map.next_key_seed(KeySeed {
@@ -408,8 +411,7 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                         convert: &|s| {
                             let raw = text(s)?;
                             let kind = ReplicaKind::from_url(&raw)?;
-                            let (url, s3, object) = kind.parse_url(&raw)?;
-                            Ok((kind, url, s3, object))
+                            Ok((kind, kind.parse_url(&raw)?))
                         },
                     })?)
                 }
@@ -431,6 +433,34 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                         azure.sas_token = Some(v);
                     }
                 }
+                "password" | "webdav-password" if ctx.skip_credentials => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+                "password" | "webdav-password" => {
+                    let v = map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &secret,
+                    })?;
+                    if key == "password" {
+                        other.password = Some(v);
+                    } else {
+                        other.webdav_password = Some(v);
+                    }
+                }
+                "concurrent-writes" | "insecure-skip-host-key-check" => {
+                    let v = map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &boolean,
+                    })?;
+                    other.flags.push((key, v));
+                }
+                k if SFTP_KEYS.contains(&k) || WEBDAV_KEYS.contains(&k) => {
+                    other.text.push((key, map.next_value_seed(seed(&text))?));
+                }
                 _ => {
                     if !raw_s3.read(key, &mut map, ctx, place)? {
                         return Err(ctx.fail(format!("internal error: key `{key}` {place}")));
@@ -445,14 +475,15 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
             .collect();
         // The kind: `type`, else the URL's scheme, else file (as Litestream).
         let kind = match (kind, &url) {
-            (Some(kind), Some((url_kind, url, _, _))) if kind != *url_kind => {
+            (Some(kind), Some((url_kind, parsed))) if kind != *url_kind => {
                 return Err(ctx.fail(format!(
-                    "`type: {}` does not match the URL {url} {place}",
-                    kind.name()
+                    "`type: {}` does not match the URL {} {place}",
+                    kind.name(),
+                    parsed.url
                 )));
             }
             (Some(kind), _) => kind,
-            (None, Some((url_kind, _, _, _))) => *url_kind,
+            (None, Some((url_kind, _))) => *url_kind,
             (None, None) => {
                 if let Some(key) = s3_keys.first() {
                     return Err(ctx.fail(format!(
@@ -463,20 +494,59 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                 ReplicaKind::File
             }
         };
-        let azure_keys: Vec<&str> = seen
-            .iter()
-            .copied()
-            .filter(|k| AZURE_KEYS.contains(k))
-            .collect();
-        if kind != ReplicaKind::Abs
-            && let Some(key) = azure_keys.first()
+        for (keys, owner) in [
+            (&AZURE_KEYS[..], ReplicaKind::Abs),
+            (&SFTP_KEYS[..], ReplicaKind::Sftp),
+            (&WEBDAV_KEYS[..], ReplicaKind::Webdav),
+        ] {
+            if kind != owner
+                && let Some(key) = seen.iter().find(|k| keys.contains(k))
+            {
+                return Err(ctx.fail(format!(
+                    "key `{key}` applies only to {} replicas, not to a {} replica {place}",
+                    owner.name(),
+                    kind.name()
+                )));
+            }
+        }
+        if matches!(kind, ReplicaKind::Sftp | ReplicaKind::Webdav)
+            && let Some(key) = s3_keys.first()
         {
             return Err(ctx.fail(format!(
-                "key `{key}` applies only to abs replicas, not to a {} replica {place}",
+                "key `{key}` applies only to s3 replicas, not to a {} replica {place}",
                 kind.name()
             )));
         }
-        let (url, s3, object) = match kind {
+        let (url, s3, object, sftp) = match kind {
+            ReplicaKind::Webdav => {
+                let mut cfg = match url {
+                    Some((_, ParsedUrl { object: Some(cfg), .. })) => {
+                        for k in ["path", "webdav-url"] {
+                            if seen.contains(&k) {
+                                return Err(ctx.fail(format!(
+                                    "keys `url` and `{k}` are mutually exclusive {place}"
+                                )));
+                            }
+                        }
+                        cfg
+                    }
+                    _ => ObjectConfig {
+                        endpoint: other.text("webdav-url").map(|u| u.trim_end_matches('/').into()),
+                        ..ObjectConfig::webdav("", path.as_deref().unwrap_or(""))
+                    },
+                };
+                cfg.username = other.text("webdav-username").map(str::to_string);
+                cfg.password = other.webdav_password.clone();
+                cfg.validate()
+                    .map_err(|e| ctx.fail(format!("{e} {place}")))?;
+                (cfg.url(), None, Some(cfg), None)
+            }
+            ReplicaKind::Sftp => {
+                let cfg = other
+                    .sftp(url.and_then(|(_, p)| p.sftp), path.as_deref(), &seen)
+                    .map_err(|e| ctx.fail(format!("{e} {place}")))?;
+                (cfg.url(), None, None, Some(cfg))
+            }
             ReplicaKind::Gs | ReplicaKind::Abs => {
                 if let Some(key) = s3_keys.iter().find(|k| !OBJECT_SHARED_KEYS.contains(k)) {
                     return Err(ctx.fail(format!(
@@ -485,7 +555,7 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                     )));
                 }
                 let mut cfg = match url {
-                    Some((_, _, _, Some(cfg))) => {
+                    Some((_, ParsedUrl { object: Some(cfg), .. })) => {
                         for other in ["path", "bucket", "endpoint", "account-name"] {
                             if seen.contains(&other) {
                                 return Err(ctx.fail(format!(
@@ -524,7 +594,7 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                 cfg.sas_token = azure.sas_token.clone();
                 cfg.validate()
                     .map_err(|e| ctx.fail(format!("{e} {place}")))?;
-                (cfg.url(), None, Some(cfg))
+                (cfg.url(), None, Some(cfg), None)
             }
             ReplicaKind::File => {
                 if let Some(key) = s3_keys.first() {
@@ -541,17 +611,17 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                     (None, None) => {
                         return Err(ctx.fail(format!("missing key `url` or `path` {place}")));
                     }
-                    (Some((_, url, _, _)), None) => (url, None, None),
+                    (Some((_, parsed)), None) => (parsed.url, None, None, None),
                     (None, Some(path)) => {
                         let url = file_url_from_path(&path)
                             .map_err(|e| ctx.fail(format!("{e} (key `path` {place})")))?;
-                        (url, None, None)
+                        (url, None, None, None)
                     }
                 }
             }
             ReplicaKind::S3 => {
                 let cfg = match url {
-                    Some((_, _, url_cfg, _)) => {
+                    Some((_, ParsedUrl { s3: url_cfg, .. })) => {
                         // As Litestream: the URL names the bucket and the prefix.
                         for other in ["path", "bucket"] {
                             if seen.contains(&other) {
@@ -597,7 +667,7 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                          {place} (S3 accepts one server-side encryption per object)"
                     )));
                 }
-                (s3_url(&cfg), Some(cfg), None)
+                (s3_url(&cfg), Some(cfg), None, None)
             }
         };
         let dest = Destination::of(&url, s3.as_ref());
@@ -623,8 +693,90 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
             url,
             s3,
             object,
+            sftp,
             age,
         })
+    }
+}
+
+/// The SFTP and WebDAV keys of one replica map, as read.
+#[derive(Default)]
+struct RawOther {
+    text: Vec<(&'static str, String)>,
+    flags: Vec<(&'static str, bool)>,
+    password: Option<Secret>,
+    webdav_password: Option<Secret>,
+}
+
+impl RawOther {
+    fn text(&self, key: &str) -> Option<&str> {
+        self.text
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn flag(&self, key: &str) -> Option<bool> {
+        self.flags.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
+    /// The SFTP settings: from the URL, or from `host` (`HOST[:PORT]`), `user` and `path`,
+    /// then the authentication and host key keys.
+    fn sftp(
+        &self,
+        from_url: Option<SftpConfig>,
+        path: Option<&str>,
+        seen: &[&str],
+    ) -> Result<SftpConfig, String> {
+        let mut cfg = match from_url {
+            Some(cfg) => {
+                for k in ["path", "host", "user"] {
+                    if seen.contains(&k) {
+                        return Err(format!("keys `url` and `{k}` are mutually exclusive"));
+                    }
+                }
+                cfg
+            }
+            None => {
+                let (host, port) = split_host_port(self.text("host").unwrap_or_default())?;
+                SftpConfig::new(
+                    host,
+                    port,
+                    self.text("user").unwrap_or_default(),
+                    path.unwrap_or_default(),
+                )
+            }
+        };
+        cfg.password = self.password.clone();
+        cfg.key_path = self.text("key-path").map(|p| expand_tilde(p).into());
+        if let Some(c) = self.flag("concurrent-writes") {
+            cfg.concurrent_writes = c;
+        }
+        let skip = self.flag("insecure-skip-host-key-check").unwrap_or(false);
+        cfg.host_key = match (self.text("host-key"), self.text("known-hosts-path"), skip) {
+            (Some(_), Some(_), _) => {
+                return Err("keys `host-key` and `known-hosts-path` are mutually exclusive".into());
+            }
+            (Some(_), _, true) | (_, Some(_), true) => {
+                return Err("`insecure-skip-host-key-check: true` turns off the host key check \
+                            that `host-key` or `known-hosts-path` configures: keep one"
+                    .into());
+            }
+            (Some(k), None, false) => HostKeyCheck::Key(k.to_string()),
+            (None, Some(p), false) => HostKeyCheck::KnownHosts(Some(expand_tilde(p).into())),
+            (None, None, false) => HostKeyCheck::KnownHosts(None),
+            (None, None, true) => HostKeyCheck::Skip,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// `~/x` as `$HOME/x`, as Litestream reads its key paths.
+fn expand_tilde(p: &str) -> String {
+    match (p.strip_prefix("~/"), std::env::var("HOME")) {
+        (Some(rest), Ok(home)) if !home.is_empty() => format!("{home}/{rest}"),
+        _ => p.to_string(),
     }
 }
 

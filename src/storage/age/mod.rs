@@ -301,6 +301,7 @@ impl AgeClient {
             AnyClient::File(c) => tokio::fs::read_to_string(note_path(c.root())).await.ok()?,
             AnyClient::S3(c) => String::from_utf8(c.get_small(NOTE_NAME).await.ok()?).ok()?,
             AnyClient::Object(c) => String::from_utf8(c.read_aux(NOTE_NAME).await.ok()??).ok()?,
+            AnyClient::Sftp(c) => String::from_utf8(c.read_aux(NOTE_NAME).await.ok()??).ok()?,
             _ => return None,
         };
         let rs: Vec<&str> = text
@@ -339,6 +340,7 @@ impl AgeClient {
             }
             AnyClient::S3(c) => c.put_small(NOTE_NAME, text.into_bytes()).await,
             AnyClient::Object(c) => c.write_aux(NOTE_NAME, text.into_bytes()).await,
+            AnyClient::Sftp(c) => c.write_aux(NOTE_NAME, text.into_bytes()).await,
             _ => Ok(()),
         }
     }
@@ -350,6 +352,7 @@ fn sealed_view(c: &AnyClient) -> Option<AnyClient> {
         AnyClient::File(c) => Some(AnyClient::File(c.sealed_view())),
         AnyClient::S3(c) => Some(AnyClient::S3(c.sealed_view())),
         AnyClient::Object(c) => Some(AnyClient::Object(Box::new(c.sealed_view()))),
+        AnyClient::Sftp(c) => Some(AnyClient::Sftp(c.sealed_view())),
         AnyClient::Faulty(f) => Some(AnyClient::Faulty(Box::new(
             f.with_inner(sealed_view(f.inner())?),
         ))),

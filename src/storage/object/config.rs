@@ -1,12 +1,12 @@
-//! The settings of a Google Cloud Storage or Azure Blob Storage replica: parsed from a URL
-//! (`gs://BUCKET/PATH`, `abs://ACCOUNT@CONTAINER/PATH`, as Litestream spells them), checked,
-//! and turned into an OpenDAL operator.
+//! The settings of a Google Cloud Storage, Azure Blob Storage or WebDAV replica: parsed from a
+//! URL (`gs://BUCKET/PATH`, `abs://ACCOUNT@CONTAINER/PATH`, `webdav[s]://HOST/PATH`, as
+//! Litestream spells them), checked, and turned into an OpenDAL operator.
 
 use std::time::Duration;
 
 use opendal::Operator;
 use opendal::layers::TimeoutLayer;
-use opendal::services::{Azblob, Gcs};
+use opendal::services::{Azblob, Gcs, Webdav};
 
 use crate::storage::s3::Secret;
 
@@ -17,6 +17,8 @@ pub enum Service {
     Gcs,
     /// Azure Blob Storage (`abs://`).
     Azure,
+    /// A WebDAV server (`webdav://` over HTTP, `webdavs://` over HTTPS).
+    Webdav,
 }
 
 impl Service {
@@ -25,22 +27,24 @@ impl Service {
         match self {
             Service::Gcs => "gs",
             Service::Azure => "abs",
+            Service::Webdav => "webdav",
         }
     }
 }
 
-/// Settings of one GCS or Azure replica.
+/// Settings of one GCS, Azure or WebDAV replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectConfig {
     /// The service.
     pub service: Service,
-    /// GCS bucket, or Azure container.
+    /// GCS bucket, or Azure container; empty on WebDAV.
     pub bucket: String,
     /// Key prefix (no leading or trailing slash); objects are `<path>/ltx/<level>/...`.
     pub path: String,
     /// Endpoint override: an emulator (fake-gcs-server, Azurite) or a private endpoint.
     /// For Azure it includes the account when the service is path-style
-    /// (`http://127.0.0.1:10000/devstoreaccount1`), as Litestream takes it.
+    /// (`http://127.0.0.1:10000/devstoreaccount1`), as Litestream takes it. On WebDAV it is
+    /// the server's URL (`webdav-url`), required.
     pub endpoint: Option<String>,
     /// Azure storage account.
     pub account_name: Option<String>,
@@ -48,6 +52,10 @@ pub struct ObjectConfig {
     pub account_key: Option<Secret>,
     /// Azure SAS token (the query string, with or without a leading `?`).
     pub sas_token: Option<Secret>,
+    /// WebDAV basic-auth user (`webdav-username`).
+    pub username: Option<String>,
+    /// WebDAV basic-auth password (`webdav-password`).
+    pub password: Option<Secret>,
 }
 
 impl ObjectConfig {
@@ -61,18 +69,49 @@ impl ObjectConfig {
             account_name: None,
             account_key: None,
             sas_token: None,
+            username: None,
+            password: None,
         }
     }
 
-    /// Parses `gs://BUCKET/PATH[?endpoint=...]` or
-    /// `abs://ACCOUNT@CONTAINER/PATH[?endpoint=...]`.
+    /// A WebDAV replica at `webdav_url` (the server, `webdav-url`) under `path`.
+    pub fn webdav(webdav_url: &str, path: &str) -> ObjectConfig {
+        ObjectConfig {
+            endpoint: Some(webdav_url.trim_end_matches('/').to_string()),
+            ..ObjectConfig::new(Service::Webdav, "", path)
+        }
+    }
+
+    /// Parses `gs://BUCKET/PATH[?endpoint=...]`,
+    /// `abs://ACCOUNT@CONTAINER/PATH[?endpoint=...]` or `webdav[s]://HOST[:PORT]/PATH`
+    /// (Litestream's form: the server is `http[s]://HOST[:PORT]`, the files are under `PATH`).
     pub fn from_url(url: &str) -> Result<ObjectConfig, String> {
+        for (scheme, http) in [("webdav://", "http://"), ("webdavs://", "https://")] {
+            if let Some(rest) = url.strip_prefix(scheme) {
+                let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+                if host.contains('@') {
+                    return Err(format!(
+                        "credentials in a replica URL are refused: {}; hint: set \
+                         `webdav-username` and `webdav-password` instead",
+                        redact(url)
+                    ));
+                }
+                if host.is_empty() || path.contains('?') {
+                    return Err(format!(
+                        "a WebDAV replica URL is webdav[s]://HOST[:PORT]/PATH, got {url:?}"
+                    ));
+                }
+                let cfg = ObjectConfig::webdav(&format!("{http}{host}"), path);
+                cfg.validate()?;
+                return Ok(cfg);
+            }
+        }
         let (service, rest) = if let Some(rest) = url.strip_prefix("gs://") {
             (Service::Gcs, rest)
         } else if let Some(rest) = url.strip_prefix("abs://") {
             (Service::Azure, rest)
         } else {
-            return Err(format!("not a gs:// or abs:// URL: {url:?}"));
+            return Err(format!("not a gs://, abs:// or webdav:// URL: {url:?}"));
         };
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
@@ -80,7 +119,7 @@ impl ObjectConfig {
         };
         let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
         let mut cfg = match service {
-            Service::Gcs => {
+            Service::Gcs | Service::Webdav => {
                 if host.contains('@') {
                     return Err(format!(
                         "credentials in a replica URL are refused: {}",
@@ -131,6 +170,17 @@ impl ObjectConfig {
         let what = match self.service {
             Service::Gcs => "bucket",
             Service::Azure => "container",
+            Service::Webdav => {
+                return match &self.endpoint {
+                    Some(ep) if ep.starts_with("http://") || ep.starts_with("https://") => Ok(()),
+                    Some(ep) => Err(format!(
+                        "webdav-url {ep:?} must start with http:// or https://"
+                    )),
+                    None => Err("a webdav replica needs `webdav-url` (the server, \
+                                 https://HOST[:PORT][/PATH]) or a webdav[s]:// `url`"
+                        .into()),
+                };
+            }
         };
         if self.bucket.is_empty() {
             return Err(format!(
@@ -153,8 +203,22 @@ impl ObjectConfig {
         Ok(())
     }
 
-    /// `gs://BUCKET/PATH` or `abs://ACCOUNT@CONTAINER/PATH`: no secrets, no endpoint.
+    /// `gs://BUCKET/PATH`, `abs://ACCOUNT@CONTAINER/PATH` (no secrets, no endpoint) or
+    /// `webdav[s]://HOST[:PORT]/PATH` (the server's URL path, if any, then the replica's).
     pub fn url(&self) -> String {
+        if self.service == Service::Webdav {
+            let ep = self.endpoint.as_deref().unwrap_or_default();
+            let (scheme, rest) = match ep.strip_prefix("https://") {
+                Some(rest) => ("webdavs", rest),
+                None => ("webdav", ep.trim_start_matches("http://")),
+            };
+            let rest = rest.trim_end_matches('/');
+            return if self.path.is_empty() {
+                format!("{scheme}://{rest}")
+            } else {
+                format!("{scheme}://{rest}/{}", self.path)
+            };
+        }
         let host = match (self.service, &self.account_name) {
             (Service::Azure, Some(a)) => format!("{a}@{}", self.bucket),
             _ => self.bucket.clone(),
@@ -175,6 +239,7 @@ impl ObjectConfig {
                 "{}.blob.core.windows.net",
                 self.account_name.as_deref().unwrap_or("ACCOUNT")
             ),
+            (None, Service::Webdav) => "the WebDAV server".into(),
         }
     }
 
@@ -225,6 +290,20 @@ impl ObjectConfig {
                     b = b.account_key(&k);
                 } else if let Some(sas) = &self.sas_token {
                     b = b.sas_token(sas.0.trim_start_matches('?'));
+                }
+                Operator::new(b)
+            }
+            Service::Webdav => {
+                // Collections are made once per client (see `ensure_dir`), not before every PUT.
+                let mut b = Webdav::default()
+                    .endpoint(self.endpoint.as_deref().unwrap_or_default())
+                    .root("/")
+                    .disable_create_dir(true);
+                if let Some(user) = &self.username {
+                    b = b.username(user);
+                }
+                if let Some(pw) = &self.password {
+                    b = b.password(&pw.0);
                 }
                 Operator::new(b)
             }

@@ -1,11 +1,19 @@
 //! OpenDAL errors as [`StorageError`]s a person can act on: the object named as
-//! `gs://BUCKET/KEY` or `abs://ACCOUNT@CONTAINER/KEY`, the cause in words, a hint.
+//! `gs://BUCKET/KEY`, `abs://ACCOUNT@CONTAINER/KEY` or `webdav[s]://HOST/KEY`, the cause in
+//! words, a hint.
 
 use super::config::{ObjectConfig, Service};
 use crate::storage::StorageError;
 
-/// `gs://BUCKET/KEY` or `abs://ACCOUNT@CONTAINER/KEY`.
+/// `gs://BUCKET/KEY`, `abs://ACCOUNT@CONTAINER/KEY` or `webdav[s]://HOST/KEY`.
 pub(super) fn at(cfg: &ObjectConfig, key: &str) -> String {
+    if cfg.service == Service::Webdav {
+        let server = ObjectConfig {
+            path: String::new(),
+            ..cfg.clone()
+        };
+        return format!("{}/{key}", server.url());
+    }
     let host = match (cfg.service, &cfg.account_name) {
         (Service::Azure, Some(a)) => format!("{a}@{}", cfg.bucket),
         _ => cfg.bucket.clone(),
@@ -14,7 +22,8 @@ pub(super) fn at(cfg: &ObjectConfig, key: &str) -> String {
 }
 
 /// Maps an OpenDAL error. `listing`: a NotFound answer to a listing means the bucket or
-/// container itself is missing (a missing prefix lists empty).
+/// container itself is missing (a missing prefix lists empty; on WebDAV, a missing
+/// collection is an empty replica).
 pub(super) fn classify(
     cfg: &ObjectConfig,
     op: &'static str,
@@ -36,6 +45,11 @@ pub(super) fn classify(
             "the identity needs the Storage Blob Data Contributor role on the container (or a \
              SAS token with read, add, create, write, delete and list)",
         ),
+        Service::Webdav => (
+            "collection",
+            "the user needs to list (PROPFIND), create collections (MKCOL), write (PUT), move \
+             (MOVE) and delete (DELETE) under the replica's path",
+        ),
     };
     let cause = one_line(&deepest(&e));
     let lower = format!("{e:?}").to_ascii_lowercase();
@@ -54,7 +68,7 @@ pub(super) fn classify(
     };
     match e.kind() {
         K::NotFound
-            if listing
+            if listing && cfg.service != Service::Webdav
                 || lower.contains("containernotfound")
                 || lower.contains("bucket does not exist")
                 || lower.contains("no such bucket") =>
@@ -121,6 +135,7 @@ fn credentials_hint(cfg: &ObjectConfig) -> &'static str {
             "set `account-key` (or LITESTREAM_AZURE_ACCOUNT_KEY) or `sas-token`, or run with a \
              managed or workload identity"
         }
+        Service::Webdav => "check `webdav-username` and `webdav-password`",
     }
 }
 

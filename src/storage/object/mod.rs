@@ -1,5 +1,5 @@
-//! Replicas on Google Cloud Storage and Azure Blob Storage, through OpenDAL,
-//! laid out as Litestream v0.5 lays them out for `gs` and `abs`:
+//! Replicas on Google Cloud Storage, Azure Blob Storage and WebDAV servers, through OpenDAL,
+//! laid out as Litestream v0.5 lays them out for `gs`, `abs` and `webdav`:
 //! `<path>/ltx/<level>/<min>-<max>.ltx` (the directory layout, level in decimal). On GCS each
 //! object carries the metadata `litestream-timestamp` (RFC 3339, nanoseconds) = the LTX header
 //! timestamp, as Litestream writes it; Azure metadata names cannot hold a `-`, and Litestream
@@ -47,6 +47,8 @@ pub struct ObjectClient {
     op: Operator,
     /// Appended to every object name: `""`, or `".age"` for the encrypted view.
     suffix: &'static str,
+    /// WebDAV: collections known to exist.
+    dirs: std::sync::Arc<tokio::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl std::fmt::Debug for ObjectClient {
@@ -65,6 +67,7 @@ impl ObjectClient {
             cfg: std::sync::Arc::new(cfg),
             op,
             suffix: "",
+            dirs: Default::default(),
         })
     }
 
@@ -124,12 +127,14 @@ impl ObjectClient {
         only_level: Option<u8>,
     ) -> Result<Vec<LtxFileInfo>, StorageError> {
         let fail = |e| classify(&self.cfg, "list", prefix, e, true);
-        let mut lister = self
-            .op
-            .lister_with(prefix)
-            .recursive(true)
-            .await
-            .map_err(fail)?;
+        let mut lister = match self.op.lister_with(prefix).recursive(true).await {
+            Ok(l) => l,
+            // A collection never created is an empty replica.
+            Err(e) if e.kind() == ErrorKind::NotFound && self.cfg.service == Service::Webdav => {
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(fail(e)),
+        };
         let strip = format!("{}ltx/", self.root());
         let mut out = Vec::new();
         while let Some(entry) = lister.next().await {
@@ -224,6 +229,9 @@ impl ObjectClient {
         timestamp_ms: i64,
     ) -> Result<(), StorageError> {
         let io = |e: std::io::Error| StorageError::from_io("put", src, e);
+        if self.cfg.service == Service::Webdav {
+            return self.put_then_move(key, src).await;
+        }
         let metadata = self.timestamp_metadata(timestamp_ms);
         if size <= SINGLE_PUT_MAX {
             let data = tokio::fs::read(src).await.map_err(io)?;
@@ -268,6 +276,62 @@ impl ObjectClient {
             .await
             .map(drop)
             .map_err(|e| self.fail("put", key, e))
+    }
+
+    /// WebDAV: upload under a temporary name beside `key`, then move it to `key` if free.
+    async fn put_then_move(&self, key: &str, src: &Path) -> Result<(), StorageError> {
+        let tmp = format!(
+            "{key}.{}.{}.tmp",
+            std::process::id(),
+            Utc::now().timestamp_nanos_opt().unwrap_or_default()
+        );
+        self.ensure_dir(key).await?;
+        // OpenDAL's WebDAV writer takes one buffer: the segment is read whole.
+        let data = tokio::fs::read(src)
+            .await
+            .map_err(|e| StorageError::from_io("put", src, e))?;
+        let uploaded = async {
+            self.op
+                .write(&tmp, data)
+                .await
+                .map_err(|e| self.fail("put", key, e))?;
+            match self.op.exists(key).await {
+                Ok(true) => Err(StorageError::Conflict {
+                    op: "put",
+                    key: errors::at(&self.cfg, key),
+                }),
+                Ok(false) => self
+                    .op
+                    .rename(&tmp, key)
+                    .await
+                    .map_err(|e| self.fail("put", key, e)),
+                Err(e) => Err(self.fail("put", key, e)),
+            }
+        }
+        .await;
+        if uploaded.is_err() {
+            // Best effort: a leftover temporary name is never listed as a segment.
+            let _ = self.op.delete(&tmp).await;
+        }
+        uploaded
+    }
+
+    /// WebDAV: creates the collection holding `key` once per client, one creation at a time
+    /// (servers answer concurrent MKCOLs of one collection with 423 Locked).
+    async fn ensure_dir(&self, key: &str) -> Result<(), StorageError> {
+        let Some((dir, _)) = key.rsplit_once('/') else {
+            return Ok(());
+        };
+        let mut made = self.dirs.lock().await;
+        if made.contains(dir) {
+            return Ok(());
+        }
+        self.op
+            .create_dir(&format!("{dir}/"))
+            .await
+            .map_err(|e| self.fail("put", dir, e))?;
+        made.insert(dir.to_string());
+        Ok(())
     }
 
     fn timestamp_metadata(&self, timestamp_ms: i64) -> Vec<(String, String)> {
@@ -370,14 +434,15 @@ impl ReplicaClient for ObjectClient {
             .collect();
         if self.cfg.service == Service::Azure {
             let first = keys.first().cloned().unwrap_or_default();
+            // Azure: batch deletes.
             return self
                 .op
                 .delete_iter(keys)
                 .await
                 .map_err(|e| self.fail("delete", &first, e));
         }
-        // GCS: one request per object, 16 at a time (fake-gcs-server refuses OpenDAL's batch
-        // requests, and a GCS batch holds at most 100 anyway).
+        // GCS and WebDAV: one request per object, 16 at a time (fake-gcs-server refuses
+        // OpenDAL's batch requests, a GCS batch holds at most 100 anyway, WebDAV has none).
         let mut results = futures_util::stream::iter(keys)
             .map(|key| async move {
                 self.op
@@ -403,6 +468,20 @@ impl ReplicaClient for ObjectClient {
 
     async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
         let key = self.aux_key(name)?;
+        if self.cfg.service == Service::Webdav {
+            // Whole: written aside, then moved over the old one (MOVE replaces in one step).
+            self.ensure_dir(&key).await?;
+            let tmp = format!("{key}.{}.tmp", std::process::id());
+            self.op
+                .write(&tmp, data)
+                .await
+                .map_err(|e| self.fail("put", &key, e))?;
+            return self
+                .op
+                .rename(&tmp, &key)
+                .await
+                .map_err(|e| self.fail("put", &key, e));
+        }
         self.op
             .write(&key, data)
             .await
@@ -419,6 +498,10 @@ impl ReplicaClient for ObjectClient {
     }
 
     async fn read_aux_versioned(&self, name: &str) -> Result<Option<Versioned>, StorageError> {
+        if self.cfg.service == Service::Webdav {
+            // No conditional writes: the lease finds that out with its probe.
+            return Ok(self.read_aux(name).await?.map(|d| (d, None)));
+        }
         let key = self.aux_key(name)?;
         // Two requests: OpenDAL's read returns no metadata.
         let meta = match self.op.stat(&key).await {
@@ -454,6 +537,9 @@ impl ReplicaClient for ObjectClient {
         data: Vec<u8>,
         cond: WriteIf,
     ) -> Result<Option<String>, StorageError> {
+        if self.cfg.service == Service::Webdav {
+            return self.write_aux(name, data).await.map(|()| None);
+        }
         let key = self.aux_key(name)?;
         let mut w = self.op.write_with(&key, data);
         w = match &cond {

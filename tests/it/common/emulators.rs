@@ -1,6 +1,7 @@
-//! Real storage emulators on 127.0.0.1 for the Google Cloud Storage and Azure Blob Storage
-//! backends: fake-gcs-server (a Go module) and Azurite (an npm package), each started as a
-//! process of its own per test on a free port and killed when dropped.
+//! Real storage emulators on 127.0.0.1 for the Google Cloud Storage, Azure Blob Storage and
+//! WebDAV backends: fake-gcs-server (a Go module), Azurite (an npm package) and
+//! `rclone serve webdav` (Debian's `rclone`), each started as a process of its own per test on
+//! a free port and killed when dropped.
 //!
 //! `.ci/run` installs both into `target/test-tools` (`bin/fake-gcs-server`,
 //! `azurite/node_modules/.bin/azurite-blob`); `REPLICAD_TEST_TOOLS` names another directory.
@@ -46,7 +47,7 @@ fn tool(rel: &str, what: &str) -> Option<PathBuf> {
     None
 }
 
-fn wait_port(port: u16, child: &mut Child, what: &str) {
+pub fn wait_port(port: u16, child: &mut Child, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Ok(Some(st)) = child.try_wait() {
@@ -98,8 +99,10 @@ pub struct Emulator {
     pub port: u16,
     /// `http://127.0.0.1:PORT` (GCS) or `http://127.0.0.1:PORT/devstoreaccount1` (Azure).
     pub endpoint: String,
-    /// The bucket or container.
+    /// The bucket or container (empty on WebDAV).
     pub bucket: String,
+    /// WebDAV basic-auth user and password, when the server asks for them.
+    pub auth: Option<(String, String)>,
     child: Child,
     _dir: super::TestDir,
 }
@@ -157,6 +160,56 @@ impl Emulator {
             port,
             endpoint: format!("http://127.0.0.1:{port}"),
             bucket,
+            auth: None,
+            child,
+            _dir: dir,
+        })
+    }
+
+    /// `rclone serve webdav` over a fresh directory, with basic auth when `auth`, or `None`
+    /// when rclone is not installed (outside CI).
+    pub fn webdav(auth: bool) -> Option<Emulator> {
+        let found = Command::new("rclone")
+            .arg("version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "rclone is missing (.ci/run installs it)"
+            );
+            eprintln!("SKIPPED: rclone is not installed (apt-get install rclone)");
+            return None;
+        }
+        let dir = super::TestDir::new("webdav");
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        let port = super::http::free_port();
+        let log = std::fs::File::create(dir.join("rclone.log")).unwrap();
+        let auth = auth.then(|| ("replicad".to_string(), random_name("pw")));
+        let mut cmd = Command::new("rclone");
+        cmd.args(["serve", "webdav"])
+            .arg(&data)
+            .args(["--addr", &format!("127.0.0.1:{port}")])
+            .env("RCLONE_CONFIG", dir.join("rclone.conf"));
+        if let Some((user, pass)) = &auth {
+            cmd.args(["--user", user, "--pass", pass]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start rclone serve webdav");
+        wait_port(port, &mut child, "rclone serve webdav");
+        Some(Emulator {
+            service: Service::Webdav,
+            port,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            bucket: String::new(),
+            auth,
             child,
             _dir: dir,
         })
@@ -195,6 +248,7 @@ impl Emulator {
             port,
             endpoint: format!("http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"),
             bucket: container,
+            auth: None,
             child,
             _dir: dir,
         })
@@ -209,6 +263,7 @@ impl Emulator {
                 "abs://{AZURITE_ACCOUNT}@{}/{prefix}?endpoint={}",
                 self.bucket, self.endpoint
             ),
+            Service::Webdav => format!("webdav://127.0.0.1:{}/{prefix}", self.port),
         }
     }
 
@@ -217,6 +272,10 @@ impl Emulator {
         let mut cfg = ObjectConfig::from_url(&self.url(prefix)).expect("emulator URL");
         if self.service == Service::Azure {
             cfg.account_key = Some(Secret(AZURITE_KEY.into()));
+        }
+        if let Some((user, pass)) = &self.auth {
+            cfg.username = Some(user.clone());
+            cfg.password = Some(Secret(pass.clone()));
         }
         cfg
     }
@@ -231,7 +290,7 @@ impl Emulator {
     /// The environment a replicad process needs to reach this emulator by URL.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         match self.service {
-            Service::Gcs => vec![],
+            Service::Gcs | Service::Webdav => vec![],
             Service::Azure => vec![("LITESTREAM_AZURE_ACCOUNT_KEY", AZURITE_KEY.into())],
         }
     }

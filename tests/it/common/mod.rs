@@ -9,6 +9,7 @@
 pub mod emulators;
 pub mod http;
 pub mod s3;
+pub mod sshd;
 
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};

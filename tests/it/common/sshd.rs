@@ -1,0 +1,159 @@
+//! A real OpenSSH server on 127.0.0.1 for the SFTP backend: `sshd` from Debian's
+//! `openssh-server` (which `.ci/run` installs), started per test on a free port with a fresh
+//! ed25519 host key, key-only login for the current user and `internal-sftp`.
+//!
+//! Without `sshd` a test prints `SKIPPED` and passes, except under `CI`, where it fails.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use replicad::storage::AnyClient;
+use replicad::storage::sftp::{HostKeyCheck, SftpClient, SftpConfig};
+
+/// A running sshd and the keys to reach it.
+pub struct Sshd {
+    pub port: u16,
+    /// The login user (the user the tests run as).
+    pub user: String,
+    /// The client's private key (its public half is the only authorized key).
+    pub key_path: PathBuf,
+    /// The server's public host key, as `host-key` takes it (`ssh-ed25519 AAAA...`).
+    pub host_key: String,
+    /// A known_hosts file naming the server (`[127.0.0.1]:PORT ssh-ed25519 ...`).
+    pub known_hosts: PathBuf,
+    /// A directory the server's user can write: replicas go under it.
+    pub root: PathBuf,
+    child: Child,
+    dir: super::TestDir,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn keygen(path: &Path) {
+    let st = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "replicad-test", "-f"])
+        .arg(path)
+        .status()
+        .expect("run ssh-keygen");
+    assert!(st.success(), "ssh-keygen failed");
+}
+
+fn current_user() -> String {
+    let out = Command::new("id").arg("-un").output().expect("id -un");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+impl Sshd {
+    /// Starts sshd, or returns `None` (after saying SKIPPED) when it is not installed
+    /// outside CI.
+    pub fn start() -> Option<Sshd> {
+        let bin = ["/usr/sbin/sshd", "/usr/bin/sshd"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists());
+        let Some(bin) = bin else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "sshd is missing (.ci/run installs openssh-server)"
+            );
+            eprintln!("SKIPPED: sshd is not installed (apt-get install openssh-server)");
+            return None;
+        };
+        // sshd insists on its privilege separation directory when run as root.
+        let _ = std::fs::create_dir_all("/run/sshd");
+        let dir = super::TestDir::new("sshd");
+        let host = dir.join("host_ed25519");
+        let key = dir.join("id_ed25519");
+        keygen(&host);
+        keygen(&key);
+        let authorized = dir.join("authorized_keys");
+        std::fs::copy(dir.join("id_ed25519.pub"), &authorized).unwrap();
+        let host_key = std::fs::read_to_string(dir.join("host_ed25519.pub"))
+            .unwrap()
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let port = super::http::free_port();
+        let config = dir.join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {host}\nPidFile {pid}\n\
+                 AuthorizedKeysFile {authorized}\nStrictModes no\nPubkeyAuthentication yes\n\
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
+                 PermitRootLogin prohibit-password\nSubsystem sftp internal-sftp\n\
+                 LogLevel VERBOSE\n",
+                host = host.display(),
+                pid = dir.join("sshd.pid").display(),
+                authorized = authorized.display(),
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("sshd.log")).unwrap();
+        let mut child = Command::new(&bin)
+            .args(["-D", "-e", "-f"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start sshd");
+        super::emulators::wait_port(port, &mut child, "sshd");
+        let known_hosts = dir.join("known_hosts");
+        std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_key}\n")).unwrap();
+        let root = dir.join("srv");
+        std::fs::create_dir_all(&root).unwrap();
+        Some(Sshd {
+            port,
+            user: current_user(),
+            key_path: key,
+            host_key,
+            known_hosts,
+            root,
+            child,
+            dir,
+        })
+    }
+
+    /// The server's log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sshd.log")).unwrap_or_default()
+    }
+
+    /// Settings for the replica at `rel` under [`Sshd::root`] (an absolute path on the
+    /// server), checking the host key against `host-key`.
+    pub fn config(&self, rel: &str) -> SftpConfig {
+        let path = format!("{}/{rel}", self.root.display());
+        let mut cfg = SftpConfig::new("127.0.0.1", self.port, &self.user, &path);
+        cfg.key_path = Some(self.key_path.clone());
+        cfg.host_key = HostKeyCheck::Key(self.host_key.clone());
+        cfg
+    }
+
+    /// A client for the replica at `rel`.
+    pub fn client(&self, rel: &str) -> AnyClient {
+        AnyClient::Sftp(SftpClient::new(self.config(rel)))
+    }
+
+    /// The replica's YAML lines (indented by `indent` spaces) for the replica at `rel`,
+    /// reached at `port` (this server's, or a proxy's in front of it).
+    pub fn replica_yaml(&self, rel: &str, port: u16, indent: usize) -> String {
+        let pad = " ".repeat(indent);
+        format!(
+            "{pad}type: sftp\n{pad}host: 127.0.0.1:{port}\n{pad}user: {user}\n\
+             {pad}path: {root}/{rel}\n{pad}key-path: {key}\n{pad}host-key: {host_key}\n",
+            user = self.user,
+            root = self.root.display(),
+            key = self.key_path.display(),
+            host_key = self.host_key,
+        )
+    }
+}
