@@ -47,10 +47,10 @@ use crate::ltx::Codec;
 use crate::storage::AnyClient;
 use crate::storage::age::keys::AgeKeys;
 use crate::storage::object::{ObjectClient, ObjectConfig};
-use crate::storage::sftp::{SftpClient, SftpConfig};
 use crate::storage::s3::{
     DEFAULT_PART_SIZE, S3Client, S3Clients, S3Config, Secret, parse_size, reject_skip_verify,
 };
+use crate::storage::sftp::{SftpClient, SftpConfig};
 
 /// Default of `lease-ttl`: how long a replica's single-writer lease stays valid unrefreshed.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(600);
@@ -538,7 +538,10 @@ impl ReplicaKind {
     /// Parses a URL of this kind: the normalised URL ([`ReplicaConfig::url`]) and, for S3,
     /// the settings the URL gives. Checks that a client can be built from it.
     fn parse_url(self, url: &str) -> Result<ParsedUrl, String> {
-        if matches!(self, ReplicaKind::Gs | ReplicaKind::Abs | ReplicaKind::Webdav) {
+        if matches!(
+            self,
+            ReplicaKind::Gs | ReplicaKind::Abs | ReplicaKind::Webdav
+        ) {
             // `abs://ACCOUNT@CONTAINER` is Litestream's form: the account is not a secret.
             let cfg = ObjectConfig::from_url(url)?;
             return Ok(ParsedUrl {

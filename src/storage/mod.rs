@@ -37,8 +37,8 @@ use crate::storage::age::keys::AgeKeys;
 use crate::storage::faulty::FaultyClient;
 use crate::storage::file::FileClient;
 use crate::storage::object::{ObjectClient, ObjectConfig};
-use crate::storage::sftp::SftpClient;
 use crate::storage::s3::{S3Client, S3Config};
+use crate::storage::sftp::SftpClient;
 
 /// Name suffix of age-encrypted objects (`<min>-<max>.ltx.age`).
 pub const SEALED_SUFFIX: &str = ".age";
@@ -370,13 +370,23 @@ pub enum AnyClient {
 }
 
 impl AnyClient {
-    /// Builds a client from a replica URL: `file:///abs/path`, a plain path, or
-    /// `s3://BUCKET/PATH?endpoint=...` (credentials from the standard AWS chain).
+    /// Builds a client from a replica URL: `file:///abs/path`, a plain path,
+    /// `s3://BUCKET/PATH?endpoint=...` (credentials from the standard AWS chain), `gs://`,
+    /// `abs://`, `webdav[s]://` (no credentials) or `sftp://USER@HOST/PATH` (the host key from
+    /// `~/.ssh/known_hosts`, but no key: a config file gives those).
     pub fn from_url(url: &str) -> Result<AnyClient, String> {
         if url.starts_with("s3://") {
             return Ok(AnyClient::S3(S3Client::new(S3Config::from_url(url)?)));
         }
-        if url.starts_with("gs://") || url.starts_with("abs://") {
+        if url.starts_with("sftp://") {
+            return Ok(AnyClient::Sftp(SftpClient::new(
+                crate::storage::sftp::SftpConfig::from_url(url)?,
+            )));
+        }
+        if ["gs://", "abs://", "webdav://", "webdavs://"]
+            .iter()
+            .any(|s| url.starts_with(s))
+        {
             return Ok(AnyClient::Object(Box::new(ObjectClient::new(
                 ObjectConfig::from_url(url)?,
             )?)));

@@ -51,7 +51,7 @@ mod ltx_codec;
 mod maintenance;
 /// Never silently unprotected: every failure heals or is reported.
 mod never_unprotected;
-/// Google Cloud Storage and Azure replicas end to end, against emulators.
+/// Google Cloud Storage, Azure and WebDAV replicas end to end, against real servers.
 mod object_replicate;
 /// Per-phase throughput metrics and the /status endpoint.
 mod phases_status;
@@ -65,6 +65,8 @@ mod restore_errors;
 mod restore_golden;
 /// Replication to a real S3 server on loopback, outages included.
 mod s3_replicate;
+/// SFTP replicas end to end, against a real sshd.
+mod sftp_replicate;
 /// One writer per replica: leases, takeovers, and the race between two daemons.
 mod single_writer;
 /// `replicad snapshot` and `replicad verify`.

@@ -1,5 +1,5 @@
-//! Replication to Google Cloud Storage and Azure Blob Storage end to end, against real
-//! emulators on 127.0.0.1 (fake-gcs-server, Azurite; see `common::emulators`): replicate,
+//! Replication to Google Cloud Storage, Azure Blob Storage and WebDAV end to end, against real
+//! servers on 127.0.0.1 (fake-gcs-server, Azurite, rclone; see `common::emulators`): replicate,
 //! kill -9, replicate again, restore; age-encrypted round trips; Litestream restoring
 //! replicad's replica and the reverse; and bad input (wrong key, missing bucket, a server
 //! down at start) reported by name while the daemon keeps running.
@@ -54,10 +54,14 @@ fn run_ok(emu: &Emulator, args: &[&str]) -> Output {
 }
 
 fn emulators() -> Vec<Emulator> {
-    [Emulator::gcs(), Emulator::azurite(), Emulator::webdav(false)]
-        .into_iter()
-        .flatten()
-        .collect()
+    [
+        Emulator::gcs(),
+        Emulator::azurite(),
+        Emulator::webdav(false),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// Waits (at most 60 s) until the replica holds `txid`; returns the TXID it holds.

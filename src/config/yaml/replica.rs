@@ -520,7 +520,12 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
         let (url, s3, object, sftp) = match kind {
             ReplicaKind::Webdav => {
                 let mut cfg = match url {
-                    Some((_, ParsedUrl { object: Some(cfg), .. })) => {
+                    Some((
+                        _,
+                        ParsedUrl {
+                            object: Some(cfg), ..
+                        },
+                    )) => {
                         for k in ["path", "webdav-url"] {
                             if seen.contains(&k) {
                                 return Err(ctx.fail(format!(
@@ -531,7 +536,9 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                         cfg
                     }
                     _ => ObjectConfig {
-                        endpoint: other.text("webdav-url").map(|u| u.trim_end_matches('/').into()),
+                        endpoint: other
+                            .text("webdav-url")
+                            .map(|u| u.trim_end_matches('/').into()),
                         ..ObjectConfig::webdav("", path.as_deref().unwrap_or(""))
                     },
                 };
@@ -555,7 +562,12 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
                     )));
                 }
                 let mut cfg = match url {
-                    Some((_, ParsedUrl { object: Some(cfg), .. })) => {
+                    Some((
+                        _,
+                        ParsedUrl {
+                            object: Some(cfg), ..
+                        },
+                    )) => {
                         for other in ["path", "bucket", "endpoint", "account-name"] {
                             if seen.contains(&other) {
                                 return Err(ctx.fail(format!(
@@ -758,9 +770,11 @@ impl RawOther {
                 return Err("keys `host-key` and `known-hosts-path` are mutually exclusive".into());
             }
             (Some(_), _, true) | (_, Some(_), true) => {
-                return Err("`insecure-skip-host-key-check: true` turns off the host key check \
+                return Err(
+                    "`insecure-skip-host-key-check: true` turns off the host key check \
                             that `host-key` or `known-hosts-path` configures: keep one"
-                    .into());
+                        .into(),
+                );
             }
             (Some(k), None, false) => HostKeyCheck::Key(k.to_string()),
             (None, Some(p), false) => HostKeyCheck::KnownHosts(Some(expand_tilde(p).into())),

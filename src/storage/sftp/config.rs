@@ -188,7 +188,10 @@ mod tests {
         assert_eq!(c.url(), "sftp://u@h/~/rel/dir");
         assert_eq!(SftpConfig::from_url(&c.url()).unwrap(), c);
         let c = SftpConfig::from_url("sftp://u@[::1]:23/x").unwrap();
-        assert_eq!((c.host.as_str(), c.port, c.address()), ("::1", 23, "[::1]:23".into()));
+        assert_eq!(
+            (c.host.as_str(), c.port, c.address()),
+            ("::1", 23, "[::1]:23".into())
+        );
     }
 
     #[test]

@@ -68,11 +68,7 @@ impl client::Handler for Checker {
 
 /// Checks the server's key as configured; `Err` says what is wrong and how to fix it.
 fn check_host_key(cfg: &SftpConfig, key: &PublicKey) -> Result<(), String> {
-    let shown = format!(
-        "{} {}",
-        key.algorithm(),
-        key.fingerprint(HashAlg::Sha256)
-    );
+    let shown = format!("{} {}", key.algorithm(), key.fingerprint(HashAlg::Sha256));
     let add_hint = format!(
         "hint: verify the key, then add it with `ssh-keyscan -p {} {} >> ~/.ssh/known_hosts` \
          (or `known-hosts-path`), or set `host-key: {}` in the replica's config; \
@@ -167,13 +163,19 @@ async fn connect_inner(cfg: Arc<SftpConfig>) -> Result<Conn, ConnectError> {
     let addr = cfg.address();
     let key = match &cfg.key_path {
         Some(p) => Some(load_key(p)?),
+        // As ssh does: the user's default key, when no key or password is configured.
+        None if cfg.password.is_none() => match default_key() {
+            Some(p) => Some(load_key(&p)?),
+            None => {
+                return Err(ConnectError::Permanent(
+                    "an sftp replica needs `key-path` or `password` (no ~/.ssh/id_ed25519, \
+                     id_ecdsa or id_rsa either)"
+                        .into(),
+                ));
+            }
+        },
         None => None,
     };
-    if key.is_none() && cfg.password.is_none() {
-        return Err(ConnectError::Permanent(
-            "an sftp replica needs `key-path` or `password`".into(),
-        ));
-    }
     let ssh_cfg = Arc::new(client::Config {
         // The server may drop idle connections; replicad reconnects on the next call.
         inactivity_timeout: None,
@@ -188,9 +190,9 @@ async fn connect_inner(cfg: Arc<SftpConfig>) -> Result<Conn, ConnectError> {
                 "cannot reach {addr}: {io}; hint: check `host` and the port, and that the \
                  SSH server is up"
             )),
-            HandlerError::Ssh(e) => ConnectError::Transient(format!(
-                "SSH handshake with {addr} failed: {e}"
-            )),
+            HandlerError::Ssh(e) => {
+                ConnectError::Transient(format!("SSH handshake with {addr} failed: {e}"))
+            }
         })?;
     let mut refused = Vec::new();
     let mut ok = false;
@@ -248,6 +250,15 @@ async fn connect_inner(cfg: Arc<SftpConfig>) -> Result<Conn, ConnectError> {
             ConnectError::Transient(format!("{addr}: the SFTP session did not start: {e}"))
         })?;
     Ok(Conn { handle, sftp })
+}
+
+/// `~/.ssh/id_ed25519`, `id_ecdsa` or `id_rsa`, the first that exists.
+fn default_key() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty())?;
+    ["id_ed25519", "id_ecdsa", "id_rsa"]
+        .iter()
+        .map(|n| Path::new(&home).join(".ssh").join(n))
+        .find(|p| p.exists())
 }
 
 fn load_key(path: &Path) -> Result<russh::keys::PrivateKey, ConnectError> {

@@ -435,8 +435,12 @@ impl ReplicaClient for SftpClient {
 
     async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
         let dir = self.level_dir(level);
-        self.run("list", &dir, |c| async move { self.list_dir(&c, level).await })
-            .await
+        self.run(
+            "list",
+            &dir,
+            |c| async move { self.list_dir(&c, level).await },
+        )
+        .await
     }
 
     async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
@@ -515,11 +519,15 @@ impl ReplicaClient for SftpClient {
         timestamp_ms: i64,
     ) -> Result<LtxFileInfo, StorageError> {
         let name = self.file(level, min, max);
-        let _permit = self.puts.acquire().await.map_err(|_| StorageError::Permanent {
-            op: "put",
-            key: self.at(&name),
-            reason: "the client is shutting down".into(),
-        })?;
+        let _permit = self
+            .puts
+            .acquire()
+            .await
+            .map_err(|_| StorageError::Permanent {
+                op: "put",
+                key: self.at(&name),
+                reason: "the client is shutting down".into(),
+            })?;
         let size = self
             .run("put", &name, |c| {
                 let name = name.clone();

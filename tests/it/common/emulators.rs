@@ -347,6 +347,8 @@ fn azure_request(port: u16, method: &str, path: &str, query: &[(&str, &str)]) ->
 pub struct CountingProxy {
     pub port: u16,
     count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Bytes in either direction: what counts for an encrypted protocol (SSH).
+    bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl CountingProxy {
@@ -357,6 +359,8 @@ impl CountingProxy {
         let port = listener.local_addr().unwrap().port();
         let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counter = count.clone();
+        let bytes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let byte_counter = bytes.clone();
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
@@ -366,12 +370,14 @@ impl CountingProxy {
                     (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (mut s_read, mut c_write) = (server, client);
                 let counter = counter.clone();
+                let (up, down) = (byte_counter.clone(), byte_counter.clone());
                 std::thread::spawn(move || {
                     let mut buf = vec![0u8; 64 * 1024];
                     while let Ok(n) = c_read.read(&mut buf) {
                         if n == 0 {
                             break;
                         }
+                        up.fetch_add(n as u64, Ordering::SeqCst);
                         let hits = buf[..n]
                             .windows(11)
                             .filter(|w| w == b" HTTP/1.1\r\n")
@@ -384,12 +390,26 @@ impl CountingProxy {
                     let _ = s_write.shutdown(std::net::Shutdown::Write);
                 });
                 std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut s_read, &mut c_write);
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = s_read.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        down.fetch_add(n as u64, Ordering::SeqCst);
+                        if c_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
                     let _ = c_write.shutdown(std::net::Shutdown::Write);
                 });
             }
         });
-        CountingProxy { port, count }
+        CountingProxy { port, count, bytes }
+    }
+
+    /// Bytes passed so far, both directions together.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Requests seen so far.

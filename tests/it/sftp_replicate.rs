@@ -1,0 +1,540 @@
+//! Replication to an SFTP server end to end, against a real OpenSSH sshd on 127.0.0.1 (see
+//! `common::sshd`), configured by YAML as users configure it (key file, host key): replicate,
+//! kill -9, replicate again, restore; an age-encrypted round trip; Litestream restoring
+//! replicad's replica and the reverse; no traffic while idle; and bad input (unknown or
+//! changed host key, refused key, permission denied, server down at start) named in one line.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use common::emulators::CountingProxy;
+use common::sshd::Sshd;
+use common::{TestDir, Writer, assert_same_content};
+use replicad::storage::{AnyClient, ReplicaClient};
+
+fn replicad(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(common::bin());
+    // An empty HOME: nothing from the user's own ~/.ssh is used by accident.
+    c.args(args).env("NO_COLOR", "1").env("HOME", dir);
+    c
+}
+
+fn spawn(dir: &Path, args: &[&str], log: &str) -> Child {
+    let log = std::fs::File::create(dir.join(log)).unwrap();
+    replicad(dir, args)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+fn stop_ok(child: &mut Child, dir: &Path, log: &str) {
+    common::sigterm(child);
+    let st = common::wait_timeout(child, Duration::from_secs(60)).expect("daemon did not stop");
+    assert!(
+        st.success(),
+        "daemon exit {st:?}:\n{}",
+        std::fs::read_to_string(dir.join(log)).unwrap_or_default()
+    );
+}
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    replicad(dir, args).output().unwrap()
+}
+
+fn run_ok(dir: &Path, args: &[&str]) -> Output {
+    let o = run(dir, args);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// Writes a replicad config for `db` with one replica given by `replica` (YAML lines at six
+/// spaces) and returns its path.
+fn config(dir: &Path, name: &str, db: &Path, extra: &str, replica: &str) -> PathBuf {
+    let cfg = dir.join(name);
+    std::fs::write(
+        &cfg,
+        format!(
+            "monitor-interval: 50ms\n{extra}dbs:\n  - path: {}\n    replica:\n{replica}",
+            db.display()
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+async fn wait_for_txid(c: &AnyClient, txid: u64) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let max = c
+            .list_all()
+            .await
+            .map(|l| l.iter().map(|f| f.max_txid.0).max().unwrap_or(0))
+            .unwrap_or(0);
+        if max >= txid {
+            return max;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica did not reach TXID {txid} (at {max})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn steps(w: &mut Writer, n: usize) {
+    for _ in 0..n {
+        w.step();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// replicate -> kill -9 -> replicate again -> SIGTERM -> restore equals the source; a point
+/// in time from the first run restores too; the server holds no temporary file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sftp_replicate_kill9_and_restore() {
+    let Some(sshd) = Sshd::start() else { return };
+    let dir = TestDir::new("sftp-e2e");
+    let db = dir.join("app.db");
+    let mut w = Writer::open(&db, common::seed("sftp-e2e"));
+    w.step();
+    let cfg = config(
+        dir.path(),
+        "replicad.yml",
+        &db,
+        "",
+        &sshd.replica_yaml("e2e", sshd.port, 6),
+    );
+    let args = ["replicate", "--config", common::s(&cfg)];
+    let mut first = spawn(dir.path(), &args, "first.log");
+    steps(&mut w, 25).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    common::kill9(&mut first);
+    steps(&mut w, 25).await;
+    let mut second = spawn(dir.path(), &args, "second.log");
+    steps(&mut w, 25).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop_ok(&mut second, dir.path(), "second.log");
+
+    let out = dir.join("restored.db");
+    let restore = |out: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "restore",
+            "--config",
+            common::s(&cfg),
+            "--to",
+            common::s(out),
+        ];
+        a.extend_from_slice(extra);
+        a.push(common::s(&db));
+        run_ok(dir.path(), &a)
+    };
+    restore(&out, &[]);
+    assert_same_content(&db, &out, "sftp: restore after kill -9");
+    let at2 = dir.join("at-2.db");
+    restore(&at2, &["--txid", "0000000000000002"]);
+    assert!(common::integrity_ok(&at2), "sftp: TXID 2");
+    let leftovers: Vec<_> = walk(&sshd.root.join("e2e"))
+        .into_iter()
+        .filter(|p| p.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p.display().to_string());
+        }
+    }
+    out
+}
+
+/// An age-encrypted SFTP replica: the files are `.ltx.age`, and restore needs and uses the
+/// identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sftp_age_encrypted_round_trip() {
+    let Some(sshd) = Sshd::start() else { return };
+    let dir = TestDir::new("sftp-age");
+    let (identity, public) = replicad::storage::age::keys::generate_identity();
+    let id = dir.join("id.txt");
+    std::fs::write(&id, identity).unwrap();
+    let db = dir.join("app.db");
+    let mut w = Writer::open(&db, common::seed("sftp-age"));
+    w.step();
+    let replica = format!(
+        "{}      age:\n        recipients: [{public}]\n        identities: [{}]\n",
+        sshd.replica_yaml("age", sshd.port, 6),
+        id.display()
+    );
+    let cfg = config(dir.path(), "replicad.yml", &db, "", &replica);
+    let mut d = spawn(
+        dir.path(),
+        &["replicate", "--config", common::s(&cfg)],
+        "d.log",
+    );
+    steps(&mut w, 20).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop_ok(&mut d, dir.path(), "d.log");
+    let files: Vec<_> = walk(&sshd.root.join("age/ltx"));
+    assert!(
+        !files.is_empty() && files.iter().all(|f| f.ends_with(".ltx.age")),
+        "{files:?}"
+    );
+    // Without the identity: the same replica through a config that has none.
+    let bare = config(
+        dir.path(),
+        "bare.yml",
+        &db,
+        "",
+        &sshd.replica_yaml("age", sshd.port, 6),
+    );
+    let out = dir.join("no-key.db");
+    let o = run(
+        dir.path(),
+        &[
+            "restore",
+            "--config",
+            common::s(&bare),
+            "--to",
+            common::s(&out),
+            common::s(&db),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "restore without the identity");
+    let out = dir.join("restored.db");
+    run_ok(
+        dir.path(),
+        &[
+            "restore",
+            "--config",
+            common::s(&cfg),
+            "--to",
+            common::s(&out),
+            common::s(&db),
+        ],
+    );
+    assert_same_content(&db, &out, "sftp: age round trip");
+}
+
+/// Litestream (0.5.17, from PyPI) restores replicad's SFTP replica (lz4), and replicad
+/// restores Litestream's, both through the same sshd and the same keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn litestream_and_replicad_read_each_others_sftp_replicas() {
+    let Some(ls) = common::litestream_bin() else {
+        return;
+    };
+    let Some(sshd) = Sshd::start() else { return };
+    let dir = TestDir::new("sftp-interop");
+    let yaml = |rel: &str| sshd.replica_yaml(rel, sshd.port, 6);
+
+    // replicad writes (lz4), Litestream restores.
+    let db = dir.join("a.db");
+    let mut w = Writer::open(&db, common::seed("sftp-interop-a"));
+    w.step();
+    let cfg = config(
+        dir.path(),
+        "replicad.yml",
+        &db,
+        "compression: lz4\n",
+        &yaml("a"),
+    );
+    let mut d = spawn(
+        dir.path(),
+        &["replicate", "--config", common::s(&cfg)],
+        "r.log",
+    );
+    steps(&mut w, 25).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop_ok(&mut d, dir.path(), "r.log");
+    let ls_cfg = dir.join("litestream-a.yml");
+    std::fs::write(
+        &ls_cfg,
+        format!(
+            "dbs:\n  - path: {}\n    replica:\n{}",
+            db.display(),
+            yaml("a")
+        ),
+    )
+    .unwrap();
+    let out = dir.join("a-by-litestream.db");
+    let o = Command::new(&ls)
+        .args([
+            "restore",
+            "-config",
+            common::s(&ls_cfg),
+            "-o",
+            common::s(&out),
+        ])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "litestream restore: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_same_content(&db, &out, "sftp: Litestream restores replicad's");
+
+    // Litestream writes, replicad restores.
+    let db2 = dir.join("b.db");
+    let mut w2 = Writer::open(&db2, common::seed("sftp-interop-b"));
+    w2.step();
+    let ls_cfg_b = dir.join("litestream-b.yml");
+    std::fs::write(
+        &ls_cfg_b,
+        format!(
+            "dbs:\n  - path: {}\n    monitor-interval: 100ms\n    replica:\n{}",
+            db2.display(),
+            yaml("b")
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("litestream.log")).unwrap();
+    let mut ls_child = Command::new(&ls)
+        .args(["replicate", "-config", common::s(&ls_cfg_b)])
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    steps(&mut w2, 20).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    common::sigterm(&ls_child);
+    let st = common::wait_timeout(&mut ls_child, Duration::from_secs(30)).expect("stop");
+    assert!(
+        st.success(),
+        "litestream exit {st:?}: {}",
+        std::fs::read_to_string(dir.join("litestream.log")).unwrap_or_default()
+    );
+    drop(w2);
+    let cfg_b = config(dir.path(), "replicad-b.yml", &db2, "", &yaml("b"));
+    let out2 = dir.join("b-by-replicad.db");
+    run_ok(
+        dir.path(),
+        &[
+            "restore",
+            "--config",
+            common::s(&cfg_b),
+            "--to",
+            common::s(&out2),
+            common::s(&db2),
+        ],
+    );
+    assert_same_content(&db2, &out2, "sftp: replicad restores Litestream's");
+}
+
+/// After start, an idle database sends nothing at all to its SFTP replica (bytes counted by
+/// a proxy in front of sshd: SSH is encrypted, so bytes, not requests); a commit then does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_database_sends_nothing_over_sftp() {
+    let Some(sshd) = Sshd::start() else { return };
+    let proxy = CountingProxy::start(sshd.port);
+    let dir = TestDir::new("sftp-idle");
+    let db = dir.join("app.db");
+    let mut w = Writer::open(&db, common::seed("sftp-idle"));
+    w.step();
+    let cfg = config(
+        dir.path(),
+        "replicad.yml",
+        &db,
+        "",
+        &sshd.replica_yaml("idle", proxy.port, 6),
+    );
+    let mut d = spawn(
+        dir.path(),
+        &["replicate", "--config", common::s(&cfg)],
+        "d.log",
+    );
+    let direct = sshd.client("idle");
+    wait_for_txid(&direct, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let settled = proxy.bytes();
+    assert!(settled > 0, "the proxy saw the start");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        proxy.bytes() - settled,
+        0,
+        "bytes in 5 s of idle (100 ticks)"
+    );
+    let before = wait_for_txid(&direct, 1).await;
+    w.commit_txn();
+    wait_for_txid(&direct, before + 1).await;
+    assert!(proxy.bytes() > settled, "the commit went through the proxy");
+    stop_ok(&mut d, dir.path(), "d.log");
+    eprintln!(
+        "sftp: start {settled} bytes, idle 0, one commit {} bytes",
+        proxy.bytes() - settled
+    );
+}
+
+/// Bad input gets one line naming the replica and what to do: an unknown host key (the
+/// ssh-keyscan hint), a host key that does not match `host-key`, a key the server refuses,
+/// a directory the user may not write (the daemon exits 1 at start), and a server down at
+/// start, which the daemon reports and keeps retrying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sftp_bad_input_is_named() {
+    let Some(sshd) = Sshd::start() else { return };
+    let dir = TestDir::new("sftp-bad");
+    let db = dir.join("app.db");
+    let _w = Writer::open(&db, 1);
+    let out = dir.join("out.db");
+    let base = sshd.replica_yaml("bad", sshd.port, 6);
+    let without = |key: &str| {
+        base.lines()
+            .filter(|l| !l.trim_start().starts_with(key))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    };
+    let one_line_error = |name: &str, replica: &str, wants: &[&str]| {
+        let cfg = config(dir.path(), &format!("{name}.yml"), &db, "", replica);
+        let o = run(
+            dir.path(),
+            &[
+                "restore",
+                "--config",
+                common::s(&cfg),
+                "--to",
+                common::s(&out),
+                common::s(&db),
+            ],
+        );
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{name}: one line:\n{err}");
+        assert!(
+            err.contains(&format!("sftp://{}@127.0.0.1:{}", sshd.user, sshd.port)),
+            "{name}: names the replica:\n{err}"
+        );
+        for w in wants {
+            assert!(err.contains(w), "{name}: wants {w:?}:\n{err}");
+        }
+        err
+    };
+
+    // No host-key and an empty known_hosts (HOME is the test directory).
+    one_line_error(
+        "unknown-host",
+        &without("host-key"),
+        &[
+            "host key of 127.0.0.1:",
+            "is unknown",
+            "ssh-keyscan -p",
+            "host-key:",
+        ],
+    );
+    // A known_hosts naming another key for this server.
+    let other = TestDir::new("sftp-bad-other-key");
+    let other_key = other.join("k");
+    Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f", common::s(&other_key)])
+        .status()
+        .unwrap();
+    let other_pub = std::fs::read_to_string(other.join("k.pub")).unwrap();
+    let other_pub: Vec<&str> = other_pub.split_whitespace().take(2).collect();
+    let kh = dir.join("known_hosts");
+    std::fs::write(
+        &kh,
+        format!("[127.0.0.1]:{} {}\n", sshd.port, other_pub.join(" ")),
+    )
+    .unwrap();
+    one_line_error(
+        "changed-host",
+        &format!(
+            "{}      known-hosts-path: {}\n",
+            without("host-key"),
+            kh.display()
+        ),
+        &["HOST KEY CHANGED", "line 1"],
+    );
+    one_line_error(
+        "wrong-host-key",
+        &format!(
+            "{}      host-key: {}\n",
+            without("host-key"),
+            other_pub.join(" ")
+        ),
+        &["does not match `host-key`"],
+    );
+    // A key the server does not know.
+    one_line_error(
+        "refused-key",
+        &format!(
+            "{}      key-path: {}\n",
+            without("key-path"),
+            other_key.display()
+        ),
+        &["refused the key", "authorized_keys"],
+    );
+    // A directory no one may write (sysfs refuses even root).
+    let denied = base.replace(
+        &format!("path: {}/bad", sshd.root.display()),
+        "path: /sys/replicad-test",
+    );
+    let cfg = config(dir.path(), "denied.yml", &db, "", &denied);
+    let mut d = spawn(
+        dir.path(),
+        &["replicate", "--config", common::s(&cfg)],
+        "denied.log",
+    );
+    // A permanent refusal at start is a configuration error: the daemon says so and exits.
+    let st = common::wait_timeout(&mut d, Duration::from_secs(60)).expect("exit");
+    let log = std::fs::read_to_string(dir.join("denied.log")).unwrap();
+    assert_eq!(st.code(), Some(1), "denied: {log}");
+    let error: Vec<&str> = log.lines().filter(|l| l.starts_with("error:")).collect();
+    assert!(
+        error.len() == 1
+            && error[0].contains("sftp://")
+            && error[0].contains("permission denied; hint: user"),
+        "denied: {log}"
+    );
+
+    // The server down at start: the daemon runs, says so, and keeps trying.
+    let closed = common::http::free_port();
+    let down = sshd.replica_yaml("down", closed, 6);
+    let cfg = config(dir.path(), "down.yml", &db, "", &down);
+    let mut d = spawn(
+        dir.path(),
+        &["replicate", "--config", common::s(&cfg)],
+        "down.log",
+    );
+    wait_log(
+        &dir.join("down.log"),
+        &format!("cannot reach 127.0.0.1:{closed}"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        d.try_wait().unwrap().is_none(),
+        "the daemon exited with its replica down"
+    );
+    common::sigterm(&d);
+    let st = common::wait_timeout(&mut d, Duration::from_secs(60)).expect("stop");
+    assert_eq!(st.code(), Some(1), "exit code with an unprotected database");
+}
+
+/// Waits (at most 30 s) until `log` contains `what`; returns the log.
+async fn wait_log(log: &Path, what: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(what) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never said {what:?}:\n{text}",
+            log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
