@@ -487,3 +487,57 @@ async fn bad_input_is_named_on_each_backend() {
         );
     }
 }
+
+/// A WebDAV server that asks for a password: a wrong one gets one line naming the replica and
+/// the keys to check, never the password; the right one restores (an empty replica: exit 1,
+/// "no backup", not a credentials error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webdav_credentials_are_checked_and_never_shown() {
+    let Some(emu) = Emulator::webdav(true) else {
+        return;
+    };
+    let dir = TestDir::new("obj-webdav-auth");
+    let db = dir.join("app.db");
+    let (user, pass) = emu.auth.clone().unwrap();
+    let restore = |password: &str| {
+        let cfg = dir.join("replicad.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "dbs:\n  - path: {}\n    replica:\n      type: webdav\n      webdav-url: {}\n      webdav-username: {user}\n      webdav-password: {password}\n      path: auth/app.db\n",
+                db.display(),
+                emu.endpoint
+            ),
+        )
+        .unwrap();
+        let out = dir.join("out.db");
+        let o = run(
+            &emu,
+            &[
+                "restore",
+                "--config",
+                common::s(&cfg),
+                "--to",
+                common::s(&out),
+                common::s(&db),
+            ],
+        );
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    let (code, err) = restore("wrong-password-xyz");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.trim().lines().count() == 1
+            && err.contains(&format!("webdav://127.0.0.1:{}/auth/app.db", emu.port))
+            && err.contains("credentials were refused")
+            && err.contains("webdav-password")
+            && !err.contains("wrong-password-xyz"),
+        "wrong password:\n{err}"
+    );
+    let (code, err) = restore(&pass);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(!err.contains("credentials"), "right password:\n{err}");
+}

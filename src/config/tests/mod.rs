@@ -3,6 +3,7 @@
 
 mod entries;
 mod object;
+mod remote;
 mod s3;
 mod settings;
 mod top_level;

@@ -88,6 +88,14 @@ pub(super) fn classify(
             ))
         }
         K::PermissionDenied => permanent(format!("access denied ({cause}); hint: {perms}")),
+        // WebDAV answers come back as "unexpected" with the status inside.
+        _ if lower.contains("status: 401") => permanent(format!(
+            "the credentials were refused (401 Unauthorized); hint: {}",
+            credentials_hint(cfg)
+        )),
+        _ if lower.contains("status: 403") => {
+            permanent(format!("access denied (403 Forbidden); hint: {perms}"))
+        }
         K::ConfigInvalid | K::Unsupported => permanent(cause),
         _ if lower.contains("credential") || lower.contains("token") && lower.contains("load") => {
             StorageError::Transient {
