@@ -140,6 +140,7 @@ impl<'de, T> Visitor<'de> for SectionSeed<'_, T> {
 }
 
 pub(crate) mod dbs;
+pub(crate) mod remote;
 pub(crate) mod replica;
 pub(crate) mod root;
 pub(crate) mod settings;
