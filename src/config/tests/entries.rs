@@ -149,9 +149,9 @@ fn duplicate_keys() {
 #[test]
 fn unsupported_replica_types() {
     assert_fail(
-        "dbs:\n  - path: /a.db\n    replica: {type: sftp, path: /x}\n",
+        "dbs:\n  - path: /a.db\n    replica: {type: oss, path: /x}\n",
         3,
-        &["replica type sftp is not supported yet (key `type` in dbs[0].replica)"],
+        &["replica type oss is not supported yet (key `type` in dbs[0].replica)"],
     );
     assert_fail(
         "dbs:\n  - path: /a.db\n    replica:\n      name: bus\n      url: nats://host/db\n",
@@ -449,8 +449,8 @@ fn single_errors() {
         "config command line: no replica URL given for /a.db"
     );
     assert_eq!(
-        msg(&["sftp://host/a"], d()),
-        "config command line: replica type sftp is not supported yet (replica URL \"sftp://host/a\")"
+        msg(&["oss://bucket/a"], d()),
+        "config command line: replica type oss is not supported yet (replica URL \"oss://bucket/a\")"
     );
     assert_eq!(
         msg(&["s3://b/a", "s3://b/a/"], d()),

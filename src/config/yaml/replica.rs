@@ -1,6 +1,7 @@
 //! One replica map (`url`, or `type` with its keys), its S3 keys and its `age` encryption.
 
 use crate::config::url::{Destination, file_url_from_path, s3_url};
+use crate::config::yaml::remote::RawOther;
 use crate::config::yaml::{
     AGE_KEYS, AZURE_KEYS, Ctx, KeySeed, OBJECT_SHARED_KEYS, REPLICA_KEYS, S3_KEYS,
     S3_KEYS_WITH_URL, SFTP_KEYS, Scalar, ValueSeed, WEBDAV_KEYS, boolean, bucket, concurrency,
@@ -9,7 +10,6 @@ use crate::config::yaml::{
 #[allow(unused_imports)]
 use crate::config::*;
 use crate::storage::object::{ObjectConfig, Service};
-use crate::config::yaml::remote::RawOther;
 
 /// The `replicas` list of one database.
 pub(crate) struct ReplicasSeed<'a> {
@@ -710,7 +710,6 @@ impl<'de> Visitor<'de> for ReplicaSeed<'_> {
         })
     }
 }
-
 
 /// The Azure keys of one replica map, as read.
 #[derive(Default)]
