@@ -538,3 +538,41 @@ async fn wait_log(log: &Path, what: &str) -> String {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Password login (the `password` key, no key file): a replica is written and read back; a
+/// wrong password is refused by name, and the password never appears in the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sftp_password_login() {
+    use replicad::storage::s3::Secret;
+    use replicad::storage::sftp::{HostKeyCheck, SftpClient, SftpConfig};
+    let Some(sshd) = Sshd::start() else { return };
+    let Some((user, password, dir, _keep)) = sshd.password_user() else {
+        return;
+    };
+    let client = |password: &str| {
+        let mut cfg = SftpConfig::new("127.0.0.1", sshd.port, &user, common::s(&dir));
+        cfg.password = Some(Secret(password.into()));
+        cfg.host_key = HostKeyCheck::Key(sshd.host_key.clone());
+        AnyClient::Sftp(SftpClient::new(cfg))
+    };
+    let good = client(&password);
+    good.write_aux("replicad.lease", b"by password".to_vec())
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", sshd.log()));
+    assert_eq!(
+        good.read_aux("replicad.lease").await.unwrap().as_deref(),
+        Some(&b"by password"[..])
+    );
+    assert!(dir.join("replicad.lease").exists(), "written where configured");
+    let err = client("not-the-password-42")
+        .read_aux("replicad.lease")
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(!err.is_retryable(), "a refused password is permanent: {text}");
+    assert!(
+        text.contains(&format!("refused the password for user `{user}`"))
+            && !text.contains("not-the-password-42"),
+        "{text}"
+    );
+}

@@ -89,13 +89,8 @@ pub(super) fn classify(
         }
         K::PermissionDenied => permanent(format!("access denied ({cause}); hint: {perms}")),
         // WebDAV answers come back as "unexpected" with the status inside.
-        _ if lower.contains("status: 401") => permanent(format!(
-            "the credentials were refused (401 Unauthorized); hint: {}",
-            credentials_hint(cfg)
-        )),
-        _ if lower.contains("status: 403") => {
-            permanent(format!("access denied (403 Forbidden); hint: {perms}"))
-        }
+        _ if lower.contains("status: 401") => from_status(cfg, op, key, 401, ""),
+        _ if lower.contains("status: 403") => from_status(cfg, op, key, 403, ""),
         K::ConfigInvalid | K::Unsupported => permanent(cause),
         _ if lower.contains("credential") || lower.contains("token") && lower.contains("load") => {
             StorageError::Transient {
@@ -130,6 +125,46 @@ pub(super) fn classify(
             }
         }
         _ => permanent(cause),
+    }
+}
+
+/// Maps a WebDAV server's answer to a request replicad made itself (the segment upload).
+pub(super) fn from_status(
+    cfg: &ObjectConfig,
+    op: &'static str,
+    key: &str,
+    status: u16,
+    body: &str,
+) -> StorageError {
+    let key = at(cfg, key);
+    let said = if body.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {body}")
+    };
+    let permanent = |reason: String| StorageError::Permanent {
+        op,
+        key: key.clone(),
+        reason,
+    };
+    match status {
+        401 => permanent(format!(
+            "the credentials were refused ({said}); hint: {}",
+            credentials_hint(cfg)
+        )),
+        403 => permanent(format!(
+            "access denied ({said}); hint: the user needs to list (PROPFIND), create \
+             collections (MKCOL), write (PUT), move (MOVE) and delete (DELETE) under the \
+             replica's path"
+        )),
+        // 409: a parent collection is missing (removed behind replicad's back); 423 locked,
+        // 429 and 5xx: busy or failing; 507: out of space. All may pass.
+        404 | 409 | 423 | 429 | 500..=599 => StorageError::Transient {
+            op,
+            key,
+            reason: format!("the server said {said}"),
+        },
+        _ => permanent(format!("the server said {said}")),
     }
 }
 

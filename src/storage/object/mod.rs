@@ -9,12 +9,17 @@
 //! - A segment is written conditionally (`If-None-Match: *` on Azure, `ifGenerationMatch=0` on
 //!   GCS), so an object is never replaced, and whole: one upload up to [`SINGLE_PUT_MAX`],
 //!   above it a resumable upload (GCS) or a block list (Azure) committed only after every part.
+//!   On WebDAV a segment is streamed under a temporary name in its level, then moved to its
+//!   name with `Overwrite: F`, which the server refuses if the name exists (see `webdav`), so
+//!   a reader never sees a partial one and never a replaced one. Litestream's listing skips
+//!   the temporary names.
 //! - Listing is by level prefix and filtered by name, never by a TXID name prefix
 //!   (Litestream #1537: seeking by name prefix stalls its compaction).
 //! - Secrets (account key, SAS token) never appear in `Debug`, `location()`, logs or errors.
 
 mod config;
 mod errors;
+mod webdav;
 
 use std::path::Path;
 
@@ -49,6 +54,8 @@ pub struct ObjectClient {
     suffix: &'static str,
     /// WebDAV: collections known to exist.
     dirs: std::sync::Arc<tokio::sync::Mutex<std::collections::HashSet<String>>>,
+    /// WebDAV: the segment upload (streamed PUT, then MOVE without overwrite).
+    webdav: Option<webdav::Uploader>,
 }
 
 impl std::fmt::Debug for ObjectClient {
@@ -63,11 +70,16 @@ impl ObjectClient {
     /// A client for `cfg`; nothing is contacted until the first call.
     pub fn new(cfg: ObjectConfig) -> Result<ObjectClient, String> {
         let op = cfg.build()?;
+        let webdav = match cfg.service {
+            Service::Webdav => Some(webdav::Uploader::new(&cfg)?),
+            _ => None,
+        };
         Ok(ObjectClient {
             cfg: std::sync::Arc::new(cfg),
             op,
             suffix: "",
             dirs: Default::default(),
+            webdav,
         })
     }
 
@@ -230,7 +242,7 @@ impl ObjectClient {
     ) -> Result<(), StorageError> {
         let io = |e: std::io::Error| StorageError::from_io("put", src, e);
         if self.cfg.service == Service::Webdav {
-            return self.put_then_move(key, src).await;
+            return self.put_then_move(key, src, size).await;
         }
         let metadata = self.timestamp_metadata(timestamp_ms);
         if size <= SINGLE_PUT_MAX {
@@ -279,39 +291,27 @@ impl ObjectClient {
     }
 
     /// WebDAV: upload under a temporary name beside `key`, then move it to `key` if free.
-    async fn put_then_move(&self, key: &str, src: &Path) -> Result<(), StorageError> {
+    async fn put_then_move(&self, key: &str, src: &Path, size: u64) -> Result<(), StorageError> {
+        let Some(up) = &self.webdav else {
+            return Err(StorageError::Permanent {
+                op: "put",
+                key: key.to_string(),
+                reason: "internal error: a WebDAV client without its uploader".into(),
+            });
+        };
         let tmp = format!(
             "{key}.{}.{}.tmp",
             std::process::id(),
             Utc::now().timestamp_nanos_opt().unwrap_or_default()
         );
         self.ensure_dir(key).await?;
-        // OpenDAL's WebDAV writer takes one buffer: the segment is read whole.
-        let data = tokio::fs::read(src)
-            .await
-            .map_err(|e| StorageError::from_io("put", src, e))?;
-        let uploaded = async {
-            self.op
-                .write(&tmp, data)
-                .await
-                .map_err(|e| self.fail("put", key, e))?;
-            match self.op.exists(key).await {
-                Ok(true) => Err(StorageError::Conflict {
-                    op: "put",
-                    key: errors::at(&self.cfg, key),
-                }),
-                Ok(false) => self
-                    .op
-                    .rename(&tmp, key)
-                    .await
-                    .map_err(|e| self.fail("put", key, e)),
-                Err(e) => Err(self.fail("put", key, e)),
-            }
-        }
-        .await;
+        let uploaded = match up.put(&self.cfg, &tmp, src, size).await {
+            Ok(()) => up.move_new(&self.cfg, &tmp, key).await,
+            Err(e) => Err(e),
+        };
         if uploaded.is_err() {
             // Best effort: a leftover temporary name is never listed as a segment.
-            let _ = self.op.delete(&tmp).await;
+            up.delete(&tmp).await;
         }
         uploaded
     }

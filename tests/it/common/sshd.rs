@@ -88,7 +88,7 @@ impl Sshd {
             format!(
                 "Port {port}\nListenAddress 127.0.0.1\nHostKey {host}\nPidFile {pid}\n\
                  AuthorizedKeysFile {authorized}\nStrictModes no\nPubkeyAuthentication yes\n\
-                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
+                 PasswordAuthentication yes\nKbdInteractiveAuthentication no\nUsePAM no\n\
                  PermitRootLogin prohibit-password\nSubsystem sftp internal-sftp\n\
                  LogLevel VERBOSE\n",
                 host = host.display(),
@@ -121,6 +121,54 @@ impl Sshd {
             child,
             dir,
         })
+    }
+
+    /// A user who logs in with a password (created on first use; root only, as in CI) and a
+    /// directory it owns: `(user, password, directory)`. `None` (SKIPPED) when not root.
+    pub fn password_user(&self) -> Option<(String, String, PathBuf, super::TestDir)> {
+        if self.user != "root" {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "the password test creates a user: CI runs as root"
+            );
+            eprintln!("SKIPPED: creating a password user needs root");
+            return None;
+        }
+        let user = "replicad-sftp";
+        let exists = Command::new("id")
+            .arg(user)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !exists {
+            let st = Command::new("useradd")
+                .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user])
+                .status()
+                .expect("run useradd");
+            assert!(st.success(), "useradd {user}");
+        }
+        let password = "replicad-sftp-test-password";
+        let mut chpasswd = Command::new("chpasswd")
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("run chpasswd");
+        std::io::Write::write_all(
+            chpasswd.stdin.as_mut().unwrap(),
+            format!("{user}:{password}\n").as_bytes(),
+        )
+        .unwrap();
+        assert!(chpasswd.wait().unwrap().success(), "chpasswd");
+        // Its own directory tree, which the user can reach (test directories are 0700).
+        let dir = super::TestDir::new("sftp-password");
+        let mut perms = std::fs::metadata(dir.path()).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(dir.path(), perms).unwrap();
+        let own = dir.join("replica");
+        std::fs::create_dir_all(&own).unwrap();
+        let st = Command::new("chown").arg(user).arg(&own).status().unwrap();
+        assert!(st.success(), "chown");
+        Some((user.to_string(), password.to_string(), own, dir))
     }
 
     /// The server's log so far (for failure messages).
