@@ -89,6 +89,10 @@ impl Config {
                 |e: String| invalid(format!("{e} (replica URL {:?})", redact_userinfo(raw)));
             let kind = ReplicaKind::from_url(raw).map_err(in_url)?;
             let parsed = kind.parse_url(raw).map_err(in_url)?;
+            if let Some(cfg) = &parsed.sftp {
+                // In a config file the `user` key may complete the URL; here nothing can.
+                cfg.validate().map_err(in_url)?;
+            }
             let replica = ReplicaConfig {
                 name: kind.default_name(i),
                 url: parsed.url,

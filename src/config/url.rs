@@ -50,13 +50,7 @@ pub(crate) fn reject_userinfo(url: &str) -> Result<(), String> {
 
 /// `url` with any `user:secret@` replaced, for error messages.
 pub(crate) fn redact_userinfo(url: &str) -> String {
-    match authority(url) {
-        Some((scheme, auth, rest)) if auth.contains('@') => {
-            let host = auth.rsplit_once('@').map_or("", |(_, h)| h);
-            format!("{scheme}://<redacted>@{host}{rest}")
-        }
-        _ => url.to_string(),
-    }
+    crate::storage::s3::redact_url(url)
 }
 
 /// Where a replica writes: two replicas with the same destination would overwrite each other.

@@ -379,9 +379,9 @@ impl AnyClient {
             return Ok(AnyClient::S3(S3Client::new(S3Config::from_url(url)?)));
         }
         if url.starts_with("sftp://") {
-            return Ok(AnyClient::Sftp(SftpClient::new(
-                crate::storage::sftp::SftpConfig::from_url(url)?,
-            )));
+            let cfg = crate::storage::sftp::SftpConfig::from_url(url)?;
+            cfg.validate()?;
+            return Ok(AnyClient::Sftp(SftpClient::new(cfg)));
         }
         if ["gs://", "abs://", "webdav://", "webdavs://"]
             .iter()

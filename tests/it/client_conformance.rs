@@ -223,6 +223,27 @@ impl Backend<'_> {
         }
     }
 
+    /// Removes level `level` behind the client's back: its directory or collection with
+    /// everything in it, or (S3, GCS, Azure: no directories) its objects.
+    async fn remove_level(&self, level: u8) {
+        let loc = self.level_location(level, "x");
+        let dir = loc.rsplit_once('/').map_or("", |(d, _)| d).to_string();
+        match &self.kind {
+            Kind::File { .. } | Kind::Sftp { .. } => std::fs::remove_dir_all(&dir).unwrap(),
+            Kind::Object { emu, prefix } => {
+                let op = emu.config(prefix).build().unwrap();
+                op.delete_with(&format!("{dir}/"))
+                    .recursive(true)
+                    .await
+                    .unwrap();
+            }
+            Kind::S3 { .. } => {
+                let files = self.client.list(level).await.unwrap();
+                self.client.delete(&files).await.unwrap();
+            }
+        }
+    }
+
     /// A client for the replica at this one's location with "2" appended (`/x` -> `/x2`).
     fn sibling(&self) -> AnyClient {
         match &self.kind {
@@ -564,6 +585,7 @@ async fn conformance(env: &Env<'_>) {
         foreign_names_are_skipped,
         many_files_list_and_delete,
         aux_objects_round_trip_beside_the_levels,
+        put_after_the_level_vanished,
     );
     assert!(
         failed.is_empty(),
@@ -571,6 +593,21 @@ async fn conformance(env: &Env<'_>) {
         failed.len(),
         failed.join("\n")
     );
+}
+
+/// A level removed behind the client's back (someone emptied the replica) takes new puts
+/// again: backends that cache the directories they made make them again.
+async fn put_after_the_level_vanished(b: &Backend<'_>) {
+    let name = b.name();
+    put(b, &Put::new(5, 1, 1, 1, 90)).await.unwrap();
+    b.remove_level(5).await;
+    assert_eq!(list(b, 5).await, vec![], "{name}: level 5 removed");
+    let again = Put::new(5, 2, 2, 1, 91);
+    put(b, &again)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: put after the level vanished: {e}"));
+    assert_eq!(ranges(&list(b, 5).await), vec![(5, 2, 2)], "{name}");
+    assert_bytes(name, &read_all(b, 5, 2, 2, 0).await, &again.bytes);
 }
 
 /// Auxiliary objects (the single-writer lease): missing reads as `None`, a write replaces the

@@ -563,16 +563,49 @@ async fn sftp_password_login() {
         good.read_aux("replicad.lease").await.unwrap().as_deref(),
         Some(&b"by password"[..])
     );
-    assert!(dir.join("replicad.lease").exists(), "written where configured");
+    assert!(
+        dir.join("replicad.lease").exists(),
+        "written where configured"
+    );
     let err = client("not-the-password-42")
         .read_aux("replicad.lease")
         .await
         .unwrap_err();
     let text = err.to_string();
-    assert!(!err.is_retryable(), "a refused password is permanent: {text}");
+    assert!(
+        !err.is_retryable(),
+        "a refused password is permanent: {text}"
+    );
     assert!(
         text.contains(&format!("refused the password for user `{user}`"))
             && !text.contains("not-the-password-42"),
         "{text}"
     );
+}
+
+/// A server with two host keys (Ed25519 and ECDSA) and a known_hosts file that records only
+/// the ECDSA one: replicad asks for the recorded type, as OpenSSH does, and connects; with
+/// `host-key` set to the ECDSA key as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sftp_asks_for_the_host_key_type_it_knows() {
+    use replicad::storage::sftp::{HostKeyCheck, SftpClient};
+    let Some(sshd) = Sshd::start() else { return };
+    let dir = TestDir::new("sftp-keytype");
+    let kh = dir.join("known_hosts");
+    std::fs::write(
+        &kh,
+        format!("[127.0.0.1]:{} {}\n", sshd.port, sshd.host_key_ecdsa),
+    )
+    .unwrap();
+    for check in [
+        HostKeyCheck::KnownHosts(Some(kh.clone())),
+        HostKeyCheck::Key(sshd.host_key_ecdsa.clone()),
+    ] {
+        let mut cfg = sshd.config("keytype");
+        cfg.host_key = check.clone();
+        let c = AnyClient::Sftp(SftpClient::new(cfg));
+        c.write_aux("replicad.lease", b"x".to_vec())
+            .await
+            .unwrap_or_else(|e| panic!("{check:?}: {e}"));
+    }
 }

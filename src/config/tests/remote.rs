@@ -138,3 +138,46 @@ fn keys_of_sftp_and_webdav_stay_with_them() {
         &["key `bucket` applies only to s3 replicas, not to a webdav replica"],
     );
 }
+
+#[test]
+fn litestream_url_with_user_key_and_no_credentials_in_urls() {
+    // As Litestream: the `user` key completes a URL without one.
+    let c = parse(
+        "dbs:\n  - path: /a.db\n    replica:\n      url: sftp://h:2222/srv/a\n      user: bob\n",
+    )
+    .unwrap();
+    let s = c.dbs[0].replicas[0].sftp.clone().unwrap();
+    assert_eq!(
+        (s.user.as_str(), s.port, s.path.as_str()),
+        ("bob", 2222, "/srv/a")
+    );
+    assert_fail(
+        "dbs:\n  - path: /a.db\n    replica:\n      url: sftp://h/srv/a\n",
+        4,
+        &["an sftp replica needs `user`"],
+    );
+    for url in [
+        "sftp://bob:pa/ss@h/x",
+        "webdav://u:pa/ss@h/x",
+        "webdavs://u:pw@h/x",
+    ] {
+        let (_, msg) = fail(&format!(
+            "dbs:\n  - path: /a.db\n    replica:\n      url: {url}\n"
+        ));
+        assert!(
+            msg.contains("refused") || msg.contains("webdav[s]://"),
+            "{url}: {msg}"
+        );
+        assert!(
+            !msg.contains("pa/ss") && !msg.contains(":pw"),
+            "{url}: {msg}"
+        );
+    }
+    let (_, msg) = fail(
+        "dbs:\n  - path: /a.db\n    replica:\n      type: webdav\n      webdav-url: https://u:s3cret@h/dav\n",
+    );
+    assert!(
+        msg.contains("credentials in webdav-url are refused") && !msg.contains("s3cret"),
+        "{msg}"
+    );
+}

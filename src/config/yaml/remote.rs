@@ -25,8 +25,8 @@ impl RawOther {
         self.flags.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
     }
 
-    /// The SFTP settings: from the URL, or from `host` (`HOST[:PORT]`), `user` and `path`,
-    /// then the authentication and host key keys.
+    /// The SFTP settings: from the URL (and `user`), or from `host` (`HOST[:PORT]`), `user`
+    /// and `path`, then the authentication and host key keys.
     pub(crate) fn sftp(
         &self,
         from_url: Option<SftpConfig>,
@@ -34,11 +34,16 @@ impl RawOther {
         seen: &[&str],
     ) -> Result<SftpConfig, String> {
         let mut cfg = match from_url {
-            Some(cfg) => {
-                for k in ["path", "host", "user"] {
+            Some(mut cfg) => {
+                // As Litestream: `user` completes or overrides the URL's; `host` and `path`
+                // would contradict it.
+                for k in ["path", "host"] {
                     if seen.contains(&k) {
                         return Err(format!("keys `url` and `{k}` are mutually exclusive"));
                     }
+                }
+                if let Some(user) = self.text("user") {
+                    cfg.user = user.to_string();
                 }
                 cfg
             }

@@ -88,17 +88,20 @@ impl ObjectConfig {
     pub fn from_url(url: &str) -> Result<ObjectConfig, String> {
         for (scheme, http) in [("webdav://", "http://"), ("webdavs://", "https://")] {
             if let Some(rest) = url.strip_prefix(scheme) {
-                let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-                if host.contains('@') {
+                let shown = redact(url);
+                let parsed = url::Url::parse(&format!("{http}{rest}")).map_err(|e| {
+                    format!("a WebDAV replica URL is webdav[s]://HOST[:PORT]/PATH ({e}): {shown}")
+                })?;
+                if !parsed.username().is_empty() || parsed.password().is_some() {
                     return Err(format!(
-                        "credentials in a replica URL are refused: {}; hint: set \
-                         `webdav-username` and `webdav-password` instead",
-                        redact(url)
+                        "credentials in a replica URL are refused: {shown}; hint: set \
+                         `webdav-username` and `webdav-password` instead"
                     ));
                 }
+                let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
                 if host.is_empty() || path.contains('?') {
                     return Err(format!(
-                        "a WebDAV replica URL is webdav[s]://HOST[:PORT]/PATH, got {url:?}"
+                        "a WebDAV replica URL is webdav[s]://HOST[:PORT]/PATH, got {shown}"
                     ));
                 }
                 let cfg = ObjectConfig::webdav(&format!("{http}{host}"), path);
@@ -172,6 +175,16 @@ impl ObjectConfig {
             Service::Azure => "container",
             Service::Webdav => {
                 return match &self.endpoint {
+                    Some(ep)
+                        if url::Url::parse(ep)
+                            .is_ok_and(|u| !u.username().is_empty() || u.password().is_some()) =>
+                    {
+                        Err(format!(
+                            "credentials in webdav-url are refused: {}; hint: set \
+                             `webdav-username` and `webdav-password` instead",
+                            redact(ep)
+                        ))
+                    }
                     Some(ep) if ep.starts_with("http://") || ep.starts_with("https://") => Ok(()),
                     Some(ep) => Err(format!(
                         "webdav-url {ep:?} must start with http:// or https://"

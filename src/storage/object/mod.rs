@@ -305,7 +305,14 @@ impl ObjectClient {
             Utc::now().timestamp_nanos_opt().unwrap_or_default()
         );
         self.ensure_dir(key).await?;
-        let uploaded = match up.put(&self.cfg, &tmp, src, size).await {
+        let mut put = up.put(&self.cfg, &tmp, src, size).await;
+        if put.as_ref().is_err_and(webdav::is_missing_parent) {
+            // The collection was removed behind the cache's back: make it again, once.
+            self.dirs.lock().await.clear();
+            self.ensure_dir(key).await?;
+            put = up.put(&self.cfg, &tmp, src, size).await;
+        }
+        let uploaded = match put {
             Ok(()) => up.move_new(&self.cfg, &tmp, key).await,
             Err(e) => Err(e),
         };

@@ -39,10 +39,15 @@ impl Uploader {
         Ok(Uploader {
             http,
             base,
-            auth: cfg
-                .username
-                .clone()
-                .map(|u| (u, cfg.password.as_ref().map(|p| p.0.clone()).unwrap_or_default())),
+            auth: cfg.username.clone().map(|u| {
+                (
+                    u,
+                    cfg.password
+                        .as_ref()
+                        .map(|p| p.0.clone())
+                        .unwrap_or_default(),
+                )
+            }),
         })
     }
 
@@ -117,6 +122,13 @@ impl Uploader {
     pub(super) async fn delete(&self, key: &str) {
         let _ = self.request("DELETE", key).send().await;
     }
+}
+
+/// True for the answer to a PUT whose parent collection is missing (RFC 4918 §9.7.1: 409;
+/// some servers say 404).
+pub(super) fn is_missing_parent(e: &StorageError) -> bool {
+    matches!(e, StorageError::Transient { reason, .. }
+        if reason.starts_with("the server said HTTP 409") || reason.starts_with("the server said HTTP 404"))
 }
 
 fn transport(cfg: &ObjectConfig, op: &'static str, key: &str, e: &reqwest::Error) -> StorageError {

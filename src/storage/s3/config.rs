@@ -176,8 +176,10 @@ pub fn reject_skip_verify(on: bool) -> Result<(), String> {
 
 /// A URL as it may be shown: any `user:password@` part is replaced.
 pub fn redact_url(s: &str) -> String {
-    match (s.find("://"), s.find('@')) {
-        (Some(end), Some(at)) if at > end && !s[end + 3..at].contains('/') => {
+    // Up to the last `@` before any query: a password may itself hold `/` or `@`.
+    let end_of_query = s.find('?').unwrap_or(s.len());
+    match (s.find("://"), s[..end_of_query].rfind('@')) {
+        (Some(end), Some(at)) if at > end => {
             format!("{}<redacted>{}", &s[..end + 3], &s[at..])
         }
         _ => s.to_string(),

@@ -58,38 +58,49 @@ impl SftpConfig {
         }
     }
 
-    /// Parses `sftp://USER@HOST[:PORT]/PATH` (`/~/PATH`: relative to the login directory).
-    /// A password in the URL is refused: URLs end up in logs and process listings.
+    /// Parses `sftp://[USER@]HOST[:PORT]/PATH` (`/~/PATH`: relative to the login directory),
+    /// percent-decoded as Litestream's Go parser does; the user may come from the `user` key
+    /// instead. A password in the URL is refused: URLs end up in logs and process listings.
     pub fn from_url(url: &str) -> Result<SftpConfig, String> {
+        let shown = crate::storage::s3::redact_url(url);
         let rest = url
             .strip_prefix("sftp://")
-            .ok_or_else(|| format!("not an sftp:// URL: {url:?}"))?;
+            .ok_or_else(|| format!("not an sftp:// URL: {shown}"))?;
         if rest.contains('?') {
             return Err(format!(
-                "an sftp URL takes no parameters; use the replica's keys instead: {}",
-                crate::storage::s3::redact_url(url)
+                "an sftp URL takes no parameters; use the replica's keys instead: {shown}"
             ));
         }
-        let (authority, path) = match rest.find('/') {
+        // The user info ends at the last `@` (a password may hold `/` or `@`).
+        let (user, rest) = match rest.rfind('@') {
+            Some(at) => (&rest[..at], &rest[at + 1..]),
+            None => ("", rest),
+        };
+        if user.contains(':') || user.contains('/') {
+            return Err(format!(
+                "credentials in a replica URL are refused: {shown}; hint: set `password` or \
+                 `key-path` in the replica's config"
+            ));
+        }
+        let (hostport, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, ""),
         };
-        let Some((user, hostport)) = authority.rsplit_once('@') else {
-            return Err(format!(
-                "an sftp URL names the user: sftp://USER@HOST[:PORT]/PATH, got {url:?}"
-            ));
+        let (host, port) = split_host_port(hostport)?;
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8()
+                .map(|c| c.into_owned())
+                .map_err(|_| format!("{shown}: not UTF-8 once percent-decoded"))
         };
-        if user.contains(':') {
+        let path = decode(path)?;
+        let path = path.strip_prefix("/~/").unwrap_or(&path);
+        let cfg = SftpConfig::new(host, port, &decode(user)?, path);
+        if cfg.host.is_empty() {
             return Err(format!(
-                "credentials in a replica URL are refused: {}; hint: set `password` or \
-                 `key-path` in the replica's config",
-                crate::storage::s3::redact_url(url)
+                "an sftp URL is sftp://USER@HOST[:PORT]/PATH, got {shown}"
             ));
         }
-        let (host, port) = split_host_port(hostport)?;
-        let path = path.strip_prefix("/~/").unwrap_or(path);
-        let cfg = SftpConfig::new(host, port, user, path);
-        cfg.validate()?;
         Ok(cfg)
     }
 
@@ -198,8 +209,11 @@ mod tests {
     fn bad_urls_say_why_and_never_echo_a_password() {
         let e = SftpConfig::from_url("sftp://u:hunter2@h/x").unwrap_err();
         assert!(e.contains("refused") && !e.contains("hunter2"), "{e}");
-        let e = SftpConfig::from_url("sftp://h/x").unwrap_err();
-        assert!(e.contains("names the user"), "{e}");
+        let e = SftpConfig::from_url("sftp://bob:pa/ss@h/x").unwrap_err();
+        assert!(e.contains("refused") && !e.contains("pa/ss"), "{e}");
+        let c = SftpConfig::from_url("sftp://h/x%20y").unwrap();
+        assert_eq!((c.user.as_str(), c.path.as_str()), ("", "/x y"));
+        assert!(c.validate().unwrap_err().contains("needs `user`"));
         let e = SftpConfig::from_url("sftp://u@h:0/x").unwrap_err();
         assert!(e.contains("port"), "{e}");
         let mut c = SftpConfig::new("h", 22, "u", "x");

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use russh::client::{self, AuthResult, Handle};
-use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKey, PublicKeyOrCertificate};
+use russh::keys::{Algorithm, HashAlg, PrivateKeyWithHashAlg, PublicKey, PublicKeyOrCertificate};
 use russh_sftp::client::SftpSession;
 
 use super::config::{HostKeyCheck, SftpConfig};
@@ -122,6 +122,48 @@ fn check_host_key(cfg: &SftpConfig, key: &PublicKey) -> Result<(), String> {
     }
 }
 
+/// The host key types to ask the server for: those of the configured key, or of the server's
+/// known_hosts lines (as OpenSSH orders them), so a server with several host keys presents
+/// one that can be checked. `None`: russh's defaults.
+fn host_key_algorithms(cfg: &SftpConfig) -> Option<Vec<Algorithm>> {
+    let keys: Vec<PublicKey> = match &cfg.host_key {
+        HostKeyCheck::Skip => return None,
+        HostKeyCheck::Key(k) => PublicKey::from_openssh(k.trim()).ok().into_iter().collect(),
+        HostKeyCheck::KnownHosts(path) => {
+            let path = match path {
+                Some(p) => p.clone(),
+                None => default_known_hosts().ok()?,
+            };
+            russh::keys::known_hosts::known_host_keys_path(&cfg.host, cfg.port, path)
+                .ok()?
+                .into_iter()
+                .map(|(_, k)| k)
+                .collect()
+        }
+    };
+    let mut out: Vec<Algorithm> = Vec::new();
+    for k in keys {
+        let algs = match k.algorithm() {
+            // An RSA key signs with SHA-2 on any server of the last decade.
+            Algorithm::Rsa { .. } => vec![
+                Algorithm::Rsa {
+                    hash: Some(HashAlg::Sha512),
+                },
+                Algorithm::Rsa {
+                    hash: Some(HashAlg::Sha256),
+                },
+            ],
+            a => vec![a],
+        };
+        for a in algs {
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
 fn default_known_hosts() -> Result<PathBuf, String> {
     std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
@@ -176,9 +218,14 @@ async fn connect_inner(cfg: Arc<SftpConfig>) -> Result<Conn, ConnectError> {
         },
         None => None,
     };
+    let mut preferred = russh::Preferred::default();
+    if let Some(algorithms) = host_key_algorithms(&cfg) {
+        preferred.key = algorithms.into();
+    }
     let ssh_cfg = Arc::new(client::Config {
         // The server may drop idle connections; replicad reconnects on the next call.
         inactivity_timeout: None,
+        preferred,
         ..Default::default()
     });
     let checker = Checker { cfg: cfg.clone() };
@@ -189,6 +236,16 @@ async fn connect_inner(cfg: Arc<SftpConfig>) -> Result<Conn, ConnectError> {
             HandlerError::Ssh(russh::Error::IO(io)) => ConnectError::Transient(format!(
                 "cannot reach {addr}: {io}; hint: check `host` and the port, and that the \
                  SSH server is up"
+            )),
+            // No algorithm in common, or a bad signature: retrying will not change it.
+            HandlerError::Ssh(
+                e @ (russh::Error::NoCommonAlgo { .. }
+                | russh::Error::UnknownAlgo
+                | russh::Error::WrongServerSig),
+            ) => ConnectError::Permanent(format!(
+                "SSH handshake with {addr} failed: {e}; hint: the server and replicad share \
+                 no key exchange, cipher or host key algorithm (replicad offers only the host \
+                 key types recorded for the server, when it has any)"
             )),
             HandlerError::Ssh(e) => {
                 ConnectError::Transient(format!("SSH handshake with {addr} failed: {e}"))

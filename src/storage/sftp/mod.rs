@@ -6,9 +6,10 @@
 //! Invariants:
 //! - A segment is written under a temporary name in its level directory (`<name>.<pid>.<ns>.tmp`,
 //!   as Litestream names it; neither tool lists it), flushed to the server's disk where it
-//!   offers `fsync@openssh.com`, then renamed. SFTP's rename refuses an existing target
-//!   (OpenSSH links, then unlinks), so a put never replaces a segment and a reader never sees
-//!   a partial one.
+//!   offers `fsync@openssh.com`, then given its name by a hard link (`hardlink@openssh.com`,
+//!   refused over an existing name) or, on servers without one, a rename after checking the
+//!   name is free (OpenSSH's rename refuses an existing name too; others may replace). A put
+//!   never replaces a segment and a reader never sees a partial one.
 //! - At most [`PUTS_IN_FLIGHT`] uploads at once per replica, each with up to 16 write requests
 //!   in flight (1 with `concurrent-writes: false`).
 //! - One connection per replica, opened on first use and kept; a call that finds it closed
@@ -40,7 +41,8 @@ use crate::storage::{LtxFileInfo, ObjectReader, ReplicaClient, SNAPSHOT_LEVEL, S
 /// Uploads of one replica in flight at once.
 pub const PUTS_IN_FLIGHT: usize = 4;
 
-/// An SFTP replica client. Cheap to clone; clones share the connection.
+/// An SFTP replica client. Cheap to clone; clones share the connection. A call that fails on
+/// a connection found dead runs once more on a new one, never more.
 #[derive(Clone)]
 pub struct SftpClient {
     cfg: Arc<SftpConfig>,
@@ -156,7 +158,9 @@ impl SftpClient {
         F: Fn(Arc<Conn>) -> Fut,
         Fut: Future<Output = Result<T, StorageError>>,
     {
+        let mut attempt = 0;
         loop {
+            attempt += 1;
             let (c, fresh) = self.conn(op, path).await?;
             match f(c.clone()).await {
                 Err(e) if e.is_retryable() && (c.is_closed() || is_timeout(&e)) => {
@@ -164,7 +168,7 @@ impl SftpClient {
                     if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &c)) {
                         *slot = None;
                     }
-                    if fresh {
+                    if fresh || attempt >= 2 {
                         return Err(e);
                     }
                 }
@@ -406,17 +410,40 @@ impl SftpClient {
                 return Err(e);
             }
         };
-        if let Err(e) = c.sftp.rename(tmp.clone(), name.to_string()).await {
-            let _ = c.sftp.remove_file(tmp).await;
-            return Err(match c.sftp.metadata(name.to_string()).await {
+        // Publish: a hard link where the server offers `hardlink@openssh.com` (refused over
+        // an existing name by any POSIX file system), else a rename (refused over an existing
+        // name by OpenSSH; other servers may replace, so the name is checked first).
+        let published = match c.sftp.hardlink(tmp.clone(), name.to_string()).await {
+            Ok(true) => Ok(()),
+            Ok(false) => match c.sftp.metadata(name.to_string()).await {
+                Ok(_) => Err(None),
+                Err(_) => c
+                    .sftp
+                    .rename(tmp.clone(), name.to_string())
+                    .await
+                    .map_err(Some),
+            },
+            Err(e) => Err(Some(e)),
+        };
+        // After a link the temporary name is a second name of the file; after a failure, junk.
+        let _ = c.sftp.remove_file(tmp).await;
+        match published {
+            Ok(()) => Ok(size),
+            Err(e) => Err(match c.sftp.metadata(name.to_string()).await {
                 Ok(_) => StorageError::Conflict {
                     op: "put",
                     key: self.at(name),
                 },
-                Err(_) => self.fail("put", name, e),
-            });
+                Err(_) => match e {
+                    Some(e) => self.fail("put", name, e),
+                    None => StorageError::Transient {
+                        op: "put",
+                        key: self.at(name),
+                        reason: "the name vanished while being published".into(),
+                    },
+                },
+            }),
         }
-        Ok(size)
     }
 }
 

@@ -23,6 +23,8 @@ pub struct Sshd {
     pub host_key: String,
     /// A known_hosts file naming the server (`[127.0.0.1]:PORT ssh-ed25519 ...`).
     pub known_hosts: PathBuf,
+    /// The server's second host key, ECDSA (the server offers both).
+    pub host_key_ecdsa: String,
     /// A directory the server's user can write: replicas go under it.
     pub root: PathBuf,
     child: Child,
@@ -37,8 +39,12 @@ impl Drop for Sshd {
 }
 
 fn keygen(path: &Path) {
+    keygen_type(path, "ed25519");
+}
+
+fn keygen_type(path: &Path, kind: &str) {
     let st = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", "replicad-test", "-f"])
+        .args(["-q", "-t", kind, "-N", "", "-C", "replicad-test", "-f"])
         .arg(path)
         .status()
         .expect("run ssh-keygen");
@@ -71,27 +77,34 @@ impl Sshd {
         let dir = super::TestDir::new("sshd");
         let host = dir.join("host_ed25519");
         let key = dir.join("id_ed25519");
+        let host_ecdsa = dir.join("host_ecdsa");
         keygen(&host);
+        keygen_type(&host_ecdsa, "ecdsa");
         keygen(&key);
         let authorized = dir.join("authorized_keys");
         std::fs::copy(dir.join("id_ed25519.pub"), &authorized).unwrap();
-        let host_key = std::fs::read_to_string(dir.join("host_ed25519.pub"))
-            .unwrap()
-            .split_whitespace()
-            .take(2)
-            .collect::<Vec<_>>()
-            .join(" ");
+        let public = |name: &str| {
+            std::fs::read_to_string(dir.join(name))
+                .unwrap()
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let (host_key, host_key_ecdsa) = (public("host_ed25519.pub"), public("host_ecdsa.pub"));
         let port = super::http::free_port();
         let config = dir.join("sshd_config");
         std::fs::write(
             &config,
             format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {host}\nPidFile {pid}\n\
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {host}\nHostKey {ecdsa}\n\
+                 PidFile {pid}\n\
                  AuthorizedKeysFile {authorized}\nStrictModes no\nPubkeyAuthentication yes\n\
                  PasswordAuthentication yes\nKbdInteractiveAuthentication no\nUsePAM no\n\
                  PermitRootLogin prohibit-password\nSubsystem sftp internal-sftp\n\
                  LogLevel VERBOSE\n",
                 host = host.display(),
+                ecdsa = host_ecdsa.display(),
                 pid = dir.join("sshd.pid").display(),
                 authorized = authorized.display(),
             ),
@@ -117,6 +130,7 @@ impl Sshd {
             key_path: key,
             host_key,
             known_hosts,
+            host_key_ecdsa,
             root,
             child,
             dir,
@@ -143,7 +157,13 @@ impl Sshd {
             .is_ok_and(|s| s.success());
         if !exists {
             let st = Command::new("useradd")
-                .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user])
+                .args([
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    user,
+                ])
                 .status()
                 .expect("run useradd");
             assert!(st.success(), "useradd {user}");
