@@ -277,13 +277,7 @@ impl ReplicaClient for FileClient {
 impl FileClient {
     /// Path of an auxiliary object: a plain name at the root, never a path that leaves it.
     fn aux_path(&self, name: &str) -> Result<PathBuf, StorageError> {
-        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-            return Err(StorageError::Permanent {
-                op: "aux",
-                key: name.to_string(),
-                reason: "not a plain file name".into(),
-            });
-        }
+        crate::storage::check_aux_name(name)?;
         Ok(self.root.join(name))
     }
 }

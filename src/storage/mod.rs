@@ -271,6 +271,19 @@ pub trait ReplicaClient {
     }
 }
 
+/// Checks that `name` names an auxiliary object: a plain file name at the replica root, never
+/// a path, `.`, `..` or the level tree `ltx`.
+pub(crate) fn check_aux_name(name: &str) -> Result<(), StorageError> {
+    if name.is_empty() || name.contains('/') || matches!(name, "." | ".." | "ltx") {
+        return Err(StorageError::Permanent {
+            op: "aux",
+            key: name.to_string(),
+            reason: "not a plain file name".into(),
+        });
+    }
+    Ok(())
+}
+
 /// A version no object ever has: a write conditional on it must fail where conditions are
 /// honoured, which is how the lease learns whether a backend honours them.
 pub const PROBE_VERSION: &str = "\"replicad-probe-not-an-etag\"";

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use common::emulators::{AZURITE_ACCOUNT, AZURITE_KEY, Emulator};
-use common::{TestDir, Writer, assert_same_content};
+use common::{TestDir, Writer, assert_same_content, steps, wait_for_replica_txid};
 use replicad::storage::object::Service;
 
 fn replicad(emu: &Emulator, args: &[&str]) -> Command {
@@ -62,34 +62,6 @@ fn emulators() -> Vec<Emulator> {
     .into_iter()
     .flatten()
     .collect()
-}
-
-/// Waits (at most 60 s) until the replica holds `txid`; returns the TXID it holds.
-async fn wait_for_txid(c: &replicad::storage::AnyClient, txid: u64, name: &str) -> u64 {
-    use replicad::storage::ReplicaClient;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let max = c
-            .list_all()
-            .await
-            .map(|l| l.iter().map(|f| f.max_txid.0).max().unwrap_or(0))
-            .unwrap_or(0);
-        if max >= txid {
-            return max;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name}: the replica did not reach TXID {txid} (at {max})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn steps(w: &mut Writer, n: usize) {
-    for _ in 0..n {
-        w.step();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// replicate -> kill -9 -> replicate again -> SIGTERM -> restore equals the source, on each
@@ -380,16 +352,16 @@ async fn an_idle_database_sends_no_request_on_each_backend() {
         // Start: lease, listing, the first segment; seen straight at the emulator (not
         // through the proxy), then a moment for the round to finish.
         let direct = emu.client("idle/app.db");
-        wait_for_txid(&direct, 1, name).await;
+        wait_for_replica_txid(&direct, 1, name).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let settled = proxy.requests();
         assert!(settled > 0, "{name}: the proxy saw the start");
         tokio::time::sleep(Duration::from_secs(5)).await;
         let idle = proxy.requests() - settled;
         assert_eq!(idle, 0, "{name}: requests in 5 s of idle (100 ticks)");
-        let before = wait_for_txid(&direct, 1, name).await;
+        let before = wait_for_replica_txid(&direct, 1, name).await;
         w.commit_txn();
-        wait_for_txid(&direct, before + 1, name).await;
+        wait_for_replica_txid(&direct, before + 1, name).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let commit = proxy.requests() - settled;
         assert!(

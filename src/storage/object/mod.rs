@@ -118,13 +118,7 @@ impl ObjectClient {
     }
 
     fn aux_key(&self, name: &str) -> Result<String, StorageError> {
-        if name.is_empty() || name.contains('/') || name == "ltx" {
-            return Err(StorageError::Permanent {
-                op: "aux",
-                key: name.to_string(),
-                reason: "not a plain file name".into(),
-            });
-        }
+        crate::storage::check_aux_name(name)?;
         Ok(format!("{}{name}", self.root()))
     }
 

@@ -110,13 +110,7 @@ impl SftpClient {
     }
 
     fn aux_path(&self, name: &str) -> Result<String, StorageError> {
-        if name.is_empty() || name.contains('/') || name == "ltx" {
-            return Err(StorageError::Permanent {
-                op: "aux",
-                key: name.to_string(),
-                reason: "not a plain file name".into(),
-            });
-        }
+        crate::storage::check_aux_name(name)?;
         Ok(self.path(name))
     }
 

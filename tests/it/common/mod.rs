@@ -1036,3 +1036,32 @@ pub fn litestream_bin() -> Option<PathBuf> {
     }
     found
 }
+
+/// Waits (at most 60 s) until the replica holds `txid`; returns the TXID it holds.
+pub async fn wait_for_replica_txid(c: &replicad::storage::AnyClient, txid: u64, name: &str) -> u64 {
+    use replicad::storage::ReplicaClient;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let max = c
+            .list_all()
+            .await
+            .map(|l| l.iter().map(|f| f.max_txid.0).max().unwrap_or(0))
+            .unwrap_or(0);
+        if max >= txid {
+            return max;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: the replica did not reach TXID {txid} (at {max})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `n` writer steps, 20 ms apart.
+pub async fn steps(w: &mut Writer, n: usize) {
+    for _ in 0..n {
+        w.step();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
