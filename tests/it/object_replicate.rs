@@ -513,3 +513,44 @@ async fn webdav_credentials_are_checked_and_never_shown() {
     assert_eq!(code, Some(1), "{err}");
     assert!(!err.contains("credentials"), "right password:\n{err}");
 }
+
+/// A WebDAV server that refuses writes (rclone `--read-only` answers MKCOL of a nested
+/// collection with 409): the daemon keeps running and trying, says in its log which replica
+/// fails, with the server's answer and what to check (not "cannot reach"), and exits 1 when
+/// stopped with its database unprotected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webdav_read_only_server_is_named() {
+    let Some(emu) = Emulator::webdav_read_only() else {
+        return;
+    };
+    let dir = TestDir::new("obj-webdav-denied");
+    let db = dir.join("app.db");
+    let _w = Writer::open(&db, 1);
+    let mut d = spawn(
+        &emu,
+        dir.path(),
+        &["replicate", common::s(&db), &emu.url("denied/app.db")],
+        "d.log",
+    );
+    let named = format!("webdav://127.0.0.1:{}/denied/app.db", emu.port);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let log = loop {
+        let log = std::fs::read_to_string(dir.join("d.log")).unwrap_or_default();
+        if log.contains("HTTP 409") {
+            break log;
+        }
+        assert!(std::time::Instant::now() < deadline, "{log}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let line = log.lines().find(|l| l.contains("HTTP 409")).unwrap();
+    assert!(
+        line.contains(&named)
+            && line.contains("hint: check that the server is writable")
+            && !line.contains("cannot reach"),
+        "{log}"
+    );
+    assert!(d.try_wait().unwrap().is_none(), "{log}");
+    common::sigterm(&d);
+    let st = common::wait_timeout(&mut d, Duration::from_secs(60)).expect("stop");
+    assert_eq!(st.code(), Some(1), "exit code with an unprotected database");
+}

@@ -66,6 +66,9 @@ pub(super) fn classify(
             cfg.endpoint_label()
         ))
     };
+    let webdav_status = (cfg.service == Service::Webdav)
+        .then(|| http_status(&lower))
+        .flatten();
     match e.kind() {
         K::NotFound
             if listing && cfg.service != Service::Webdav
@@ -89,8 +92,7 @@ pub(super) fn classify(
         }
         K::PermissionDenied => permanent(format!("access denied ({cause}); hint: {perms}")),
         // WebDAV answers come back as "unexpected" with the status inside.
-        _ if lower.contains("status: 401") => from_status(cfg, op, key, 401, ""),
-        _ if lower.contains("status: 403") => from_status(cfg, op, key, 403, ""),
+        K::Unexpected if let Some(status) = webdav_status => from_status(cfg, op, key, status, ""),
         K::ConfigInvalid | K::Unsupported => permanent(cause),
         _ if lower.contains("credential") || lower.contains("token") && lower.contains("load") => {
             StorageError::Transient {
@@ -157,15 +159,31 @@ pub(super) fn from_status(
              collections (MKCOL), write (PUT), move (MOVE) and delete (DELETE) under the \
              replica's path"
         )),
-        // 409: a parent collection is missing (removed behind replicad's back); 423 locked,
-        // 429 and 5xx: busy or failing; 507: out of space. All may pass.
-        404 | 409 | 423 | 429 | 500..=599 => StorageError::Transient {
+        // 409: a parent collection is missing (removed behind replicad's back, or a server
+        // that will not make it); it may pass, so the replica keeps trying, loudly.
+        409 => StorageError::Transient {
+            op,
+            key,
+            reason: format!(
+                "the server said {said}: a parent collection is missing and could not be \
+                 made; hint: check that the server is writable and lets the user create \
+                 collections (MKCOL) under the replica's path"
+            ),
+        },
+        // 423 locked, 429 and 5xx: busy or failing; 507: out of space. All may pass.
+        404 | 423 | 429 | 500..=599 => StorageError::Transient {
             op,
             key,
             reason: format!("the server said {said}"),
         },
         _ => permanent(format!("the server said {said}")),
     }
+}
+
+/// The HTTP status inside an OpenDAL error's text (`status: 409`), if any.
+fn http_status(lower: &str) -> Option<u16> {
+    let at = lower.find("status: ")? + "status: ".len();
+    lower.get(at..at + 3)?.parse().ok()
 }
 
 fn credentials_hint(cfg: &ObjectConfig) -> &'static str {

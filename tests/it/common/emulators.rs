@@ -169,6 +169,15 @@ impl Emulator {
     /// `rclone serve webdav` over a fresh directory, with basic auth when `auth`, or `None`
     /// when rclone is not installed (outside CI).
     pub fn webdav(auth: bool) -> Option<Emulator> {
+        Emulator::webdav_with(auth, &[])
+    }
+
+    /// `rclone serve webdav --read-only`: every write is refused with 403 Forbidden.
+    pub fn webdav_read_only() -> Option<Emulator> {
+        Emulator::webdav_with(false, &["--read-only"])
+    }
+
+    fn webdav_with(auth: bool, extra: &[&str]) -> Option<Emulator> {
         let found = Command::new("rclone")
             .arg("version")
             .stdout(Stdio::null())
@@ -193,6 +202,7 @@ impl Emulator {
         cmd.args(["serve", "webdav"])
             .arg(&data)
             .args(["--addr", &format!("127.0.0.1:{port}")])
+            .args(extra)
             .env("RCLONE_CONFIG", dir.join("rclone.conf"));
         if let Some((user, pass)) = &auth {
             cmd.args(["--user", user, "--pass", pass]);
