@@ -196,13 +196,14 @@ pub enum CodecOrigin {
 }
 
 /// Keys only replicad reads: a file with none of them is a Litestream config.
-pub const REPLICAD_ONLY_KEYS: [&str; 8] = [
+pub const REPLICAD_ONLY_KEYS: [&str; 9] = [
     "compression",
     "age",
     "max-lag",
     "lease-ttl",
     "dormant-after",
     "dormant-max-size",
+    "min-sync-interval",
     "full-verify-interval",
     "verify-interval",
 ];
@@ -290,6 +291,12 @@ pub struct DbSettings {
     /// Key `monitor-interval` (default 1s, must be > 0): how often the WAL is checked for new
     /// frames.
     pub monitor_interval: Duration,
+    /// Key `min-sync-interval` (default 1s; `0s` = ship every commit at once): a commit
+    /// seen by inotify is synced at once, but no sooner than this after the previous sync that
+    /// shipped a segment. Each such sync costs one upload per replica, so this bounds a busy
+    /// database's requests (one per second per replica, Litestream's rate) while a database
+    /// that commits now and then ships each commit within milliseconds.
+    pub min_sync_interval: Duration,
     /// Key `checkpoint-interval` (default 1m): time-based PASSIVE checkpoints; `0s` disables
     /// them (page-count checkpoints still happen).
     pub checkpoint_interval: Duration,
@@ -349,6 +356,7 @@ impl Default for DbSettings {
     fn default() -> Self {
         DbSettings {
             monitor_interval: Duration::from_secs(1),
+            min_sync_interval: Duration::from_secs(1),
             checkpoint_interval: Duration::from_secs(60),
             verify_interval: Duration::ZERO,
             min_checkpoint_page_count: 1000,

@@ -169,6 +169,8 @@ struct Core {
     running: tokio::sync::Mutex<HashMap<PathBuf, Running>>,
     /// One watch of dormant databases per monitor interval in use (nearly always one).
     dormant: std::sync::Mutex<HashMap<Duration, Arc<DormantWatch>>>,
+    /// The inotify watches that wake monitors at each commit.
+    wal_watcher: Arc<crate::replicate::walwatch::WalWatcher>,
 }
 
 /// One database's own cancellation and tasks.
@@ -476,6 +478,10 @@ impl StoreCore {
             trigger,
             (!dbc.settings.dormant_after.is_zero())
                 .then(|| self.dormant_watch(dbc.settings.monitor_interval)),
+            (
+                Some(core.wal_watcher.clone()),
+                dbc.settings.min_sync_interval,
+            ),
         );
         let fut = tracing::Instrument::instrument(monitor, span);
         core.tracker.spawn(tasks.track_future(fut));
@@ -517,8 +523,13 @@ impl Store {
                 registry: DbRegistry::default(),
                 running: tokio::sync::Mutex::new(HashMap::new()),
                 dormant: std::sync::Mutex::new(HashMap::new()),
+                wal_watcher: crate::replicate::walwatch::WalWatcher::new(),
             }),
         };
+        let watcher = core.inner.wal_watcher.clone();
+        core.inner
+            .tracker
+            .spawn(watcher.run(core.inner.ingest.child_token()));
         // Databases start concurrently (listing a replica is a network round trip: thousands
         // started one by one would take minutes).
         // Every start runs to its end (a start dropped half-way would keep its leases).

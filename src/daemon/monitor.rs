@@ -2,6 +2,12 @@
 //! its replicas, staging pruning, and the final sync at shutdown (see [`super`] for the task
 //! tree). A failed sync is never the end: it is reported through the database's health and
 //! retried with backoff.
+//!
+//! A write to the WAL seen by inotify ([`crate::replicate::walwatch`]) brings the next tick
+//! forward to [`COALESCE`] from now, but never sooner than `min-sync-interval` after the last
+//! tick that shipped a segment, nor [`PARTIAL_PAUSE`] after one that found only part of a
+//! transaction (a long write is not read again at every frame). The tick still goes through
+//! the idle fast path: our own checkpoint's truncation costs one `statx`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +21,61 @@ use crate::replicate::db::{Db, DbError, SeedRequest};
 use crate::replicate::dormant::{DormantWatch, Parked};
 use crate::replicate::staging::StagingLock;
 use crate::replicate::tick::TickGrid;
+use crate::replicate::walwatch::{WalWatch, WalWatcher};
 use crate::util::retry::Backoff;
+
+/// How long after the first write event a tick starts: the frames of one commit are written in
+/// a burst, and a tick that reads them all ships one segment instead of two.
+const COALESCE: Duration = Duration::from_millis(2);
+
+/// After a sync that shipped nothing (a transaction still being written), how long the next
+/// event-driven tick waits.
+const PARTIAL_PAUSE: Duration = Duration::from_millis(20);
+
+/// When the events of a database's WAL may bring its next tick forward.
+struct Events {
+    watcher: Option<Arc<WalWatcher>>,
+    watch: Option<WalWatch>,
+    min_sync: Duration,
+    /// Earliest start of an event-driven tick.
+    earliest: tokio::time::Instant,
+    /// A tick was brought forward for an event and has not started yet.
+    due: bool,
+}
+
+impl Events {
+    /// Registers the database if it has no (live) watch yet. Cheap when inotify is full: the
+    /// watcher refuses without a syscall.
+    fn ensure(&mut self, db: &Db) {
+        if self.watch.as_ref().is_some_and(|w| !w.is_lost()) {
+            return;
+        }
+        if let Some(watcher) = &self.watcher {
+            self.watch = watcher.watch(db.path());
+        }
+        db.stats()
+            .commit_watched
+            .store(self.watch.is_some(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Completes when the WAL changed (never without a watch).
+    async fn changed(&self) {
+        match &self.watch {
+            Some(w) => w.changed().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// After a sync that started at `at` and wrote `segments` segments.
+    fn synced(&mut self, at: tokio::time::Instant, segments: usize) {
+        self.earliest = if segments > 0 {
+            at + self.min_sync
+        } else {
+            self.earliest
+                .max(tokio::time::Instant::now() + PARTIAL_PAUSE)
+        };
+    }
+}
 
 /// The monitor task of one database: ticks, runs the idle fast path, and syncs when the WAL
 /// changed. The first tick fires at once (a new database's initial snapshot starts without
@@ -38,8 +98,16 @@ pub(super) async fn monitor(
     interval: Duration,
     trigger: Arc<SyncTrigger>,
     watch: Option<Arc<DormantWatch>>,
+    wal: (Option<Arc<WalWatcher>>, Duration),
 ) {
     let grid = TickGrid::new(interval);
+    let mut events = Events {
+        watcher: wal.0,
+        watch: None,
+        min_sync: wal.1,
+        earliest: tokio::time::Instant::now(),
+        due: false,
+    };
     let mut next = tokio::time::Instant::now();
     let mut backoff = Backoff::new(
         interval.max(Duration::from_millis(100)),
@@ -70,8 +138,17 @@ pub(super) async fn monitor(
                 prune(&db, &acks, &mut pruned);
                 continue;
             }
+            // Once a tick is due for an event, later events wait for it (a busy writer's
+            // thousands of writes a second wake this task once per tick).
+            _ = events.changed(), if !events.due => {
+                let at = (tokio::time::Instant::now() + COALESCE).max(events.earliest);
+                next = if parked.take().is_some() { at } else { next.min(at) };
+                events.due = true;
+                continue;
+            }
         };
         parked = None;
+        events.due = false;
         let tick = trigger.begin();
         if !forced {
             next = grid.after(tokio::time::Instant::now());
@@ -91,6 +168,7 @@ pub(super) async fn monitor(
         } else {
             permits.clone().acquire_owned().await.ok()
         };
+        let began = tokio::time::Instant::now();
         let want_seed = !wanted.is_empty();
         let past = wanted.iter().filter_map(|r| r.past).max();
         let (back, (result, seed)) = match run_blocking(db, move |d| {
@@ -131,7 +209,9 @@ pub(super) async fn monitor(
             None => {}
         }
         match result {
-            Ok(_) => {
+            Ok(segments) => {
+                events.synced(began, segments);
+                events.ensure(&db);
                 opened = true;
                 trigger.done(tick);
                 if let Some((since, n)) = failing.take() {

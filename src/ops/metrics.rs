@@ -109,7 +109,7 @@ fn load(a: &std::sync::atomic::AtomicU64) -> f64 {
     a.load(Ordering::Relaxed) as f64
 }
 
-const DB_METRICS: [DbMetric; 16] = [
+const DB_METRICS: [DbMetric; 17] = [
     (
         "replicad_db_protected",
         "1 while the database's changes are being captured (its last sync succeeded), 0 while \
@@ -206,6 +206,13 @@ const DB_METRICS: [DbMetric; 16] = [
         "Times the database woke from dormancy.",
         MetricType::COUNTER,
         |d| load(&d.stats.wakes),
+    ),
+    (
+        "replicad_db_commit_watched",
+        "1 while a write to the database's WAL wakes its monitor at once (inotify), 0 while its \
+         commits are found by polling every monitor-interval.",
+        MetricType::GAUGE,
+        |d| f64::from(u8::from(d.stats.commit_watched.load(Ordering::Relaxed))),
     ),
 ];
 

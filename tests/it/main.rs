@@ -19,6 +19,9 @@ mod bad_input;
 mod cli_config;
 /// One conformance suite run against every storage backend.
 mod client_conformance;
+/// Commit detection by inotify: a commit ships without waiting for a tick; polling when
+/// there is no watch.
+mod commit_watch;
 /// Compaction of Litestream's golden replicas, byte-compatible output.
 mod compactor;
 /// The control socket and `replicad sync`.

@@ -154,7 +154,7 @@ use crate::config::*;
 // ---------------------------------------------------------------------------------------------
 // YAML reading.
 
-pub(crate) const SETTING_KEYS: [&str; 11] = [
+pub(crate) const SETTING_KEYS: [&str; 12] = [
     "monitor-interval",
     "checkpoint-interval",
     "min-checkpoint-page-count",
@@ -166,6 +166,7 @@ pub(crate) const SETTING_KEYS: [&str; 11] = [
     "lease-ttl",
     "dormant-after",
     "dormant-max-size",
+    "min-sync-interval",
 ];
 /// Keys of the top level that are errors in a database map ("top-level only").
 pub(crate) const TOP_ONLY_KEYS: [&str; 11] = [
@@ -205,6 +206,7 @@ pub(crate) const ROOT_KEYS: &[&str] = &[
     SETTING_KEYS[8],
     SETTING_KEYS[9],
     SETTING_KEYS[10],
+    SETTING_KEYS[11],
     // Global replica defaults (see `S3_GLOBAL_KEYS`).
     S3_KEYS[0],
     S3_KEYS[1],

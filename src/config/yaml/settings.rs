@@ -22,6 +22,7 @@ pub(crate) struct RawSettings {
     pub(crate) verify_interval: Option<Duration>,
     pub(crate) lease_ttl: Option<Duration>,
     pub(crate) dormant_after: Option<Duration>,
+    pub(crate) min_sync_interval: Option<Duration>,
     pub(crate) dormant_max_size: Option<u64>,
 }
 
@@ -80,6 +81,10 @@ impl RawSettings {
             "lease-ttl" => {
                 self.lease_ttl = Some(map.next_value_seed(seed(ctx, key, place, &lease_ttl))?)
             }
+            "min-sync-interval" => {
+                self.min_sync_interval =
+                    Some(map.next_value_seed(seed(ctx, key, place, &duration))?)
+            }
             "dormant-after" => {
                 self.dormant_after = Some(map.next_value_seed(seed(ctx, key, place, &duration))?)
             }
@@ -132,6 +137,10 @@ impl RawSettings {
                 .or(global.heartbeat_interval)
                 .unwrap_or(d.heartbeat_interval),
             lease_ttl: self.lease_ttl.or(global.lease_ttl).unwrap_or(d.lease_ttl),
+            min_sync_interval: self
+                .min_sync_interval
+                .or(global.min_sync_interval)
+                .unwrap_or(d.min_sync_interval),
             dormant_after: self
                 .dormant_after
                 .or(global.dormant_after)

@@ -135,6 +135,9 @@ pub struct DbStats {
     pub dormant: AtomicBool,
     /// Times the database woke from dormancy.
     pub wakes: AtomicU64,
+    /// 1 while an inotify watch wakes the monitor on each WAL write
+    /// ([`crate::replicate::walwatch`]); 0 while commits are found by polling.
+    pub commit_watched: AtomicBool,
     /// Whether the database is protected (the monitor's last sync succeeded), else why not.
     pub health: crate::replicate::health::HealthCell,
 }

@@ -1,0 +1,136 @@
+//! Commit detection by inotify (`src/replicate/walwatch.rs`): with a monitor interval of an
+//! hour, a commit can only reach the replica through the event path; with the watches capped
+//! (as a full `fs.inotify.max_user_watches` would), the database beyond the cap is polled,
+//! the log says so once and `replicad_db_commit_watched` tells which database polls.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::common::http::{free_port, get, make_db, sample};
+use crate::common::{self, Daemon, TestDir};
+
+fn start(dir: &Path, yml: &str, env: &[(&str, &str)]) -> Daemon {
+    let config = dir.join("replicad.yml");
+    std::fs::write(&config, yml).unwrap();
+    let log = dir.join("replicad.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(common::bin())
+        .args(["replicate", "--config", common::s(&config)])
+        .envs(env.iter().copied())
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("spawn replicad");
+    Daemon { child, log }
+}
+
+fn entry(db: &Path, replica: &Path) -> String {
+    format!(
+        "  - path: {}\n    replica:\n      url: {}\n",
+        db.display(),
+        replica.display()
+    )
+}
+
+async fn watched(port: u16, db: &Path) -> Option<f64> {
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let metrics = get(addr, "/metrics").await.1;
+    sample(
+        &metrics,
+        "replicad_db_commit_watched",
+        &format!("db=\"{}\"", db.display()),
+    )
+}
+
+/// Monitor interval 1h: after the initial snapshot (the first tick runs at once), only a WAL
+/// event can start a sync, so each commit reaching the replica went through inotify. The
+/// restore equals the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_ships_without_waiting_for_a_tick() {
+    let dir = TestDir::new("commit-watch");
+    let db = dir.join("app.db");
+    let conn = make_db(&db);
+    let replica = dir.join("replica");
+    let port = free_port();
+    let yml = format!(
+        "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 1h\nmin-sync-interval: 0s\n\
+         checkpoint-interval: 0s\ndbs:\n{}",
+        entry(&db, &replica)
+    );
+    let d = start(dir.path(), &yml, &[]);
+    assert!(
+        common::wait_for_txid(&replica, 1, Duration::from_secs(30)),
+        "initial snapshot: {}",
+        d.log_text()
+    );
+    for i in 2..=4u64 {
+        conn.execute("INSERT INTO t(v) VALUES (?1)", [format!("row {i}")])
+            .unwrap();
+        assert!(
+            common::wait_for_txid(&replica, i, Duration::from_secs(30)),
+            "commit {i} never shipped with a 1h monitor interval: {}",
+            d.log_text()
+        );
+    }
+    assert_eq!(watched(port, &db).await, Some(1.0));
+    d.stop_ok();
+    let out = dir.join("restored.db");
+    common::restore_ok(common::s(&replica), &out, None);
+    common::assert_same_content(&db, &out, "restored after event-driven syncs");
+}
+
+/// Watches capped at one directory: the second database polls (monitor interval 1s), its
+/// commits still ship, the log says why once, and the metric shows which database polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_watch_commits_are_polled() {
+    let dir = TestDir::new("commit-poll");
+    let (a, b) = (dir.join("a/app.db"), dir.join("b/app.db"));
+    std::fs::create_dir_all(dir.join("a")).unwrap();
+    std::fs::create_dir_all(dir.join("b")).unwrap();
+    let (ca, cb) = (make_db(&a), make_db(&b));
+    let (ra, rb) = (dir.join("ra"), dir.join("rb"));
+    let port = free_port();
+    let yml = format!(
+        "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 1s\ndbs:\n{}{}",
+        entry(&a, &ra),
+        entry(&b, &rb)
+    );
+    let d = start(
+        dir.path(),
+        &yml,
+        &[(replicad::replicate::walwatch::MAX_WATCHES_ENV, "1")],
+    );
+    for r in [&ra, &rb] {
+        assert!(
+            common::wait_for_txid(r, 1, Duration::from_secs(30)),
+            "{}",
+            d.log_text()
+        );
+    }
+    for c in [&ca, &cb] {
+        c.execute("INSERT INTO t(v) VALUES ('more')", []).unwrap();
+    }
+    for r in [&ra, &rb] {
+        assert!(
+            common::wait_for_txid(r, 2, Duration::from_secs(30)),
+            "{}: {}",
+            r.display(),
+            d.log_text()
+        );
+    }
+    let flags = [watched(port, &a).await, watched(port, &b).await];
+    let mut sorted = flags;
+    sorted.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    assert_eq!(sorted, [Some(0.0), Some(1.0)], "one watched, one polled");
+    let log = d.log_text();
+    assert_eq!(
+        log.matches("found by polling every monitor-interval")
+            .count(),
+        1,
+        "said once: {log}"
+    );
+    d.stop_ok();
+}
