@@ -225,6 +225,11 @@ const PROTECTED: (&str, &str) = (
     "1 while the replica is being written (its last upload round succeeded), 0 while it is \
      not (see /status for why).",
 );
+const LEASE_LOST: (&str, &str) = (
+    "replicad_replica_lease_lost",
+    "1 after another writer took the replica's single-writer lease (replicad stopped writing \
+     it), else 0.",
+);
 const LAG_SECONDS: (&str, &str) = (
     "replicad_replica_lag_seconds",
     "Age of the replica's newest segment relative to the database's newest segment.",
@@ -252,7 +257,7 @@ impl DbCollector {
             .iter()
             .map(|(name, help, _, _)| desc(name, help, &["db"]))
             .collect();
-        for (name, help) in [LAG_TXIDS, LAG_SECONDS, PROTECTED] {
+        for (name, help) in [LAG_TXIDS, LAG_SECONDS, PROTECTED, LEASE_LOST] {
             descs.push(desc(name, help, &["db", "replica"]));
         }
         DbCollector {
@@ -319,6 +324,7 @@ impl Collector for DbCollector {
         let mut txids = Vec::new();
         let mut seconds = Vec::new();
         let mut protected = Vec::new();
+        let mut lease_lost = Vec::new();
         for (d, db) in dbs.iter().zip(&labels) {
             let pos = *d.pos.borrow();
             for (name, r) in &d.replicas {
@@ -326,8 +332,10 @@ impl Collector for DbCollector {
                 let l = [("db", db.as_str()), ("replica", name.as_str())];
                 txids.push(sample(&l, MetricType::GAUGE, lag.txids as f64));
                 seconds.push(sample(&l, MetricType::GAUGE, lag.seconds));
-                let ok = r.health.is_ok() && !r.lease_lost.load(Ordering::Relaxed);
+                let lost = r.lease_lost.load(Ordering::Relaxed);
+                let ok = r.health.is_ok() && !lost;
                 protected.push(sample(&l, MetricType::GAUGE, f64::from(u8::from(ok))));
+                lease_lost.push(sample(&l, MetricType::GAUGE, f64::from(u8::from(lost))));
             }
         }
         out.push(family(LAG_TXIDS.0, LAG_TXIDS.1, MetricType::GAUGE, txids));
@@ -342,6 +350,12 @@ impl Collector for DbCollector {
             PROTECTED.1,
             MetricType::GAUGE,
             protected,
+        ));
+        out.push(family(
+            LEASE_LOST.0,
+            LEASE_LOST.1,
+            MetricType::GAUGE,
+            lease_lost,
         ));
         out
     }

@@ -52,6 +52,8 @@ mod litestream_yml;
 mod ltx_codec;
 /// Compaction, snapshots and retention on a running daemon.
 mod maintenance;
+/// The Grafana dashboard and alert rules in deploy/, against promtool and a real Prometheus.
+mod monitoring;
 /// Never silently unprotected: every failure heals or is reported.
 mod never_unprotected;
 /// Google Cloud Storage, Azure and WebDAV replicas end to end, against real servers.
