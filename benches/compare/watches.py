@@ -63,7 +63,18 @@ def rss_mib(pid):
                 return round(int(line.split()[1]) / 1024, 1)
 
 
-def run(n, apart, window):
+def sums(port):
+    """Totals over every database of the counters that show work while idle."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    out = {}
+    for name in ("replicad_db_syncs_total", "replicad_db_sync_skipped_total", "replicad_db_wakes_total",
+                 "replicad_db_segments_total"):
+        out[name[len("replicad_db_"):]] = sum(float(line.split()[-1]) for line in text.splitlines()
+                                             if line.startswith(name + "{"))
+    return out
+
+
+def run(n, apart, window, settle):
     work = os.path.join(WORK, "apart" if apart else "together")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -91,21 +102,27 @@ def run(n, apart, window):
             pending = [r for r in pending if not has_l0(r)]
             time.sleep(1)
         start_s = round(time.monotonic() - t0, 1)
-        time.sleep(5)
+        if proc.poll() is not None:
+            raise SystemExit(f"replicad exited with {proc.returncode}; log: {logp.name}")
+        time.sleep(settle)
+        m0 = sums(port)
         c0 = cpu_s(proc.pid)
         time.sleep(window)
         cpu = round(100 * (cpu_s(proc.pid) - c0) / window, 2)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
         watched = sum(int(float(line.split()[-1])) for line in metrics.splitlines()
                       if line.startswith("replicad_db_commit_watched{"))
+        m1 = sums(port)
+        during = {k: m1[k] - m0[k] for k in m0}
         res = {"layout": "one directory each" if apart else "one directory", "dbs": n,
                "start_s": start_s, "pending": len(pending), "inotify_watches": inotify_watches(proc.pid),
-               "dbs_watched": watched, "rss_mib": rss_mib(proc.pid), "idle_cpu_pct": cpu}
+               "dbs_watched": watched, "rss_mib": rss_mib(proc.pid), "idle_cpu_pct": cpu, "in_window": during}
     finally:
         proc.terminate()
         proc.wait(timeout=120)
         logp.close()
-    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(os.path.join(work, "db"), ignore_errors=True)
+    shutil.rmtree(os.path.join(work, "replica"), ignore_errors=True)
     return res
 
 
@@ -113,11 +130,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dbs", type=int, default=10000)
     p.add_argument("--window", type=float, default=30.0)
+    p.add_argument("--settle", type=float, default=60.0, help="s after the start before the window")
+    p.add_argument("--layouts", default="together,apart", help="comma list of: together,apart")
     args = p.parse_args()
     with open("/proc/sys/fs/inotify/max_user_watches") as f:
         print(f"fs.inotify.max_user_watches = {f.read().strip()}")
-    for apart in (False, True):
-        print(run(args.dbs, apart, args.window), flush=True)
+    for layout in args.layouts.split(","):
+        print(run(args.dbs, layout == "apart", args.window, args.settle), flush=True)
 
 
 if __name__ == "__main__":

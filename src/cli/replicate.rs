@@ -176,19 +176,16 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     } else {
         None
     };
-    let fd_limit = raise_fd_limit();
-    let store = Store::open_with(&config, drill)
+    // About four descriptors per open database (SQLite keeps the file twice, the WAL and the
+    // shared memory) plus headroom for staging writes, sockets and replicas: past that,
+    // idle databases go dormant at once rather than after `dormant-after`.
+    let budget = raise_fd_limit().map(|limit| (limit.saturating_sub(1024) / 5) as usize);
+    let store = Store::open_budgeted(&config, drill, budget)
         .await
         .map_err(|e| match e {
             e if e.is_config() => CliError::Usage(e.to_string()),
             e => CliError::Runtime(anyhow::anyhow!(e)),
         })?;
-    // About four descriptors per open database (SQLite keeps the file twice, the WAL and the
-    // shared memory) plus headroom for staging writes, sockets and replicas: past that,
-    // idle databases go dormant at once rather than after `dormant-after`.
-    if let Some(limit) = fd_limit {
-        store.set_awake_budget((limit.saturating_sub(1024) / 5) as usize);
-    }
     let control_stop = tokio_util::sync::CancellationToken::new();
     let control_server = control_listener.map(|l| {
         tracing::info!(path = %config.socket.path.display(), "control socket: POST /sync");

@@ -502,7 +502,22 @@ impl Store {
         config: &Config,
         wrap: Option<ClientWrapper>,
     ) -> Result<Store, StoreError> {
+        Self::open_budgeted(config, wrap, None).await
+    }
+
+    /// [`Store::open_with`], with the awake budget ([`Store::set_awake_budget`]) in place
+    /// before the first database opens: set afterwards, thousands of databases starting
+    /// together would all hold their connections and run out of descriptors first.
+    pub async fn open_budgeted(
+        config: &Config,
+        wrap: Option<ClientWrapper>,
+        awake_budget: Option<usize>,
+    ) -> Result<Store, StoreError> {
         let root = CancellationToken::new();
+        let awake = Arc::new(crate::replicate::db::AwakeBudget::unlimited());
+        if let Some(n) = awake_budget {
+            awake.set(n);
+        }
         let ingest = root.child_token();
         let prometheus = prometheus::Registry::new();
         let phases = Arc::new(crate::util::phase::PhaseStats::new());
@@ -517,7 +532,7 @@ impl Store {
                 phases,
                 builds: Arc::new(Semaphore::new(crate::replicate::maintenance::MAX_BUILDS)),
                 s3_clients: Default::default(),
-                awake: Arc::new(crate::replicate::db::AwakeBudget::unlimited()),
+                awake,
                 started_ms: crate::util::clock::now_ms(),
                 wrap,
                 registry: DbRegistry::default(),
