@@ -29,8 +29,10 @@ use crate::util::retry::Backoff;
 const COALESCE: Duration = Duration::from_millis(2);
 
 /// After a sync that shipped nothing (a transaction still being written), how long the next
-/// event-driven tick waits.
+/// event-driven tick waits; doubled at each such sync in a row up to [`PARTIAL_PAUSE_MAX`],
+/// so that a long import is not scanned again fifty times a second.
 const PARTIAL_PAUSE: Duration = Duration::from_millis(20);
+const PARTIAL_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// When the events of a database's WAL may bring its next tick forward.
 struct Events {
@@ -41,21 +43,34 @@ struct Events {
     earliest: tokio::time::Instant,
     /// A tick was brought forward for an event and has not started yet.
     due: bool,
+    /// The pause after the next sync that ships nothing.
+    partial: Duration,
 }
 
 impl Events {
-    /// Registers the database if it has no (live) watch yet. Cheap when inotify is full: the
-    /// watcher refuses without a syscall.
-    fn ensure(&mut self, db: &Db) {
+    /// Registers the database if it has no (live) watch yet; true when it got one now (a
+    /// commit made before the watch existed sent no event: the caller ticks soon). Cheap
+    /// while inotify is full: the watcher refuses without a syscall for a while.
+    fn ensure(&mut self, db: &Db) -> bool {
         if self.watch.as_ref().is_some_and(|w| !w.is_lost()) {
-            return;
+            return false;
         }
+        self.watch = None;
         if let Some(watcher) = &self.watcher {
             self.watch = watcher.watch(db.path());
         }
         db.stats()
             .commit_watched
             .store(self.watch.is_some(), std::sync::atomic::Ordering::Relaxed);
+        self.watch.is_some()
+    }
+
+    /// Takes a wake-up left by writes made before this tick: the tick covers them.
+    fn consume(&self) {
+        use futures_util::FutureExt;
+        if let Some(w) = &self.watch {
+            let _ = w.changed().now_or_never();
+        }
     }
 
     /// Completes when the WAL changed (never without a watch).
@@ -68,12 +83,14 @@ impl Events {
 
     /// After a sync that started at `at` and wrote `segments` segments.
     fn synced(&mut self, at: tokio::time::Instant, segments: usize) {
-        self.earliest = if segments > 0 {
-            at + self.min_sync
+        if segments > 0 {
+            self.partial = PARTIAL_PAUSE;
+            self.earliest = at.checked_add(self.min_sync).unwrap_or(at);
         } else {
-            self.earliest
-                .max(tokio::time::Instant::now() + PARTIAL_PAUSE)
-        };
+            let pause = self.partial;
+            self.partial = (pause * 2).min(PARTIAL_PAUSE_MAX);
+            self.earliest = self.earliest.max(tokio::time::Instant::now() + pause);
+        }
     }
 }
 
@@ -107,7 +124,11 @@ pub(super) async fn monitor(
         min_sync: wal.1,
         earliest: tokio::time::Instant::now(),
         due: false,
+        partial: PARTIAL_PAUSE,
     };
+    // Before the first tick: a commit made between that tick's read and a later registration
+    // would send no event.
+    events.ensure(&db);
     let mut next = tokio::time::Instant::now();
     let mut backoff = Backoff::new(
         interval.max(Duration::from_millis(100)),
@@ -149,6 +170,7 @@ pub(super) async fn monitor(
         };
         parked = None;
         events.due = false;
+        events.consume();
         let tick = trigger.begin();
         if !forced {
             next = grid.after(tokio::time::Instant::now());
@@ -211,7 +233,9 @@ pub(super) async fn monitor(
         match result {
             Ok(segments) => {
                 events.synced(began, segments);
-                events.ensure(&db);
+                if events.ensure(&db) {
+                    next = next.min(tokio::time::Instant::now() + COALESCE);
+                }
                 opened = true;
                 trigger.done(tick);
                 if let Some((since, n)) = failing.take() {
@@ -238,6 +262,9 @@ pub(super) async fn monitor(
                     backoff.next_delay()
                 };
                 next = grid.after(tokio::time::Instant::now() + delay);
+                // A write must not cut the backoff short (a full disk would otherwise be
+                // retried at every commit).
+                events.earliest = events.earliest.max(next);
             }
         }
         prune(&db, &acks, &mut pruned);

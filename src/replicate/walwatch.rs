@@ -53,13 +53,24 @@ struct State {
     unavailable: Option<String>,
     /// Watches allowed by [`MAX_WATCHES_ENV`].
     cap: Option<usize>,
+    /// The kernel refused a watch for lack of them: no new directory is tried before this.
+    #[cfg(target_os = "linux")]
+    full_until: Option<std::time::Instant>,
 }
+
+/// How long after an ENOSPC no new directory watch is tried (each try is a path lookup under
+/// the lock).
+#[cfg(target_os = "linux")]
+const FULL_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 struct Dir {
-    path: PathBuf,
-    /// `-wal` file name -> its database's wake-up.
-    wals: HashMap<OsString, Arc<Wake>>,
+    /// The paths this watch was asked for (one directory may be reached by several, such as
+    /// bind mounts: the kernel gives them one watch).
+    paths: Vec<PathBuf>,
+    /// `-wal` file name -> the wake-ups of the databases registered under it (a database
+    /// registered again while its old registration is still held has two).
+    wals: HashMap<OsString, Vec<Arc<Wake>>>,
 }
 
 /// One database's wake-up: notified on each change of its WAL.
@@ -145,10 +156,14 @@ impl WalWatcher {
     /// Registers the database at `db`, or `None` when its commits must be found by polling
     /// (said once per process at WARN when inotify is unavailable or full).
     pub fn watch(self: &Arc<Self>, db: &Path) -> Option<WalWatch> {
+        // SQLite puts the WAL beside the file a symbolic link points to; one directory reached
+        // by two paths must be one entry.
+        let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());
         let dir = match db.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
+        let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
         let mut name = db.file_name()?.to_os_string();
         name.push("-wal");
         let wake = Arc::new(Wake::default());
@@ -184,12 +199,18 @@ impl WalWatcher {
         if let Some(wd) = st.by_path.get(dir).cloned()
             && let Some(d) = st.dirs.get_mut(&wd)
         {
-            d.wals.insert(name.clone(), wake.clone());
+            d.wals.entry(name.clone()).or_default().push(wake.clone());
             return Ok(());
         }
         if st.cap.is_some_and(|cap| st.dirs.len() >= cap) {
             return Err(Refused::Loudly(format!(
                 "{MAX_WATCHES_ENV} allows {} inotify watches",
+                st.dirs.len()
+            )));
+        }
+        if st.full_until.is_some_and(|t| std::time::Instant::now() < t) {
+            return Err(Refused::Loudly(format!(
+                "inotify watches ran out at {} directories",
                 st.dirs.len()
             )));
         }
@@ -200,20 +221,23 @@ impl WalWatcher {
         match watches.add(dir, mask) {
             Ok(wd) => {
                 st.by_path.insert(dir.to_path_buf(), wd.clone());
-                st.dirs.insert(
-                    wd,
-                    Dir {
-                        path: dir.to_path_buf(),
-                        wals: HashMap::from([(name.clone(), wake.clone())]),
-                    },
-                );
+                let d = st.dirs.entry(wd).or_insert_with(|| Dir {
+                    paths: Vec::new(),
+                    wals: HashMap::new(),
+                });
+                d.paths.push(dir.to_path_buf());
+                d.wals.entry(name.clone()).or_default().push(wake.clone());
                 Ok(())
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => Err(Refused::Loudly(format!(
-                "inotify watches ran out at {} directories (raise fs.inotify.max_user_watches, \
-                 e.g. sysctl -w fs.inotify.max_user_watches=1048576)",
-                st.dirs.len()
-            ))),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                st.full_until = Some(std::time::Instant::now() + FULL_RETRY);
+                Err(Refused::Loudly(format!(
+                    "inotify watches ran out at {} directories (raise \
+                     fs.inotify.max_user_watches, e.g. sysctl -w \
+                     fs.inotify.max_user_watches=1048576)",
+                    st.dirs.len()
+                )))
+            }
             // A directory that is not there (yet): the monitor asks again after a sync.
             Err(e) => {
                 tracing::debug!(dir = %dir.display(), error = %e, "no inotify watch");
@@ -239,13 +263,20 @@ impl WalWatcher {
             let Some(d) = st.dirs.get_mut(&wd) else {
                 return;
             };
-            // A database registered again under the same name owns the entry now.
-            if d.wals.get(name).is_some_and(|w| Arc::ptr_eq(w, wake)) {
-                d.wals.remove(name);
+            if let Some(list) = d.wals.get_mut(name) {
+                list.retain(|w| !Arc::ptr_eq(w, wake));
+                if list.is_empty() {
+                    d.wals.remove(name);
+                }
             }
             if d.wals.is_empty() {
-                st.dirs.remove(&wd);
-                st.by_path.remove(dir);
+                if let Some(d) = st.dirs.remove(&wd) {
+                    for p in &d.paths {
+                        st.by_path.remove(p);
+                    }
+                }
+                // A watch freed: the kernel may take a new one again.
+                st.full_until = None;
                 if let Some(w) = st.watches.as_mut() {
                     // Fails only for a watch the kernel already dropped.
                     let _ = w.remove(wd);
@@ -306,8 +337,10 @@ impl WalWatcher {
         if e.mask.contains(EventMask::IGNORED) {
             // The kernel dropped the watch (directory removed or unmounted).
             if let Some(d) = st.dirs.remove(&e.wd) {
-                st.by_path.remove(&d.path);
-                for w in d.wals.values() {
+                for p in &d.paths {
+                    st.by_path.remove(p);
+                }
+                for w in d.wals.values().flatten() {
                     w.lost.store(true, Ordering::Relaxed);
                     w.notify.notify_one();
                 }
@@ -315,16 +348,18 @@ impl WalWatcher {
             return;
         }
         if let Some(name) = &e.name
-            && let Some(w) = st.dirs.get(&e.wd).and_then(|d| d.wals.get(name))
+            && let Some(list) = st.dirs.get(&e.wd).and_then(|d| d.wals.get(name))
         {
-            w.notify.notify_one();
+            for w in list {
+                w.notify.notify_one();
+            }
         }
     }
 
     fn wake_all(&self, lost: bool) {
         #[cfg(target_os = "linux")]
         for d in self.lock().dirs.values() {
-            for w in d.wals.values() {
+            for w in d.wals.values().flatten() {
                 if lost {
                     w.lost.store(true, Ordering::Relaxed);
                 }
@@ -392,6 +427,25 @@ mod tests {
         drain(&a).await;
         std::fs::write(dir.path().join("a.db-wal"), b"new").expect("write");
         assert!(woken(&a).await);
+
+        // Registered again while the first registration is held (a monitor restarting):
+        // both are woken.
+        let again = watcher
+            .watch(&dir.path().join("a.db"))
+            .expect("watch a again");
+        drain(&a).await;
+        std::fs::write(dir.path().join("a.db-wal"), b"more").expect("write");
+        assert!(woken(&a).await && woken(&again).await);
+        drop(again);
+        // The directory through a symbolic link: the same watch, and its writes are seen.
+        let other = tempfile::tempdir().expect("temp dir");
+        let link = other.path().join("link");
+        std::os::unix::fs::symlink(dir.path(), &link).expect("symlink");
+        let c = watcher.watch(&link.join("c.db")).expect("watch c");
+        assert_eq!(watcher.watched_dirs(), 1, "one directory, one watch");
+        std::fs::write(dir.path().join("c.db-wal"), b"frame").expect("write");
+        assert!(woken(&c).await);
+        drop(c);
 
         drop(a);
         assert_eq!(watcher.watched_dirs(), 1, "b still watches the directory");

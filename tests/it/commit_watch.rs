@@ -82,6 +82,37 @@ async fn a_commit_ships_without_waiting_for_a_tick() {
     common::assert_same_content(&db, &out, "restored after event-driven syncs");
 }
 
+/// `min-sync-interval: 1s`, monitor interval 1h: a commit right after one that shipped is held
+/// back until the interval has passed, then ships (the event is not lost while it waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_held_back_by_min_sync_interval_still_ships() {
+    let dir = TestDir::new("commit-min-sync");
+    let db = dir.join("app.db");
+    let conn = make_db(&db);
+    let replica = dir.join("replica");
+    let yml = format!(
+        "monitor-interval: 1h\nmin-sync-interval: 1s\ncheckpoint-interval: 0s\ndbs:\n{}",
+        entry(&db, &replica)
+    );
+    let d = start(dir.path(), &yml, &[]);
+    assert!(common::wait_for_txid(&replica, 1, Duration::from_secs(30)));
+    conn.execute("INSERT INTO t(v) VALUES ('first')", [])
+        .unwrap();
+    assert!(common::wait_for_txid(&replica, 2, Duration::from_secs(30)));
+    // Right after a shipping sync: this one waits for the rest of the second.
+    conn.execute("INSERT INTO t(v) VALUES ('second')", [])
+        .unwrap();
+    assert!(
+        common::wait_for_txid(&replica, 3, Duration::from_secs(30)),
+        "the held-back commit never shipped: {}",
+        d.log_text()
+    );
+    d.stop_ok();
+    let out = dir.join("restored.db");
+    common::restore_ok(common::s(&replica), &out, None);
+    common::assert_same_content(&db, &out, "restored after a held-back commit");
+}
+
 /// Watches capped at one directory: the second database polls (monitor interval 1s), its
 /// commits still ship, the log says why once, and the metric shows which database polls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

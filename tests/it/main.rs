@@ -38,6 +38,8 @@ mod evict_range;
 mod exec_notify;
 /// `restore --follow`: a read replica kept up to date in place.
 mod follow;
+/// The Helm chart, rendered by the real helm.
+mod helm;
 /// The HTTP endpoints: /metrics, /healthz, /readyz, /status.
 mod http;
 /// The idle path: no work, no request, no allocation growth while nothing changes.
