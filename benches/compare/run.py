@@ -501,6 +501,7 @@ def lag_run(tool, s3, args, mode="busy"):
         ops = requests_by_bucket(s3, off0, s3.log_offset())[0].get(h.BUCKET, {})
         res["puts_per_commit"] = round(ops.get("PutObject", 0) / max(1, len(commits)), 2)
         res["requests_per_commit"] = round(sum(ops.values()) / max(1, len(commits)), 2)
+        res["requests_by_operation"] = ops
         lags = []
         for t_c, m_pre in commits:
             seen = next((t for t, m in events if m > m_pre and t >= t_c), None)
