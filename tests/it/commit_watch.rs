@@ -35,6 +35,14 @@ fn entry(db: &Path, replica: &Path) -> String {
     )
 }
 
+/// Stops the daemon cleanly and checks the replica restores to the source.
+fn stop_and_restore(d: Daemon, dir: &TestDir, db: &Path, replica: &Path, ctx: &str) {
+    d.stop_ok();
+    let out = dir.join("restored.db");
+    common::restore_ok(common::s(replica), &out, None);
+    common::assert_same_content(db, &out, ctx);
+}
+
 async fn watched(port: u16, db: &Path) -> Option<f64> {
     let addr = format!("127.0.0.1:{port}").parse().unwrap();
     let metrics = get(addr, "/metrics").await.1;
@@ -76,10 +84,7 @@ async fn a_commit_ships_without_waiting_for_a_tick() {
         );
     }
     assert_eq!(watched(port, &db).await, Some(1.0));
-    d.stop_ok();
-    let out = dir.join("restored.db");
-    common::restore_ok(common::s(&replica), &out, None);
-    common::assert_same_content(&db, &out, "restored after event-driven syncs");
+    stop_and_restore(d, &dir, &db, &replica, "restored after event-driven syncs");
 }
 
 /// `min-sync-interval: 1s`, monitor interval 1h: a commit right after one that shipped is held
@@ -107,10 +112,7 @@ async fn a_commit_held_back_by_min_sync_interval_still_ships() {
         "the held-back commit never shipped: {}",
         d.log_text()
     );
-    d.stop_ok();
-    let out = dir.join("restored.db");
-    common::restore_ok(common::s(&replica), &out, None);
-    common::assert_same_content(&db, &out, "restored after a held-back commit");
+    stop_and_restore(d, &dir, &db, &replica, "restored after a held-back commit");
 }
 
 /// Watches capped at one directory: the second database polls (monitor interval 1s), its

@@ -53,13 +53,13 @@ fn only<'a>(docs: &'a [(PathBuf, Value)], k: &str) -> &'a Value {
     found[0]
 }
 
-fn strings(v: &Value) -> Vec<&str> {
+pub(crate) fn strings(v: &Value) -> Vec<&str> {
     v.as_sequence()
         .map(|s| s.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default()
 }
 
-fn container<'a>(list: &'a Value, name: &str) -> &'a Value {
+pub(crate) fn container<'a>(list: &'a Value, name: &str) -> &'a Value {
     list.as_sequence()
         .unwrap()
         .iter()

@@ -10,20 +10,11 @@ use std::process::Command;
 
 use serde_norway::Value;
 
-use crate::common::emulators::tools_dir;
+use crate::common::emulators::tool;
+use crate::deploy::{container, strings};
 
 fn helm() -> Option<PathBuf> {
-    let p = tools_dir().join("bin/helm");
-    if p.is_file() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "helm is missing from {} (.ci/run installs it)",
-        p.display()
-    );
-    eprintln!("SKIPPED: helm is not installed (see .ci/run)");
-    None
+    tool("bin/helm", "helm")
 }
 
 fn chart() -> PathBuf {
@@ -56,20 +47,6 @@ fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     docs.iter()
         .filter(|d| d["kind"].as_str() == Some(kind))
         .collect()
-}
-
-fn container<'a>(list: &'a Value, name: &str) -> &'a Value {
-    list.as_sequence()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no container {name}"))
-}
-
-fn strings(v: &Value) -> Vec<&str> {
-    v.as_sequence()
-        .map(|s| s.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default()
 }
 
 #[test]

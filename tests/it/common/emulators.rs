@@ -33,7 +33,7 @@ pub fn tools_dir() -> PathBuf {
 
 /// The tool at `rel` under the tools directory, or `None` (after saying SKIPPED) when it is
 /// missing outside CI.
-fn tool(rel: &str, what: &str) -> Option<PathBuf> {
+pub fn tool(rel: &str, what: &str) -> Option<PathBuf> {
     let p = tools_dir().join(rel);
     if p.exists() {
         return Some(p);
