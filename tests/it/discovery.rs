@@ -60,7 +60,9 @@ fn caught_up(d: &Daemon, port: u16, db: &Path) -> u64 {
 
 /// [`caught_up`] at a TXID above `past`: a database re-added at a known path starts at the
 /// replica's tip and reports it, caught up, before its own first sync.
+/// First a `replicad sync --wait` (a status read right after a commit may predate it).
 fn caught_up_past(d: &Daemon, port: u16, db: &Path, past: u64) -> u64 {
+    common::sync_wait(&socket(d), db);
     let mut txid = 0;
     wait_until(d, &format!("{} caught up", db.display()), || {
         let st = status(port);
@@ -83,14 +85,25 @@ fn caught_up_past(d: &Daemon, port: u16, db: &Path, past: u64) -> u64 {
     txid
 }
 
+/// The control socket's name in the test directory (its config and logs live there too).
+const SOCKET: &str = "ctl.sock";
+
+fn socket(d: &Daemon) -> PathBuf {
+    let logs = d.log.parent().expect("the log is under <dir>/logs");
+    logs.parent()
+        .expect("logs is under the test dir")
+        .join(SOCKET)
+}
+
 fn config(dir: &Path, data: &Path, replica: &Path, port: u16, watch: bool) -> PathBuf {
     let path = dir.join("replicad.yml");
     std::fs::write(
         &path,
         format!(
-            "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\ndbs:\n  - dir: {}\n    \
+            "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\nsocket: {{enabled: true, path: {}}}\ndbs:\n  - dir: {}\n    \
              pattern: \"*.db\"\n    recursive: true\n    watch: {watch}\n    replica:\n      \
              url: {}\n",
+            dir.join(SOCKET).display(),
             data.display(),
             replica.display()
         ),

@@ -49,10 +49,17 @@ fn wait_until(dir: &TestDir, what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// The control socket of the daemon on `port` (`replicad sync`).
+fn socket(dir: &TestDir, port: u16) -> PathBuf {
+    dir.join(&format!("ctl-{port}.sock"))
+}
+
 /// A config replicating `db` to every directory of `replicas`, HTTP on `port`.
 fn config(dir: &TestDir, db: &Path, replicas: &[&Path], port: u16, extra: &str) -> PathBuf {
     let mut y = format!(
-        "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\nheartbeat-interval: 100ms\nmax-lag: 300ms\n{extra}dbs:\n  - path: {}\n    replicas:\n",
+        "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\nheartbeat-interval: 100ms\nmax-lag: 300ms\n\
+         socket: {{enabled: true, path: {}}}\n{extra}dbs:\n  - path: {}\n    replicas:\n",
+        socket(dir, port).display(),
         db.display()
     );
     for (i, r) in replicas.iter().enumerate() {
@@ -212,6 +219,9 @@ fn a_replica_wiped_while_running_is_seeded_again() {
     fs::remove_dir_all(&a).unwrap();
     // The next commit's upload round finds the lease gone, lists the replica, and re-seeds.
     insert(&c, 20, "after-wipe");
+    // A heartbeat may re-seed the replica before the daemon sees the commit: the status
+    // alone could report it caught up at the TXID before "after-wipe".
+    common::sync_wait(&socket(&dir, port), &db);
     wait_caught_up(&dir, port, &a);
     let metrics = get(port, "/metrics").1;
     let labels = format!("db=\"{}\",reason=\"wiped\",replica=\"r0\"", db.display());

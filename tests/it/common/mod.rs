@@ -436,6 +436,35 @@ pub fn restore_ok(replica: &str, out: &Path, txid: Option<u64>) {
     );
 }
 
+/// `replicad sync --wait` for `db` through the daemon's control socket `socket`: returns the
+/// TXID every replica holds once a sync that started after this call has completed. A status
+/// page read right after a commit may still show the TXID before it (the daemon has not
+/// looked yet); this cannot. Retried while the socket is not served yet.
+pub fn sync_wait(socket: &Path, db: &Path) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let o = Command::new(bin())
+            .args(["sync", "--socket", s(socket), "--wait", "--timeout", "20"])
+            .arg(db)
+            .output()
+            .expect("run replicad sync");
+        let out = String::from_utf8_lossy(&o.stdout);
+        if o.status.success() {
+            let v: serde_json::Value = serde_json::from_str(&out)
+                .unwrap_or_else(|e| panic!("replicad sync answered no JSON ({e}): {out}"));
+            return v["txid"].as_u64().expect("txid in the sync answer");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replicad sync --wait {} failed with {}:\n{out}{}",
+            db.display(),
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        sleep(Duration::from_millis(50));
+    }
+}
+
 /// Opens a database read-only (never writes to it).
 pub fn open_ro(db: &Path) -> Connection {
     let c = Connection::open_with_flags(
