@@ -208,6 +208,7 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
         tracing::info!(db = %db.path.display(), ?replicas, "replicating");
     }
     let notify = Notify::start(store.registry().clone());
+    let alerts = crate::ops::alerts::Alerts::start(&config.notify, &store, config.max_lag);
     let mut failure = None;
     let code = match &config.exec {
         None => {
@@ -247,6 +248,13 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     }
     if let Some(n) = notify {
         n.finish();
+    }
+    if let Some(a) = alerts {
+        let mut left = unprotected.clone();
+        if let Some(e) = &failure {
+            left.push(format!("exec: {e}"));
+        }
+        a.finish(&left).await;
     }
     match failure {
         Some(e) => Err(CliError::Runtime(e)),

@@ -122,6 +122,7 @@ impl Config {
             exec: None,
             logging: LoggingConfig::default(),
             socket: SocketConfig::default(),
+            notify: Default::default(),
         })
     }
 

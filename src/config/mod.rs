@@ -36,6 +36,7 @@ use std::time::Duration;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
 mod load;
+pub mod notify;
 mod url;
 mod yaml;
 
@@ -108,6 +109,8 @@ pub struct Config {
     pub logging: LoggingConfig,
     /// Key `socket` (top level only, default off): the control socket (`replicad sync`).
     pub socket: SocketConfig,
+    /// Key `notify` (top level only, default off): webhooks and the heartbeat ping.
+    pub notify: notify::NotifyConfig,
 }
 
 /// Default of `socket.path`.
@@ -196,8 +199,9 @@ pub enum CodecOrigin {
 }
 
 /// Keys only replicad reads: a file with none of them is a Litestream config.
-pub const REPLICAD_ONLY_KEYS: [&str; 9] = [
+pub const REPLICAD_ONLY_KEYS: [&str; 10] = [
     "compression",
+    "notify",
     "age",
     "max-lag",
     "lease-ttl",

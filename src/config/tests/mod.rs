@@ -2,6 +2,7 @@
 //! helpers every part uses are here.
 
 mod entries;
+mod notify;
 mod object;
 mod remote;
 mod s3;

@@ -140,6 +140,7 @@ impl<'de, T> Visitor<'de> for SectionSeed<'_, T> {
 }
 
 pub(crate) mod dbs;
+pub(crate) mod notify;
 pub(crate) mod remote;
 pub(crate) mod replica;
 pub(crate) mod root;
@@ -169,7 +170,7 @@ pub(crate) const SETTING_KEYS: [&str; 12] = [
     "min-sync-interval",
 ];
 /// Keys of the top level that are errors in a database map ("top-level only").
-pub(crate) const TOP_ONLY_KEYS: [&str; 11] = [
+pub(crate) const TOP_ONLY_KEYS: [&str; 13] = [
     "shutdown-sync-timeout",
     "levels",
     "snapshot",
@@ -181,6 +182,8 @@ pub(crate) const TOP_ONLY_KEYS: [&str; 11] = [
     "exec",
     "logging",
     "socket",
+    "notify",
+    "heartbeat-url",
 ];
 pub(crate) const ROOT_KEYS: &[&str] = &[
     "dbs",
@@ -195,6 +198,8 @@ pub(crate) const ROOT_KEYS: &[&str] = &[
     TOP_ONLY_KEYS[8],
     TOP_ONLY_KEYS[9],
     TOP_ONLY_KEYS[10],
+    TOP_ONLY_KEYS[11],
+    TOP_ONLY_KEYS[12],
     SETTING_KEYS[0],
     SETTING_KEYS[1],
     SETTING_KEYS[2],

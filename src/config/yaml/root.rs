@@ -1,6 +1,9 @@
-//! The top-level map: global settings, global S3 keys, `logging`, `socket`, `addr`, `exec`.
+//! The top-level map: global settings, global S3 keys, `logging`, `socket`, `notify`, `addr`,
+//! `exec`.
 
+use crate::config::notify::NotifyConfig;
 use crate::config::yaml::dbs::{DbsSeed, NO_DBS, Source};
+use crate::config::yaml::notify::{MIN_PING_INTERVAL, NotifySeed, notify_url};
 use crate::config::yaml::replica::RawS3;
 use crate::config::yaml::settings::{RawCompaction, RawSettings};
 use crate::config::yaml::{
@@ -98,6 +101,8 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
         let mut exec = None;
         let mut logging = LoggingConfig::default();
         let mut socket = SocketConfig::default();
+        let mut notify: Option<NotifyConfig> = None;
+        let mut heartbeat_url = None;
         while let Some(key) = map.next_key_seed(KeySeed {
             ctx,
             allowed: ROOT_KEYS,
@@ -157,6 +162,15 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                         &socket_field,
                     )?)
                 }
+                "notify" => notify = Some(map.next_value_seed(NotifySeed { ctx })?),
+                "heartbeat-url" => {
+                    heartbeat_url = Some(map.next_value_seed(ValueSeed {
+                        ctx,
+                        key,
+                        place,
+                        convert: &notify_url,
+                    })?)
+                }
                 _ => {
                     // Global S3 keys were taken by the first pass (`GlobalsSeed`); read
                     // again here only to consume (and check) the value.
@@ -167,6 +181,30 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                         return Err(ctx.fail(format!("internal error: key `{key}` {place}")));
                     }
                 }
+            }
+        }
+        let mut notify = notify.unwrap_or_default();
+        if let Some(url) = heartbeat_url {
+            if notify.heartbeat_url.is_some() {
+                return Err(ctx.fail(
+                    "keys `heartbeat-url` at the top level and `notify.heartbeat-url` are the \
+                     same setting: keep one"
+                        .into(),
+                ));
+            }
+            notify.heartbeat_url = Some(url);
+            // Litestream's pair: beside its `heartbeat-url`, the top-level
+            // `heartbeat-interval` is the ping interval, not the upload tasks' heartbeat.
+            if let Some(d) = settings.heartbeat_interval.take() {
+                if d < MIN_PING_INTERVAL {
+                    return Err(ctx.fail(format!(
+                        "key `heartbeat-interval` at the top level is {}: beside a top-level \
+                         `heartbeat-url` it is the heartbeat ping interval (as in Litestream), \
+                         at least 1s; set the upload tasks' heartbeat in each database",
+                        humantime::format_duration(d)
+                    )));
+                }
+                notify.heartbeat_interval = d;
             }
         }
         let Some(entries) = dbs else {
@@ -210,6 +248,7 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
             exec,
             logging,
             socket,
+            notify,
         })
     }
 }

@@ -69,12 +69,15 @@ pub struct ReplicaStats {
     pub health: Arc<HealthCell>,
     /// Times the replica was re-seeded with a snapshot.
     pub reseeds: Arc<AtomicU64>,
+    /// Where it writes, without credentials ([`crate::storage::ReplicaClient::location`]).
+    pub location: Arc<str>,
 }
 
 impl ReplicaStats {
     /// Stats counting into `counters`.
-    pub fn new(counters: ReplicaCounters) -> ReplicaStats {
+    pub fn new(counters: ReplicaCounters, location: &str) -> ReplicaStats {
         ReplicaStats {
+            location: location.into(),
             counters,
             remote_txid: Arc::default(),
             remote_timestamp_ms: Arc::default(),
@@ -133,6 +136,7 @@ impl Replica {
         lease: Lease,
     ) -> Replica {
         let (ack_tx, _) = watch::channel(TxId(0));
+        let stats = ReplicaStats::new(counters, &client.location());
         Replica {
             lease,
             name,
@@ -141,7 +145,7 @@ impl Replica {
             staging,
             remote: TxId(0),
             ack_tx,
-            stats: ReplicaStats::new(counters),
+            stats,
             heartbeat,
             index: RemoteIndex::default(),
             maint,

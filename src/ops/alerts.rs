@@ -1,0 +1,588 @@
+//! Notifications to the outside (`notify` in the config): webhook events when protection
+//! changes, and the health-gated heartbeat ping of Litestream's `heartbeat-url`.
+//!
+//! - Events come from the same state `/readyz` reads: every second the databases' and
+//!   replicas' health cells and counters are compared with what was last seen
+//!   ([`Watch::diff`]). A failure is reported once it has lasted `max-lag` (the readiness
+//!   grace: a network blip flaps nothing), and its recovery only if its failure was reported.
+//!   A re-seed or a failed verify is reported whenever its counter moves.
+//! - The heartbeat GET goes out every `heartbeat-interval`, and only while `/readyz` would say
+//!   ready; a withheld ping is what tells a healthchecks.io-style monitor that something is
+//!   wrong, so it is logged (once per streak) and counted, never silently skipped.
+//! - `start` is sent once the databases are open, `stop` after the shutdown drain with what
+//!   it left unprotected; the exit waits for queued events at most [`FINISH_WAIT`].
+//!
+//! Nothing here runs when `notify` is not configured.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use prometheus::{IntCounterVec, Opts};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::notify::{NotifyConfig, NotifyEvent, NotifyUrl};
+use crate::daemon::Store;
+use crate::daemon::registry::{DbHandle, DbRegistry};
+use crate::ops::webhook::{Webhook, WebhookMetrics, register};
+use crate::replicate::health::Problem;
+
+/// How often the health cells are compared with what was last seen.
+const POLL: Duration = Duration::from_secs(1);
+/// Longest wait between two heartbeat checks (Litestream checks every 15 s).
+const PING_CHECK: Duration = Duration::from_secs(15);
+/// How long one heartbeat GET may take (Litestream's figure).
+const PING_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the exit waits for queued webhook events.
+pub const FINISH_WAIT: Duration = Duration::from_secs(10);
+
+/// The running notifications of a daemon.
+pub struct Alerts {
+    hooks: Arc<Vec<Webhook>>,
+    deliveries: Vec<tokio::task::JoinHandle<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    stop: CancellationToken,
+    host: Option<String>,
+}
+
+impl Alerts {
+    /// Starts the webhooks and the heartbeat of `cfg` for `store` and sends `start`; `None`
+    /// when nothing is configured.
+    pub fn start(cfg: &NotifyConfig, store: &Store, max_lag: Duration) -> Option<Alerts> {
+        if !cfg.is_enabled() {
+            return None;
+        }
+        let http = match reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                // Loud: the operator asked to be told, and will not be.
+                tracing::error!(error = %e, "notify: cannot build the HTTP client: no webhook or heartbeat will be sent");
+                return None;
+            }
+        };
+        let metrics = WebhookMetrics::register(store.prometheus());
+        let mut deliveries = Vec::new();
+        let hooks: Vec<Webhook> = cfg
+            .webhooks
+            .iter()
+            .map(|w| {
+                tracing::info!(webhook = %w.name, host = %w.url.host(), events = ?w.events.iter().map(|e| e.as_str()).collect::<Vec<_>>(), "notify: webhook");
+                let (hook, task) = Webhook::start(w.clone(), http.clone(), metrics.clone());
+                deliveries.push(task);
+                hook
+            })
+            .collect();
+        let alerts = Alerts {
+            hooks: Arc::new(hooks),
+            deliveries,
+            tasks: Vec::new(),
+            stop: CancellationToken::new(),
+            host: hostname(),
+        };
+        let registry = store.registry().clone();
+        let dbs = registry.snapshot().len();
+        alerts.emit(
+            NotifyEvent::Start,
+            serde_json::json!({ "databases": dbs, "version": env!("CARGO_PKG_VERSION") }),
+        );
+        let mut alerts = alerts;
+        if !alerts.hooks.is_empty() {
+            let watch = Watch {
+                registry: registry.clone(),
+                hooks: alerts.hooks.clone(),
+                host: alerts.host.clone(),
+                grace: max_lag,
+                seen: Seen::default(),
+            };
+            alerts
+                .tasks
+                .push(tokio::spawn(watch.run(alerts.stop.clone())));
+        }
+        if let Some(url) = &cfg.heartbeat_url {
+            tracing::info!(host = %url.host(), interval = ?cfg.heartbeat_interval, "notify: heartbeat ping while ready");
+            let ping = Ping {
+                url: url.clone(),
+                interval: cfg.heartbeat_interval,
+                registry,
+                max_lag,
+                since_ms: store.started_ms(),
+                http,
+                pings: register(
+                    store.prometheus(),
+                    IntCounterVec::new(
+                        Opts::new(
+                            "replicad_heartbeat_pings_total",
+                            "Heartbeat pings by result: ok, failed, withheld (the daemon was not ready).",
+                        ),
+                        &["result"],
+                    )
+                    .expect("static metric definition is valid"),
+                ),
+            };
+            alerts
+                .tasks
+                .push(tokio::spawn(ping.run(alerts.stop.clone())));
+        }
+        Some(alerts)
+    }
+
+    fn emit(&self, event: NotifyEvent, fields: serde_json::Value) {
+        let body = Arc::new(body(event, self.host.as_deref(), fields));
+        for h in self.hooks.iter() {
+            h.send(event, &body);
+        }
+    }
+
+    /// Stops the watch and the heartbeat, sends `stop` with what the shutdown left
+    /// unprotected, and waits at most [`FINISH_WAIT`] for the queued events.
+    pub async fn finish(mut self, unprotected: &[String]) {
+        self.stop.cancel();
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+        let error = (!unprotected.is_empty()).then(|| {
+            format!(
+                "shutdown left {} thing(s) not fully protected: {}",
+                unprotected.len(),
+                unprotected.join("; ")
+            )
+        });
+        self.emit(
+            NotifyEvent::Stop,
+            serde_json::json!({ "error": error, "unprotected": unprotected }),
+        );
+        let Alerts {
+            hooks, deliveries, ..
+        } = self;
+        // The last senders: the delivery tasks end once their queues are empty.
+        drop(hooks);
+        let all = futures_util::future::join_all(deliveries);
+        if tokio::time::timeout(FINISH_WAIT, all).await.is_err() {
+            tracing::warn!(
+                "notify: webhook events still undelivered after {FINISH_WAIT:?}: given up at exit"
+            );
+        }
+    }
+}
+
+/// The JSON body of `event`: its name, the time, the host, then `fields`.
+fn body(event: NotifyEvent, host: Option<&str>, fields: serde_json::Value) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "event": event.as_str(),
+        "time": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        "host": host,
+    });
+    if let (Some(out), serde_json::Value::Object(more)) = (v.as_object_mut(), fields) {
+        out.extend(more);
+    }
+    v
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
+fn rfc3339(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// What one replica looked like at a poll.
+#[derive(Clone, Debug)]
+struct ReplicaView {
+    name: String,
+    location: String,
+    problem: Option<Problem>,
+    lease_lost: bool,
+    reseeds: u64,
+    /// The last periodic verify: (1 ok / 0 failed / -1 never run, TXID it restored).
+    verify: (i64, i64),
+    remote_txid: u64,
+}
+
+impl Default for ReplicaView {
+    fn default() -> Self {
+        ReplicaView {
+            name: String::new(),
+            location: String::new(),
+            problem: None,
+            lease_lost: false,
+            reseeds: 0,
+            verify: (-1, 0),
+            remote_txid: 0,
+        }
+    }
+}
+
+/// What one database looked like at a poll.
+#[derive(Clone, Debug, Default)]
+struct DbView {
+    path: PathBuf,
+    problem: Option<Problem>,
+    txid: u64,
+    replicas: Vec<ReplicaView>,
+}
+
+fn view(d: &DbHandle) -> DbView {
+    DbView {
+        path: d.path.clone(),
+        problem: d.stats.health.problem(),
+        txid: d.stats.txid.load(Ordering::Relaxed),
+        replicas: d
+            .replicas
+            .iter()
+            .map(|(name, r)| ReplicaView {
+                name: name.clone(),
+                location: r.location.to_string(),
+                problem: r.health.problem(),
+                lease_lost: r.lease_lost.load(Ordering::Relaxed),
+                reseeds: r.reseeds.load(Ordering::Relaxed),
+                verify: (r.counters.verify_ok.get(), r.counters.verify_txid.get()),
+                remote_txid: r.remote_txid.load(Ordering::Relaxed),
+            })
+            .collect(),
+    }
+}
+
+/// What was last reported.
+#[derive(Default)]
+struct Seen {
+    /// Databases reported failing, with when their failure started.
+    dbs: HashMap<PathBuf, Option<i64>>,
+    replicas: HashMap<(PathBuf, String), ReplicaSeen>,
+}
+
+#[derive(Clone, Copy)]
+struct ReplicaSeen {
+    /// When the reported failure started (`None`: none reported).
+    failing: Option<i64>,
+    lease_lost: bool,
+    reseeds: u64,
+    verify: (i64, i64),
+}
+
+impl Default for ReplicaSeen {
+    fn default() -> Self {
+        ReplicaSeen {
+            failing: None,
+            lease_lost: false,
+            reseeds: 0,
+            verify: (-1, 0),
+        }
+    }
+}
+
+/// The task that turns health changes into events.
+struct Watch {
+    registry: DbRegistry,
+    hooks: Arc<Vec<Webhook>>,
+    host: Option<String>,
+    grace: Duration,
+    seen: Seen,
+}
+
+impl Watch {
+    async fn run(mut self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let views: Vec<DbView> = self.registry.snapshot().iter().map(view).collect();
+            let events = diff(
+                &mut self.seen,
+                &views,
+                self.grace,
+                crate::util::clock::now_ms(),
+            );
+            for (event, fields) in events {
+                tracing::info!(event = event.as_str(), "notify: event");
+                let body = Arc::new(body(event, self.host.as_deref(), fields));
+                for h in self.hooks.iter() {
+                    h.send(event, &body);
+                }
+            }
+        }
+    }
+}
+
+/// The events between `seen` and `views` at `now_ms`; updates `seen`. Databases that are gone
+/// are forgotten.
+fn diff(
+    seen: &mut Seen,
+    views: &[DbView],
+    grace: Duration,
+    now_ms: i64,
+) -> Vec<(NotifyEvent, serde_json::Value)> {
+    let mut out = Vec::new();
+    for d in views {
+        let db = d.path.display().to_string();
+        let failing = seen.dbs.entry(d.path.clone()).or_default();
+        match (&d.problem, *failing) {
+            (Some(p), None) if p.reportable(grace, now_ms) => {
+                *failing = Some(p.since_ms);
+                out.push((
+                    NotifyEvent::DatabaseFailing,
+                    serde_json::json!({ "db": db, "error": p.reason, "since": rfc3339(p.since_ms), "txid": d.txid }),
+                ));
+            }
+            (None, Some(since)) => {
+                *failing = None;
+                out.push((
+                    NotifyEvent::DatabaseRecovered,
+                    serde_json::json!({ "db": db, "since": rfc3339(since), "txid": d.txid }),
+                ));
+            }
+            _ => {}
+        }
+        for r in &d.replicas {
+            let s = seen
+                .replicas
+                .entry((d.path.clone(), r.name.clone()))
+                .or_default();
+            let base = |error: Option<&str>| {
+                serde_json::json!({
+                    "db": db, "replica": r.name, "replica_url": r.location, "error": error,
+                    "txid": d.txid, "remote_txid": r.remote_txid,
+                })
+            };
+            let with = |mut v: serde_json::Value, k: &str, x: serde_json::Value| {
+                v[k] = x;
+                v
+            };
+            match (&r.problem, s.failing) {
+                (Some(p), None) if p.reportable(grace, now_ms) => {
+                    s.failing = Some(p.since_ms);
+                    out.push((
+                        NotifyEvent::ReplicaFailing,
+                        with(base(Some(&p.reason)), "since", rfc3339(p.since_ms).into()),
+                    ));
+                }
+                (None, Some(since)) => {
+                    s.failing = None;
+                    out.push((
+                        NotifyEvent::ReplicaRecovered,
+                        with(base(None), "since", rfc3339(since).into()),
+                    ));
+                }
+                _ => {}
+            }
+            if r.lease_lost && !s.lease_lost {
+                out.push((
+                    NotifyEvent::LeaseLost,
+                    base(Some(
+                        "another instance took this replica's single-writer lease: this replica stopped uploading",
+                    )),
+                ));
+            }
+            s.lease_lost = r.lease_lost;
+            if r.reseeds > s.reseeds {
+                out.push((
+                    NotifyEvent::Reseed,
+                    with(base(None), "reseeds", (r.reseeds - s.reseeds).into()),
+                ));
+            }
+            s.reseeds = r.reseeds;
+            if r.verify != s.verify && r.verify.0 == 0 {
+                let why = format!(
+                    "the periodic verify of TXID {} failed (see the log for the cause)",
+                    r.verify.1
+                );
+                out.push((NotifyEvent::VerifyFailed, base(Some(&why))));
+            }
+            s.verify = r.verify;
+        }
+    }
+    seen.dbs.retain(|p, _| views.iter().any(|d| &d.path == p));
+    seen.replicas
+        .retain(|(p, _), _| views.iter().any(|d| &d.path == p));
+    out
+}
+
+/// The heartbeat ping task.
+struct Ping {
+    url: NotifyUrl,
+    interval: Duration,
+    registry: DbRegistry,
+    max_lag: Duration,
+    since_ms: i64,
+    http: reqwest::Client,
+    pings: IntCounterVec,
+}
+
+impl Ping {
+    async fn run(self, stop: CancellationToken) {
+        let check = self.interval.min(PING_CHECK);
+        let mut last: Option<Instant> = None;
+        let mut withheld = false;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(check) => {}
+            }
+            if last.is_some_and(|t| t.elapsed() + Duration::from_millis(50) < self.interval) {
+                continue;
+            }
+            let dbs = self.registry.snapshot();
+            if let Err(reasons) = crate::ops::http::readiness(&dbs, self.max_lag, self.since_ms) {
+                self.pings.with_label_values(&["withheld"]).inc();
+                if !withheld {
+                    tracing::warn!(
+                        reason = %reasons.first().map(String::as_str).unwrap_or(""),
+                        "heartbeat withheld: not ready"
+                    );
+                    withheld = true;
+                }
+                continue;
+            }
+            let sent = self
+                .http
+                .get(self.url.expose())
+                .timeout(PING_TIMEOUT)
+                .send()
+                .await;
+            match sent {
+                Ok(r) if r.status().is_success() => {
+                    self.pings.with_label_values(&["ok"]).inc();
+                    last = Some(Instant::now());
+                    if withheld {
+                        tracing::info!("heartbeat resumed: ready again");
+                        withheld = false;
+                    }
+                }
+                other => {
+                    self.pings.with_label_values(&["failed"]).inc();
+                    let why = match other {
+                        Ok(r) => format!("the server answered HTTP {}", r.status().as_u16()),
+                        Err(e) if e.is_timeout() => format!("no answer within {PING_TIMEOUT:?}"),
+                        Err(_) => "cannot connect".to_string(),
+                    };
+                    // Retried at the next check.
+                    tracing::warn!(host = %self.url.host(), "heartbeat ping failed: {why}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(since_ms: i64) -> Option<Problem> {
+        Some(Problem {
+            reason: "cannot reach the server".into(),
+            since_ms,
+            stopped: false,
+        })
+    }
+
+    fn one(replica: ReplicaView) -> Vec<DbView> {
+        vec![DbView {
+            path: PathBuf::from("/data/app.db"),
+            problem: None,
+            txid: 7,
+            replicas: vec![ReplicaView {
+                name: "s3".into(),
+                location: "s3://bucket/app".into(),
+                ..replica
+            }],
+        }]
+    }
+
+    fn names(events: &[(NotifyEvent, serde_json::Value)]) -> Vec<&'static str> {
+        events.iter().map(|(e, _)| e.as_str()).collect()
+    }
+
+    #[test]
+    fn a_failure_is_reported_after_the_grace_and_its_recovery_once() {
+        let grace = Duration::from_secs(60);
+        let mut seen = Seen::default();
+        let failing = ReplicaView {
+            problem: problem(1_000),
+            ..Default::default()
+        };
+        assert!(diff(&mut seen, &one(failing.clone()), grace, 30_000).is_empty());
+        let ev = diff(&mut seen, &one(failing.clone()), grace, 61_000);
+        assert_eq!(names(&ev), ["replica-failing"]);
+        assert_eq!(ev[0].1["error"], "cannot reach the server");
+        assert_eq!(ev[0].1["replica_url"], "s3://bucket/app");
+        assert_eq!(ev[0].1["db"], "/data/app.db");
+        assert!(diff(&mut seen, &one(failing), grace, 62_000).is_empty());
+        let ev = diff(&mut seen, &one(ReplicaView::default()), grace, 63_000);
+        assert_eq!(names(&ev), ["replica-recovered"]);
+        assert!(diff(&mut seen, &one(ReplicaView::default()), grace, 64_000).is_empty());
+    }
+
+    #[test]
+    fn a_blip_shorter_than_the_grace_says_nothing() {
+        let grace = Duration::from_secs(60);
+        let mut seen = Seen::default();
+        let blip = ReplicaView {
+            problem: problem(1_000),
+            ..Default::default()
+        };
+        assert!(diff(&mut seen, &one(blip), grace, 2_000).is_empty());
+        assert!(diff(&mut seen, &one(ReplicaView::default()), grace, 3_000).is_empty());
+    }
+
+    #[test]
+    fn lease_loss_reseeds_and_failed_verifies_are_reported_when_they_change() {
+        let grace = Duration::from_secs(60);
+        let mut seen = Seen::default();
+        let ok = ReplicaView {
+            verify: (1, 5),
+            ..Default::default()
+        };
+        assert!(diff(&mut seen, &one(ok), grace, 1).is_empty());
+        let changed = ReplicaView {
+            verify: (0, 6),
+            reseeds: 2,
+            lease_lost: true,
+            ..Default::default()
+        };
+        let ev = diff(&mut seen, &one(changed.clone()), grace, 2);
+        assert_eq!(names(&ev), ["lease-lost", "reseed", "verify-failed"]);
+        assert_eq!(ev[1].1["reseeds"], 2);
+        assert!(ev[2].1["error"].as_str().unwrap().contains("TXID 6"));
+        assert!(diff(&mut seen, &one(changed), grace, 3).is_empty());
+        let again = ReplicaView {
+            verify: (0, 9),
+            reseeds: 3,
+            lease_lost: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            names(&diff(&mut seen, &one(again), grace, 4)),
+            ["reseed", "verify-failed"]
+        );
+    }
+
+    #[test]
+    fn a_database_failure_and_recovery() {
+        let grace = Duration::ZERO;
+        let mut seen = Seen::default();
+        let mut views = one(ReplicaView::default());
+        views[0].problem = problem(5);
+        let ev = diff(&mut seen, &views, grace, 5);
+        assert_eq!(names(&ev), ["database-failing"]);
+        views[0].problem = None;
+        assert_eq!(
+            names(&diff(&mut seen, &views, grace, 6)),
+            ["database-recovered"]
+        );
+        // A database that is gone is forgotten.
+        assert!(diff(&mut seen, &[], grace, 7).is_empty());
+        assert!(seen.dbs.is_empty() && seen.replicas.is_empty());
+    }
+}

@@ -1,0 +1,189 @@
+//! Delivery of one webhook (`notify.webhooks[i]`): a queue and a task that POSTs each event's
+//! JSON body, retrying with backoff.
+//!
+//! Invariants:
+//! - Replication never waits for a webhook: [`Webhook::send`] never blocks; when the queue is
+//!   full the event is dropped, logged and counted.
+//! - A URL is named by scheme and host only and header values never leave the request: both
+//!   may be credentials (see [`crate::config::notify`]).
+//! - Every event ends as exactly one of `delivered`, `failed` (every attempt failed) or
+//!   `dropped` in `replicad_webhook_deliveries_total{webhook,result}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{IntCounterVec, Opts, Registry};
+use tokio::sync::mpsc;
+
+use crate::config::notify::{NotifyEvent, WebhookConfig};
+
+/// Events waiting for delivery per webhook; more are dropped.
+const QUEUE: usize = 256;
+/// Pause after the first failed attempt, doubled after each one up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_secs(1);
+const MAX_PAUSE: Duration = Duration::from_secs(60);
+
+/// The webhook counters, shared by every webhook of a daemon.
+#[derive(Clone)]
+pub struct WebhookMetrics {
+    deliveries: IntCounterVec,
+    attempt_errors: IntCounterVec,
+}
+
+impl WebhookMetrics {
+    /// Registers the counters in `registry` (or finds them there).
+    pub fn register(registry: &Registry) -> WebhookMetrics {
+        let deliveries = IntCounterVec::new(
+            Opts::new(
+                "replicad_webhook_deliveries_total",
+                "Webhook events by outcome: delivered, failed (every attempt failed), dropped (queue full).",
+            ),
+            &["webhook", "result"],
+        )
+        .expect("static metric definition is valid");
+        let attempt_errors = IntCounterVec::new(
+            Opts::new(
+                "replicad_webhook_attempt_errors_total",
+                "Webhook calls that failed (each retry counts).",
+            ),
+            &["webhook"],
+        )
+        .expect("static metric definition is valid");
+        WebhookMetrics {
+            deliveries: register(registry, deliveries),
+            attempt_errors: register(registry, attempt_errors),
+        }
+    }
+}
+
+/// Registers `c` in `registry`. A second Store in one process (tests) finds the name taken:
+/// its counts then stay out of the registry, which is harmless.
+pub(crate) fn register(registry: &Registry, c: IntCounterVec) -> IntCounterVec {
+    let _ = registry.register(Box::new(c.clone()));
+    c
+}
+
+/// One webhook's sending end.
+pub struct Webhook {
+    name: String,
+    events: Vec<NotifyEvent>,
+    tx: mpsc::Sender<Arc<serde_json::Value>>,
+    metrics: WebhookMetrics,
+}
+
+impl Webhook {
+    /// Starts the delivery task of `cfg`; it ends once every [`Webhook`] of it is dropped and
+    /// its queue is empty.
+    pub fn start(
+        cfg: WebhookConfig,
+        http: reqwest::Client,
+        metrics: WebhookMetrics,
+    ) -> (Webhook, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let hook = Webhook {
+            name: cfg.name.clone(),
+            events: cfg.events.clone(),
+            tx,
+            metrics: metrics.clone(),
+        };
+        let task = tokio::spawn(deliver_all(cfg, http, metrics, rx));
+        (hook, task)
+    }
+
+    /// Queues `body` when this webhook takes `event`; never waits.
+    pub fn send(&self, event: NotifyEvent, body: &Arc<serde_json::Value>) {
+        if !self.events.contains(&event) {
+            return;
+        }
+        if self.tx.try_send(body.clone()).is_err() {
+            self.metrics
+                .deliveries
+                .with_label_values(&[self.name.as_str(), "dropped"])
+                .inc();
+            tracing::warn!(
+                webhook = %self.name,
+                event = event.as_str(),
+                "webhook queue full ({QUEUE} events waiting): event dropped"
+            );
+        }
+    }
+}
+
+async fn deliver_all(
+    cfg: WebhookConfig,
+    http: reqwest::Client,
+    metrics: WebhookMetrics,
+    mut rx: mpsc::Receiver<Arc<serde_json::Value>>,
+) {
+    let body_of = |v: &serde_json::Value| serde_json::to_vec(v).unwrap_or_default();
+    while let Some(event) = rx.recv().await {
+        let body = body_of(&event);
+        let kind = event["event"].as_str().unwrap_or("?").to_string();
+        let result = deliver(&cfg, &http, &metrics, &body, &kind).await;
+        metrics
+            .deliveries
+            .with_label_values(&[cfg.name.as_str(), result])
+            .inc();
+    }
+}
+
+/// POSTs `body` until it is accepted (2xx), refused for good (4xx other than 408 and 429), or
+/// the retries are spent. Returns the outcome's label.
+async fn deliver(
+    cfg: &WebhookConfig,
+    http: &reqwest::Client,
+    metrics: &WebhookMetrics,
+    body: &[u8],
+    event: &str,
+) -> &'static str {
+    let mut pause = FIRST_PAUSE;
+    for attempt in 0..=cfg.retries {
+        let mut req = http
+            .post(cfg.url.expose())
+            .timeout(cfg.timeout)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_vec());
+        for (k, v) in &cfg.headers {
+            req = req.header(k.as_str(), v.0.as_str());
+        }
+        let (error, retry) = match req.send().await {
+            Ok(r) if r.status().is_success() => {
+                if attempt > 0 {
+                    tracing::info!(webhook = %cfg.name, event, attempt = attempt + 1, "webhook delivered after retrying");
+                }
+                return "delivered";
+            }
+            Ok(r) => {
+                let code = r.status();
+                let retry = code.is_server_error()
+                    || code == reqwest::StatusCode::REQUEST_TIMEOUT
+                    || code == reqwest::StatusCode::TOO_MANY_REQUESTS;
+                (format!("the server answered HTTP {}", code.as_u16()), retry)
+            }
+            // reqwest's error names the URL: only its kind is kept.
+            Err(e) if e.is_timeout() => (format!("no answer within {:?}", cfg.timeout), true),
+            Err(e) if e.is_connect() => ("cannot connect".to_string(), true),
+            Err(_) => ("the request failed".to_string(), true),
+        };
+        metrics
+            .attempt_errors
+            .with_label_values(&[cfg.name.as_str()])
+            .inc();
+        let last = attempt == cfg.retries || !retry;
+        tracing::warn!(
+            webhook = %cfg.name,
+            host = %cfg.url.host(),
+            event,
+            attempt = attempt + 1,
+            of = cfg.retries + 1,
+            "webhook call failed: {error}{}",
+            if last { "; event not delivered" } else { "; retrying" }
+        );
+        if last {
+            break;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
+    "failed"
+}
