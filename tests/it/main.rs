@@ -82,3 +82,5 @@ mod snapshot_verify;
 mod soak;
 /// Storage errors as one readable line: replica, operation, cause, hint.
 mod storage_errors;
+/// Webhooks and the heartbeat ping (`notify`), received by a loopback HTTP server.
+mod webhooks;
