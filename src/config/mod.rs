@@ -199,9 +199,14 @@ pub enum CodecOrigin {
 }
 
 /// Keys only replicad reads: a file with none of them is a Litestream config.
-pub const REPLICAD_ONLY_KEYS: [&str; 10] = [
+pub const REPLICAD_ONLY_KEYS: [&str; 15] = [
     "compression",
     "notify",
+    "window",
+    "hourly",
+    "daily",
+    "weekly",
+    "monthly",
     "age",
     "max-lag",
     "lease-ttl",
@@ -341,8 +346,8 @@ pub struct DbSettings {
     /// Key `snapshot.interval` (top level only; default 24h, must be > 0): how often a
     /// snapshot (level 9) of the database is written.
     pub snapshot_interval: Duration,
-    /// Key `snapshot.retention` (top level only; default 24h, must be > 0): how long
-    /// snapshots are kept.
+    /// Key `snapshot.retention`, or `retention.window` (top level only; default 24h, must be
+    /// > 0): how long snapshots are kept, and so the window of point-in-time restores.
     pub snapshot_retention: Duration,
     /// Key `l0-retention` (top level only; default 5m): L0 files are deleted once they have
     /// been compacted into L1 and are older than this. `0s` disables the deletion of L0 files.
@@ -354,6 +359,31 @@ pub struct DbSettings {
     /// are never deleted (neither snapshots past `snapshot.retention` nor L0 files past
     /// `l0-retention`): deletion is left to the bucket's lifecycle rules.
     pub retention_enabled: bool,
+    /// Keys `retention.hourly`, `.daily`, `.weekly`, `.monthly` (top level only; default 0):
+    /// snapshots kept past the window as calendar restore points.
+    pub calendar: Calendar,
+}
+
+/// Calendar retention: besides every snapshot of the window, keep the newest snapshot of
+/// each of the last `hourly` hours, `daily` days, `weekly` ISO weeks and `monthly` months
+/// (UTC) that have one, as backup tools' `keep-daily` rules do. 0 keeps none of that kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Calendar {
+    /// Key `retention.hourly`.
+    pub hourly: u32,
+    /// Key `retention.daily`.
+    pub daily: u32,
+    /// Key `retention.weekly`.
+    pub weekly: u32,
+    /// Key `retention.monthly`.
+    pub monthly: u32,
+}
+
+impl Calendar {
+    /// Whether any calendar rule is set.
+    pub fn is_set(&self) -> bool {
+        *self != Calendar::default()
+    }
 }
 
 impl Default for DbSettings {
@@ -377,6 +407,7 @@ impl Default for DbSettings {
             l0_retention: DEFAULT_L0_RETENTION,
             l0_retention_check_interval: DEFAULT_L0_RETENTION_CHECK_INTERVAL,
             retention_enabled: true,
+            calendar: Calendar::default(),
         }
     }
 }

@@ -767,6 +767,7 @@ fn maintenance_of(
         retention: RetentionPolicy {
             snapshot_retention: s.snapshot_retention,
             l0_retention: s.l0_retention,
+            calendar: s.calendar,
         },
         retention_check: s.l0_retention_check_interval,
         retention_enabled: s.retention_enabled,

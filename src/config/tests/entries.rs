@@ -626,11 +626,12 @@ fn example_file_parses() {
             .split_once(&format!("\n{section}:\n"))
             .map(|(_, rest)| rest)
             .unwrap_or_else(|| panic!("example lacks `{section}`"));
-        // The section's lines: indented, comments or list items.
+        // The section's lines: indented, comments or list items; a key shown commented out
+        // (one that conflicts with another) is documented too.
         let body: String = body
             .lines()
             .take_while(|l| l.starts_with(' ') || l.starts_with('#'))
-            .map(|l| format!("{}\n", l.trim_start_matches([' ', '-'])))
+            .map(|l| format!("{}\n", l.trim_start_matches([' ', '-', '#'])))
             .collect();
         for key in keys {
             assert!(

@@ -481,16 +481,64 @@ fn snapshot_and_retention_errors() {
     assert_fail(
         &format!("{MINIMAL}retention:\n  enabled: false\n  check-interval: 1h\n"),
         7,
-        &["unknown key `check-interval` in retention (expected one of `enabled`)"],
+        &["unknown key `check-interval` in retention (expected one of `enabled`, `window`"],
     );
     assert_fail(
         &format!("{MINIMAL}retention: 24h\n"),
         5,
         &[
-            "`retention` takes a map with the key `enabled`, found \"24h\"",
+            "`retention` takes a map with the keys `enabled`, `window`, `hourly`, `daily`, \
+             `weekly`, `monthly`, found \"24h\"",
             "`retention` inside `snapshot`",
         ],
     );
+    assert_fail(
+        &format!("{MINIMAL}retention:\n  daily: -1\n"),
+        6,
+        &["how many restore points to keep, 0 to 3660, found -1 (key `daily` in retention)"],
+    );
+    assert_fail(
+        &format!("{MINIMAL}retention:\n  weekly: 2w\n"),
+        6,
+        &["found \"2w\" (key `weekly` in retention)"],
+    );
+    assert_fail(
+        &format!("{MINIMAL}retention:\n  window: 0s\n"),
+        6,
+        &["must be greater than zero (key `window` in retention)"],
+    );
+    for text in [
+        format!("snapshot: {{retention: 24h}}\nretention: {{window: 48h}}\n{MINIMAL}"),
+        format!("retention: {{window: 48h}}\nsnapshot: {{retention: 24h}}\n{MINIMAL}"),
+    ] {
+        let (_, msg) = fail(&text);
+        assert!(msg.contains("are the same setting"), "{msg}");
+    }
+}
+
+#[test]
+fn calendar_retention_and_its_window() {
+    let c = parse(&format!(
+        "retention: {{window: 2d, hourly: 24, daily: 7, weekly: 4, monthly: 12}}\n{MINIMAL}"
+    ))
+    .unwrap();
+    let s = &c.dbs[0].settings;
+    assert_eq!(s.snapshot_retention, Duration::from_secs(2 * 86_400));
+    assert_eq!(
+        s.calendar,
+        Calendar {
+            hourly: 24,
+            daily: 7,
+            weekly: 4,
+            monthly: 12
+        }
+    );
+    assert!(s.retention_enabled);
+    let c = parse(&format!("retention: {{daily: 30}}\n{MINIMAL}")).unwrap();
+    let s = &c.dbs[0].settings;
+    assert_eq!(s.calendar.daily, 30);
+    assert_eq!(s.snapshot_retention, DbSettings::default().snapshot_retention);
+    assert!(!DbSettings::default().calendar.is_set());
 }
 
 #[test]
@@ -583,6 +631,8 @@ fn durations_in_go_syntax() {
         ("1m", Duration::from_secs(60)),
         ("24h", Duration::from_secs(86_400)),
         ("1h30m", Duration::from_secs(5400)),
+        ("7d", Duration::from_secs(7 * 86_400)),
+        ("2w", Duration::from_secs(14 * 86_400)),
         ("\"2s\"", Duration::from_secs(2)),
     ] {
         let c = parse(&format!("monitor-interval: {text}\n{MINIMAL}")).unwrap();

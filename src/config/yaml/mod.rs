@@ -252,7 +252,8 @@ pub(crate) const LEVEL_KEYS: &[&str] = &["interval"];
 /// Keys of the `snapshot` map.
 pub(crate) const SNAPSHOT_KEYS: &[&str] = &["interval", "retention"];
 /// Keys of the `retention` map.
-pub(crate) const RETENTION_KEYS: &[&str] = &["enabled"];
+pub(crate) const RETENTION_KEYS: &[&str] =
+    &["enabled", "window", "hourly", "daily", "weekly", "monthly"];
 /// Keys of a replica's `age` map.
 pub(crate) const AGE_KEYS: &[&str] = &["recipients", "identities"];
 /// Keys of the `logging` map.
@@ -459,7 +460,8 @@ pub(crate) fn text(s: Scalar<'_>) -> Result<String, String> {
 }
 
 pub(crate) fn duration(s: Scalar<'_>) -> Result<Duration, String> {
-    const SYNTAX: &str = "use Go duration syntax such as 500ms, 10s, 1m, 24h or 1h30m";
+    const SYNTAX: &str =
+        "use Go duration syntax such as 500ms, 10s, 1m, 24h or 1h30m (and d or w: 7d, 2w)";
     match s {
         Scalar::Str(v) => humantime::parse_duration(v.trim())
             .map_err(|e| format!("invalid duration {v:?} ({e}): {SYNTAX}")),

@@ -164,7 +164,36 @@ pub(crate) struct RawCompaction {
     pub(crate) l0_retention: Option<Duration>,
     pub(crate) l0_retention_check_interval: Option<Duration>,
     pub(crate) retention_enabled: Option<bool>,
+    /// `retention.window` was given (it and `snapshot.retention` are one setting).
+    pub(crate) window_key: bool,
+    pub(crate) calendar: Option<Calendar>,
 }
+
+/// A value of the `retention` map: each key has its own kind.
+enum RetentionField {
+    Flag(bool),
+    Window(Duration),
+    Count(u32),
+}
+
+/// Most restore points of one calendar kind (ten years of days).
+const MAX_CALENDAR: i128 = 3660;
+
+fn retention_field(key: &str, s: Scalar<'_>) -> Result<RetentionField, String> {
+    match key {
+        "enabled" => boolean(s).map(RetentionField::Flag),
+        "window" => positive_duration(s).map(RetentionField::Window),
+        _ => match s {
+            Scalar::Int(i) if (0..=MAX_CALENDAR).contains(&i) => Ok(RetentionField::Count(i as u32)),
+            other => Err(format!(
+                "expected how many restore points to keep, 0 to {MAX_CALENDAR}, found {other}"
+            )),
+        },
+    }
+}
+
+const SAME_WINDOW: &str = "keys `snapshot.retention` and `retention.window` are the same setting \
+                           (how long every snapshot is kept): keep one";
 
 impl RawCompaction {
     /// Reads the value of `key` if it is one of these keys; returns whether it was.
@@ -196,6 +225,7 @@ impl RawCompaction {
                 for (k, v) in section {
                     match k {
                         "interval" => self.snapshot_interval = Some(v),
+                        _ if self.window_key => return Err(ctx.fail(SAME_WINDOW.into())),
                         _ => self.snapshot_retention = Some(v),
                     }
                 }
@@ -211,12 +241,31 @@ impl RawCompaction {
                     name: key.to_string(),
                     keys: RETENTION_KEYS,
                     required: false,
-                    convert: &|_, s| boolean(s),
-                    hint: " (how long snapshots are kept is `retention` inside `snapshot`)",
+                    convert: &retention_field,
+                    hint: " (e.g. `retention: {window: 24h, daily: 7}`; the window is also \
+                           `retention` inside `snapshot`)",
                     refuse: None,
                 })?;
-                for (_, enabled) in section {
-                    self.retention_enabled = Some(enabled);
+                for (k, v) in section {
+                    match v {
+                        RetentionField::Flag(enabled) => self.retention_enabled = Some(enabled),
+                        RetentionField::Window(_) if self.snapshot_retention.is_some() => {
+                            return Err(ctx.fail(SAME_WINDOW.into()));
+                        }
+                        RetentionField::Window(d) => {
+                            self.snapshot_retention = Some(d);
+                            self.window_key = true;
+                        }
+                        RetentionField::Count(n) => {
+                            let c = self.calendar.get_or_insert_with(Calendar::default);
+                            match k {
+                                "hourly" => c.hourly = n,
+                                "daily" => c.daily = n,
+                                "weekly" => c.weekly = n,
+                                _ => c.monthly = n,
+                            }
+                        }
+                    }
                 }
             }
             _ => return Ok(false),
@@ -243,6 +292,9 @@ impl RawCompaction {
         }
         if let Some(v) = self.retention_enabled {
             s.retention_enabled = v;
+        }
+        if let Some(c) = self.calendar {
+            s.calendar = c;
         }
     }
 }
