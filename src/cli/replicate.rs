@@ -254,7 +254,20 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
         if let Some(e) = &failure {
             left.push(format!("exec: {e}"));
         }
-        a.finish(&left).await;
+        // Signals were taken by the drain: listen again, so that one more cuts the wait.
+        let abort = async {
+            match (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) {
+                (Ok(mut t), Ok(mut i)) => tokio::select! {
+                    _ = t.recv() => {}
+                    _ = i.recv() => {}
+                },
+                _ => std::future::pending().await,
+            }
+        };
+        a.finish(&left, abort).await;
     }
     match failure {
         Some(e) => Err(CliError::Runtime(e)),

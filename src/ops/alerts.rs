@@ -1,11 +1,13 @@
 //! Notifications to the outside (`notify` in the config): webhook events when protection
 //! changes, and the health-gated heartbeat ping of Litestream's `heartbeat-url`.
 //!
-//! - Events come from the same state `/readyz` reads: every second the databases' and
-//!   replicas' health cells and counters are compared with what was last seen
-//!   ([`Watch::diff`]). A failure is reported once it has lasted `max-lag` (the readiness
-//!   grace: a network blip flaps nothing), and its recovery only if its failure was reported.
-//!   A re-seed or a failed verify is reported whenever its counter moves.
+//! - Events come from the state `/readyz` judges by: every second the databases' and
+//!   replicas' health cells, lag and counters are compared with what was last seen
+//!   ([`diff`]). A failure is reported once it has lasted `max-lag` (the readiness grace: a
+//!   network blip flaps nothing), a replica more than `max-lag` behind counts as failing
+//!   even when its uploads report no error, and a recovery is reported only after its
+//!   failure was. A lost lease is one `lease-lost` event (the replica stopped for good). A
+//!   re-seed or a failed verify is reported whenever its counter moves.
 //! - The heartbeat GET goes out every `heartbeat-interval`, and only while `/readyz` would say
 //!   ready; a withheld ping is what tells a healthchecks.io-style monitor that something is
 //!   wrong, so it is logged (once per streak) and counted, never silently skipped.
@@ -14,7 +16,7 @@
 //!
 //! Nothing here runs when `notify` is not configured.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -26,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::notify::{NotifyConfig, NotifyEvent, NotifyUrl};
 use crate::daemon::Store;
 use crate::daemon::registry::{DbHandle, DbRegistry};
+use crate::ops::metrics::replica_lag;
 use crate::ops::webhook::{Webhook, WebhookMetrics, register};
 use crate::replicate::health::Problem;
 
@@ -54,8 +57,10 @@ impl Alerts {
         if !cfg.is_enabled() {
             return None;
         }
+        // A redirect would turn a POST into a GET and carry custom headers to another host.
         let http = match reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none())
             .build()
         {
             Ok(c) => c,
@@ -97,6 +102,7 @@ impl Alerts {
                 hooks: alerts.hooks.clone(),
                 host: alerts.host.clone(),
                 grace: max_lag,
+                since_ms: store.started_ms(),
                 seen: Seen::default(),
             };
             alerts
@@ -139,8 +145,9 @@ impl Alerts {
     }
 
     /// Stops the watch and the heartbeat, sends `stop` with what the shutdown left
-    /// unprotected, and waits at most [`FINISH_WAIT`] for the queued events.
-    pub async fn finish(mut self, unprotected: &[String]) {
+    /// unprotected, and waits at most [`FINISH_WAIT`] for the queued events, or until `abort`
+    /// completes (another signal).
+    pub async fn finish(mut self, unprotected: &[String], abort: impl Future<Output = ()>) {
         self.stop.cancel();
         for t in self.tasks.drain(..) {
             let _ = t.await;
@@ -162,10 +169,12 @@ impl Alerts {
         // The last senders: the delivery tasks end once their queues are empty.
         drop(hooks);
         let all = futures_util::future::join_all(deliveries);
-        if tokio::time::timeout(FINISH_WAIT, all).await.is_err() {
-            tracing::warn!(
+        tokio::select! {
+            _ = all => {}
+            _ = tokio::time::sleep(FINISH_WAIT) => tracing::warn!(
                 "notify: webhook events still undelivered after {FINISH_WAIT:?}: given up at exit"
-            );
+            ),
+            _ = abort => tracing::warn!("notify: signal received: undelivered webhook events given up"),
         }
     }
 }
@@ -206,6 +215,8 @@ struct ReplicaView {
     /// The last periodic verify: (1 ok / 0 failed / -1 never run, TXID it restored).
     verify: (i64, i64),
     remote_txid: u64,
+    /// Why it is more than `max-lag` behind its database.
+    behind: Option<String>,
 }
 
 impl Default for ReplicaView {
@@ -218,35 +229,66 @@ impl Default for ReplicaView {
             reseeds: 0,
             verify: (-1, 0),
             remote_txid: 0,
+            behind: None,
         }
     }
 }
 
 /// What one database looked like at a poll.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct DbView {
     path: PathBuf,
     problem: Option<Problem>,
+    /// A tick has completed without error (else a problem is reported at once, as
+    /// `/readyz` does).
+    synced: bool,
     txid: u64,
     replicas: Vec<ReplicaView>,
 }
 
-fn view(d: &DbHandle) -> DbView {
+impl Default for DbView {
+    fn default() -> Self {
+        DbView {
+            path: PathBuf::new(),
+            problem: None,
+            synced: true,
+            txid: 0,
+            replicas: Vec::new(),
+        }
+    }
+}
+
+/// `d` as seen now; a replica lagging by `max_lag` or more is `behind` (as `/readyz` says).
+fn view(d: &DbHandle, max_lag: Duration, since_ms: i64) -> DbView {
+    let pos = *d.pos.borrow();
     DbView {
         path: d.path.clone(),
         problem: d.stats.health.problem(),
+        synced: d.sync.synced() > 0,
         txid: d.stats.txid.load(Ordering::Relaxed),
         replicas: d
             .replicas
             .iter()
-            .map(|(name, r)| ReplicaView {
-                name: name.clone(),
-                location: r.location.to_string(),
-                problem: r.health.problem(),
-                lease_lost: r.lease_lost.load(Ordering::Relaxed),
-                reseeds: r.reseeds.load(Ordering::Relaxed),
-                verify: (r.counters.verify_ok.get(), r.counters.verify_txid.get()),
-                remote_txid: r.remote_txid.load(Ordering::Relaxed),
+            .map(|(name, r)| {
+                let lag = replica_lag(pos, r, since_ms);
+                let behind = (lag.txids > 0 && lag.seconds >= max_lag.as_secs_f64()).then(|| {
+                    format!(
+                        "{} TXIDs and {:.1}s behind its database (max-lag {})",
+                        lag.txids,
+                        lag.seconds,
+                        humantime::format_duration(max_lag)
+                    )
+                });
+                ReplicaView {
+                    name: name.clone(),
+                    location: r.location.to_string(),
+                    problem: r.health.problem(),
+                    lease_lost: r.lease_lost.load(Ordering::Relaxed),
+                    reseeds: r.reseeds.load(Ordering::Relaxed),
+                    verify: (r.counters.verify_ok.get(), r.counters.verify_txid.get()),
+                    remote_txid: r.remote_txid.load(Ordering::Relaxed),
+                    behind,
+                }
             })
             .collect(),
     }
@@ -267,12 +309,15 @@ struct ReplicaSeen {
     lease_lost: bool,
     reseeds: u64,
     verify: (i64, i64),
+    /// Since when (ms) it has been seen `behind`.
+    behind_since: Option<i64>,
 }
 
 impl Default for ReplicaSeen {
     fn default() -> Self {
         ReplicaSeen {
             failing: None,
+            behind_since: None,
             lease_lost: false,
             reseeds: 0,
             verify: (-1, 0),
@@ -286,6 +331,8 @@ struct Watch {
     hooks: Arc<Vec<Webhook>>,
     host: Option<String>,
     grace: Duration,
+    /// When the Store started: the stand-in age of a replica that has uploaded nothing.
+    since_ms: i64,
     seen: Seen,
 }
 
@@ -298,7 +345,12 @@ impl Watch {
                 _ = stop.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            let views: Vec<DbView> = self.registry.snapshot().iter().map(view).collect();
+            let views: Vec<DbView> = self
+                .registry
+                .snapshot()
+                .iter()
+                .map(|d| view(d, self.grace, self.since_ms))
+                .collect();
             let events = diff(
                 &mut self.seen,
                 &views,
@@ -329,7 +381,7 @@ fn diff(
         let db = d.path.display().to_string();
         let failing = seen.dbs.entry(d.path.clone()).or_default();
         match (&d.problem, *failing) {
-            (Some(p), None) if p.reportable(grace, now_ms) => {
+            (Some(p), None) if !d.synced || p.reportable(grace, now_ms) => {
                 *failing = Some(p.since_ms);
                 out.push((
                     NotifyEvent::DatabaseFailing,
@@ -360,15 +412,36 @@ fn diff(
                 v[k] = x;
                 v
             };
-            match (&r.problem, s.failing) {
-                (Some(p), None) if p.reportable(grace, now_ms) => {
-                    s.failing = Some(p.since_ms);
+            // Failing as `/readyz` judges: an error lasting max-lag, or max-lag behind. A lost
+            // lease is its own event (the replica stopped for good).
+            // Lag is measured between data timestamps: right after a commit that follows a
+            // quiet spell, a replica is "behind" by the spell for a moment. It counts once it
+            // has lasted max-lag by the clock.
+            s.behind_since = match r.behind {
+                Some(_) => Some(s.behind_since.unwrap_or(now_ms)),
+                None => None,
+            };
+            let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+            let failure = match (&r.problem, &r.behind, s.behind_since) {
+                _ if r.lease_lost => None,
+                (Some(p), _, _) if p.reportable(grace, now_ms) => {
+                    Some((p.reason.clone(), p.since_ms))
+                }
+                (_, Some(why), Some(t)) if now_ms.saturating_sub(t) >= grace_ms => {
+                    Some((why.clone(), t))
+                }
+                _ => None,
+            };
+            let healthy = r.problem.is_none() && r.behind.is_none() && !r.lease_lost;
+            match (failure, s.failing) {
+                (Some((reason, since)), None) => {
+                    s.failing = Some(since);
                     out.push((
                         NotifyEvent::ReplicaFailing,
-                        with(base(Some(&p.reason)), "since", rfc3339(p.since_ms).into()),
+                        with(base(Some(&reason)), "since", rfc3339(since).into()),
                     ));
                 }
-                (None, Some(since)) => {
+                (None, Some(since)) if healthy => {
                     s.failing = None;
                     out.push((
                         NotifyEvent::ReplicaRecovered,
@@ -403,9 +476,9 @@ fn diff(
             s.verify = r.verify;
         }
     }
-    seen.dbs.retain(|p, _| views.iter().any(|d| &d.path == p));
-    seen.replicas
-        .retain(|(p, _), _| views.iter().any(|d| &d.path == p));
+    let present: HashSet<&PathBuf> = views.iter().map(|d| &d.path).collect();
+    seen.dbs.retain(|p, _| present.contains(p));
+    seen.replicas.retain(|(p, _), _| present.contains(p));
     out
 }
 
@@ -426,9 +499,14 @@ impl Ping {
         let mut last: Option<Instant> = None;
         let mut withheld = false;
         loop {
+            // The next check: every `check`, and never later than when the next ping is due.
+            let wait = match last {
+                Some(t) => check.min(self.interval.saturating_sub(t.elapsed())),
+                None => check,
+            };
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(check) => {}
+                _ = tokio::time::sleep(wait.max(Duration::from_millis(10))) => {}
             }
             if last.is_some_and(|t| t.elapsed() + Duration::from_millis(50) < self.interval) {
                 continue;
@@ -445,27 +523,33 @@ impl Ping {
                 }
                 continue;
             }
-            let sent = self
+            if withheld {
+                tracing::info!("heartbeat resumed: ready again");
+                withheld = false;
+            }
+            let get = self
                 .http
                 .get(self.url.expose())
                 .timeout(PING_TIMEOUT)
-                .send()
-                .await;
+                .send();
+            // A ping in flight never holds the shutdown.
+            let sent = tokio::select! {
+                _ = stop.cancelled() => break,
+                r = get => r,
+            };
             match sent {
                 Ok(r) if r.status().is_success() => {
                     self.pings.with_label_values(&["ok"]).inc();
                     last = Some(Instant::now());
-                    if withheld {
-                        tracing::info!("heartbeat resumed: ready again");
-                        withheld = false;
-                    }
                 }
                 other => {
                     self.pings.with_label_values(&["failed"]).inc();
+                    // reqwest's error text names the URL: only its kind is kept.
                     let why = match other {
                         Ok(r) => format!("the server answered HTTP {}", r.status().as_u16()),
                         Err(e) if e.is_timeout() => format!("no answer within {PING_TIMEOUT:?}"),
-                        Err(_) => "cannot connect".to_string(),
+                        Err(e) if e.is_connect() => "cannot connect".to_string(),
+                        Err(_) => "the request failed".to_string(),
                     };
                     // Retried at the next check.
                     tracing::warn!(host = %self.url.host(), "heartbeat ping failed: {why}");
@@ -490,13 +574,13 @@ mod tests {
     fn one(replica: ReplicaView) -> Vec<DbView> {
         vec![DbView {
             path: PathBuf::from("/data/app.db"),
-            problem: None,
             txid: 7,
             replicas: vec![ReplicaView {
                 name: "s3".into(),
                 location: "s3://bucket/app".into(),
                 ..replica
             }],
+            ..DbView::default()
         }]
     }
 
@@ -545,22 +629,27 @@ mod tests {
             ..Default::default()
         };
         assert!(diff(&mut seen, &one(ok), grace, 1).is_empty());
+        // A lost lease also stops the replica's health cell: one event, not two.
         let changed = ReplicaView {
             verify: (0, 6),
             reseeds: 2,
             lease_lost: true,
+            problem: Some(Problem {
+                reason: "another instance took the lease".into(),
+                since_ms: 2,
+                stopped: true,
+            }),
             ..Default::default()
         };
         let ev = diff(&mut seen, &one(changed.clone()), grace, 2);
         assert_eq!(names(&ev), ["lease-lost", "reseed", "verify-failed"]);
         assert_eq!(ev[1].1["reseeds"], 2);
         assert!(ev[2].1["error"].as_str().unwrap().contains("TXID 6"));
-        assert!(diff(&mut seen, &one(changed), grace, 3).is_empty());
+        assert!(diff(&mut seen, &one(changed.clone()), grace, 3).is_empty());
         let again = ReplicaView {
             verify: (0, 9),
             reseeds: 3,
-            lease_lost: true,
-            ..Default::default()
+            ..changed.clone()
         };
         assert_eq!(
             names(&diff(&mut seen, &one(again), grace, 4)),
@@ -584,5 +673,34 @@ mod tests {
         // A database that is gone is forgotten.
         assert!(diff(&mut seen, &[], grace, 7).is_empty());
         assert!(seen.dbs.is_empty() && seen.replicas.is_empty());
+    }
+
+    #[test]
+    fn a_replica_behind_by_max_lag_is_failing_without_an_error() {
+        let grace = Duration::from_secs(60);
+        let mut seen = Seen::default();
+        let stuck = ReplicaView {
+            behind: Some("3 TXIDs and 61.0s behind".into()),
+            ..Default::default()
+        };
+        // Seen behind at 100 s: a failure once that has lasted max-lag by the clock.
+        assert!(diff(&mut seen, &one(stuck.clone()), grace, 100_000).is_empty());
+        assert!(diff(&mut seen, &one(stuck.clone()), grace, 159_000).is_empty());
+        let ev = diff(&mut seen, &one(stuck), grace, 160_000);
+        assert_eq!(names(&ev), ["replica-failing"]);
+        assert_eq!(ev[0].1["error"], "3 TXIDs and 61.0s behind");
+        assert_eq!(ev[0].1["since"], rfc3339(100_000));
+        let ev = diff(&mut seen, &one(ReplicaView::default()), grace, 161_000);
+        assert_eq!(names(&ev), ["replica-recovered"]);
+    }
+
+    #[test]
+    fn a_database_that_never_synced_is_failing_at_once() {
+        let mut seen = Seen::default();
+        let mut views = one(ReplicaView::default());
+        views[0].problem = problem(1_000);
+        views[0].synced = false;
+        let ev = diff(&mut seen, &views, Duration::from_secs(60), 1_001);
+        assert_eq!(names(&ev), ["database-failing"]);
     }
 }

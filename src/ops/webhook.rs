@@ -6,10 +6,12 @@
 //!   full the event is dropped, logged and counted.
 //! - A URL is named by scheme and host only and header values never leave the request: both
 //!   may be credentials (see [`crate::config::notify`]).
-//! - Every event ends as exactly one of `delivered`, `failed` (every attempt failed) or
-//!   `dropped` in `replicad_webhook_deliveries_total{webhook,result}`.
+//! - Every event handed to a webhook ends as one of `delivered`, `failed` (every attempt
+//!   failed) or `dropped` (not queued) in `replicad_webhook_deliveries_total{webhook,result}`,
+//!   except those still queued when the exit stops waiting (logged then).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus::{IntCounterVec, Opts, Registry};
@@ -69,6 +71,8 @@ pub struct Webhook {
     events: Vec<NotifyEvent>,
     tx: mpsc::Sender<Arc<serde_json::Value>>,
     metrics: WebhookMetrics,
+    /// Events are being dropped (logged once per streak).
+    dropping: AtomicBool,
 }
 
 impl Webhook {
@@ -85,6 +89,7 @@ impl Webhook {
             events: cfg.events.clone(),
             tx,
             metrics: metrics.clone(),
+            dropping: AtomicBool::new(false),
         };
         let task = tokio::spawn(deliver_all(cfg, http, metrics, rx));
         (hook, task)
@@ -95,15 +100,26 @@ impl Webhook {
         if !self.events.contains(&event) {
             return;
         }
-        if self.tx.try_send(body.clone()).is_err() {
-            self.metrics
-                .deliveries
-                .with_label_values(&[self.name.as_str(), "dropped"])
-                .inc();
+        let why = match self.tx.try_send(body.clone()) {
+            Ok(()) => {
+                self.dropping.store(false, Ordering::Relaxed);
+                return;
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                format!("queue full ({QUEUE} events waiting)")
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => "its delivery task has ended".to_string(),
+        };
+        self.metrics
+            .deliveries
+            .with_label_values(&[self.name.as_str(), "dropped"])
+            .inc();
+        if !self.dropping.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 webhook = %self.name,
                 event = event.as_str(),
-                "webhook queue full ({QUEUE} events waiting): event dropped"
+                "webhook {}: event dropped (and the next ones until one is queued; all counted)",
+                why
             );
         }
     }
@@ -136,16 +152,29 @@ async fn deliver(
     body: &[u8],
     event: &str,
 ) -> &'static str {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::CONTENT_TYPE,
+        reqwest::header::HeaderValue::from_static("application/json"),
+    );
+    for (k, v) in &cfg.headers {
+        // Checked when the config was read; a value is marked sensitive (kept out of debug
+        // output and HTTP/2 compression tables).
+        if let (Ok(name), Ok(mut value)) = (
+            reqwest::header::HeaderName::from_bytes(k.as_bytes()),
+            reqwest::header::HeaderValue::from_str(&v.0),
+        ) {
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+    }
     let mut pause = FIRST_PAUSE;
     for attempt in 0..=cfg.retries {
-        let mut req = http
+        let req = http
             .post(cfg.url.expose())
             .timeout(cfg.timeout)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .headers(headers.clone())
             .body(body.to_vec());
-        for (k, v) in &cfg.headers {
-            req = req.header(k.as_str(), v.0.as_str());
-        }
         let (error, retry) = match req.send().await {
             Ok(r) if r.status().is_success() => {
                 if attempt > 0 {
@@ -153,6 +182,13 @@ async fn deliver(
                 }
                 return "delivered";
             }
+            Ok(r) if r.status().is_redirection() => (
+                format!(
+                    "the server answered HTTP {} (redirects are not followed: configure the final URL)",
+                    r.status().as_u16()
+                ),
+                false,
+            ),
             Ok(r) => {
                 let code = r.status();
                 let retry = code.is_server_error()

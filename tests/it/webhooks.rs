@@ -154,6 +154,18 @@ fn metrics(port: u16) -> String {
     common::http::parse_response(&raw).1
 }
 
+fn status(port: u16) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET /status HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    common::http::parse_response(&raw).1
+}
+
 fn insert(c: &rusqlite::Connection, tag: &str) {
     for i in 0..5 {
         c.execute("INSERT INTO t(v) VALUES (?1)", [format!("{tag}-{i}")])
@@ -171,7 +183,7 @@ fn config(
 ) -> String {
     let text = format!(
         "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\nheartbeat-interval: 100ms\n\
-         max-lag: 300ms\nlevels:\n  - interval: 200ms\nnotify:\n  heartbeat-url: {ping}\n  heartbeat-interval: 1s\n  \
+         max-lag: 1s\nlevels:\n  - interval: 200ms\nnotify:\n  heartbeat-url: {ping}\n  heartbeat-interval: 1s\n  \
          webhooks:\n    - name: ops\n      url: {url}\n      headers:\n        \
          Authorization: Bearer tok-xyz\n      retries: 3\n    - name: dead\n      \
          url: http://127.0.0.1:{dead}/dead-secret\n      events: [start]\n      retries: 0\n\
@@ -274,6 +286,14 @@ fn webhooks_and_heartbeat_follow_a_replica_failing_and_recovering() {
         "{}",
         d.log_text()
     );
+    // Not ready: no ping over more than two intervals.
+    let during = hook.pings("/ping/secret-uuid");
+    sleep(Duration::from_millis(2500));
+    assert_eq!(
+        hook.pings("/ping/secret-uuid"),
+        during,
+        "pinged while not ready"
+    );
 
     // Cause removed: recovered, and the pings resume.
     std::fs::remove_dir_all(&obstacle).unwrap();
@@ -297,12 +317,17 @@ fn webhooks_and_heartbeat_follow_a_replica_failing_and_recovering() {
     assert_eq!(hook.event("reseed").unwrap()["replica"], "r0");
 
     insert(&c, "last");
+    let scraped = format!("{}{}", metrics(port), status(port));
+    for secret in ["secret-token", "secret-uuid", "tok-xyz", "dead-secret"] {
+        assert!(!scraped.contains(secret), "{secret} in /metrics or /status");
+    }
     let log = d.log.clone();
     d.stop_ok();
     let stop = hook
         .event("stop")
         .expect("the stop event is sent before exit");
     assert!(stop["error"].is_null(), "{stop}");
+    assert_eq!(stop["unprotected"], serde_json::json!([]), "{stop}");
     let text = std::fs::read_to_string(log).unwrap();
     for secret in ["secret-token", "secret-uuid", "tok-xyz", "dead-secret"] {
         assert!(!text.contains(secret), "{secret} logged:\n{text}");
@@ -311,19 +336,24 @@ fn webhooks_and_heartbeat_follow_a_replica_failing_and_recovering() {
         text.contains("webhook call failed") && text.contains(&format!("127.0.0.1:{dead}")),
         "{text}"
     );
-    // Every event went to `ops` only once.
+    // Exactly these events, in this order, each once.
     let names: Vec<String> = hook
         .events()
         .iter()
         .map(|e| e["event"].as_str().unwrap().to_string())
         .collect();
-    for name in ["start", "replica-failing", "replica-recovered", "stop"] {
-        assert_eq!(
-            names.iter().filter(|n| *n == name).count(),
-            1,
-            "{name} in {names:?}"
-        );
-    }
+    assert_eq!(
+        names,
+        [
+            "start",
+            "replica-failing",
+            "replica-recovered",
+            "reseed",
+            "stop"
+        ],
+        "{:#?}",
+        hook.events()
+    );
     let out = dir.join("restored.db");
     restore_ok(s(&replica), &out, None);
     assert_same_content(&db, &out, "restored after the webhook run");

@@ -77,6 +77,32 @@ fn litestream_top_level_heartbeat_pair() {
     assert_eq!(c.notify.heartbeat_interval, DEFAULT_HEARTBEAT_PING_INTERVAL);
 }
 
+/// A webhook given as a bare URL, or headers as a string: the error never quotes the value
+/// (a token in a URL path, a credential in a header).
+#[test]
+fn misshapen_notify_values_are_never_echoed() {
+    for text in [
+        format!("notify:\n  webhooks:\n    - https://hooks.example.com/T/B/SECRET1\n{MINIMAL}"),
+        format!("notify:\n  webhooks: https://hooks.example.com/T/B/SECRET1\n{MINIMAL}"),
+        format!("notify: https://hooks.example.com/T/B/SECRET1\n{MINIMAL}"),
+        format!(
+            "notify:\n  webhooks:\n    - url: https://example.com/x\n      headers: Bearer SECRET1\n{MINIMAL}"
+        ),
+        format!(
+            "notify:\n  webhooks:\n    - url: https://example.com/x\n      headers: {{Authorization: [SECRET1]}}\n{MINIMAL}"
+        ),
+    ] {
+        let (_, msg) = fail(&text);
+        assert!(!msg.contains("SECRET1"), "{msg}");
+        assert!(msg.contains("notify"), "{msg}");
+    }
+    // Commands that never run the daemon skip `notify` (and its variables).
+    let text = format!("notify:\n  webhooks:\n    - url: \"\"\n{MINIMAL}");
+    assert!(parse(&text).is_err());
+    let c = super::super::yaml::parse_yaml_with(&text, "/etc/replicad.yml", true).unwrap();
+    assert!(!c.notify.is_enabled());
+}
+
 #[test]
 fn bad_notify_input_is_named() {
     for (text, line, parts) in [
@@ -137,6 +163,18 @@ fn bad_notify_input_is_named() {
             ),
             1,
             vec!["same setting: keep one"],
+        ),
+        (
+            format!("notify:\n  heartbeat-interval: 1m\n{MINIMAL}"),
+            2,
+            vec!["does nothing without `heartbeat-url`"],
+        ),
+        (
+            format!(
+                "notify:\n  webhooks:\n    - url: https://example.com/x\n      headers: {{A: 1, a: 2}}\n{MINIMAL}"
+            ),
+            3,
+            vec!["header \"a\" is given twice"],
         ),
         (
             "dbs:\n  - path: /data/a.db\n    notify: {}\n    replica:\n      url: file:///backup/a\n"

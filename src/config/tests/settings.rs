@@ -537,7 +537,10 @@ fn calendar_retention_and_its_window() {
     let c = parse(&format!("retention: {{daily: 30}}\n{MINIMAL}")).unwrap();
     let s = &c.dbs[0].settings;
     assert_eq!(s.calendar.daily, 30);
-    assert_eq!(s.snapshot_retention, DbSettings::default().snapshot_retention);
+    assert_eq!(
+        s.snapshot_retention,
+        DbSettings::default().snapshot_retention
+    );
     assert!(!DbSettings::default().calendar.is_set());
 }
 

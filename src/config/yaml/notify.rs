@@ -75,7 +75,7 @@ pub(crate) struct NotifySeed<'a> {
 impl<'de> DeserializeSeed<'de> for NotifySeed<'_> {
     type Value = NotifyConfig;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<NotifyConfig, D::Error> {
-        d.deserialize_map(self)
+        d.deserialize_any(self)
     }
 }
 
@@ -87,10 +87,15 @@ impl<'de> Visitor<'de> for NotifySeed<'_> {
     fn visit_unit<E: de::Error>(self) -> Result<NotifyConfig, E> {
         Ok(NotifyConfig::default())
     }
+    visit_scalars!(not_a_map);
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<NotifyConfig, A::Error> {
+        self.not_a_map(Scalar::Null)
+    }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<NotifyConfig, A::Error> {
         let (ctx, place) = (self.ctx, "in notify");
         let mut seen = Vec::new();
         let mut cfg = NotifyConfig::default();
+        let mut interval_set = false;
         while let Some(key) = map.next_key_seed(KeySeed {
             ctx,
             allowed: NOTIFY_KEYS,
@@ -108,6 +113,7 @@ impl<'de> Visitor<'de> for NotifySeed<'_> {
                     })?)
                 }
                 "heartbeat-interval" => {
+                    interval_set = true;
                     cfg.heartbeat_interval = map.next_value_seed(ValueSeed {
                         ctx,
                         key,
@@ -118,7 +124,25 @@ impl<'de> Visitor<'de> for NotifySeed<'_> {
                 _ => cfg.webhooks = map.next_value_seed(WebhooksSeed { ctx })?,
             }
         }
+        if interval_set && cfg.heartbeat_url.is_none() {
+            return Err(ctx.fail(
+                "key `heartbeat-interval` in notify does nothing without `heartbeat-url`: set \
+                 the URL to ping, or remove the interval"
+                    .into(),
+            ));
+        }
         Ok(cfg)
+    }
+}
+
+impl NotifySeed<'_> {
+    /// The value is never echoed: it may be a URL holding a token.
+    fn not_a_map<E: de::Error>(self, _: Scalar<'_>) -> Result<NotifyConfig, E> {
+        Err(self.ctx.fail(
+            "`notify` takes a map with the keys `heartbeat-url`, `heartbeat-interval`, \
+             `webhooks`"
+                .into(),
+        ))
     }
 }
 
@@ -130,7 +154,7 @@ struct WebhooksSeed<'a> {
 impl<'de> DeserializeSeed<'de> for WebhooksSeed<'_> {
     type Value = Vec<WebhookConfig>;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_seq(self)
+        d.deserialize_any(self)
     }
 }
 
@@ -141,6 +165,10 @@ impl<'de> Visitor<'de> for WebhooksSeed<'_> {
     }
     fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
         Ok(Vec::new())
+    }
+    visit_scalars!(not_a_list);
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+        self.not_a_list(Scalar::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut hooks: Vec<WebhookConfig> = Vec::new();
@@ -155,6 +183,17 @@ impl<'de> Visitor<'de> for WebhooksSeed<'_> {
     }
 }
 
+impl WebhooksSeed<'_> {
+    /// The value is never echoed: it may be a URL holding a token.
+    fn not_a_list<E: de::Error>(self, _: Scalar<'_>) -> Result<Vec<WebhookConfig>, E> {
+        Err(self.ctx.fail(
+            "`notify.webhooks` takes a list of webhooks, each a map with at least `url` \
+             (`- url: https://...`)"
+                .into(),
+        ))
+    }
+}
+
 /// One `notify.webhooks` entry.
 struct WebhookSeed<'a> {
     ctx: &'a Ctx,
@@ -163,10 +202,21 @@ struct WebhookSeed<'a> {
     taken: &'a [WebhookConfig],
 }
 
+impl WebhookSeed<'_> {
+    /// The value is never echoed: it may be a URL holding a token.
+    fn not_a_map<E: de::Error>(self, _: Scalar<'_>) -> Result<WebhookConfig, E> {
+        Err(self.ctx.fail(format!(
+            "notify.webhooks[{}] is not a map: write `- url: https://...` (with `name`, \
+             `headers`, `events`, `timeout`, `retries` as needed)",
+            self.index
+        )))
+    }
+}
+
 impl<'de> DeserializeSeed<'de> for WebhookSeed<'_> {
     type Value = WebhookConfig;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<WebhookConfig, D::Error> {
-        d.deserialize_map(self)
+        d.deserialize_any(self)
     }
 }
 
@@ -174,6 +224,10 @@ impl<'de> Visitor<'de> for WebhookSeed<'_> {
     type Value = WebhookConfig;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a webhook: a map with at least `url`")
+    }
+    visit_scalars!(not_a_map);
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<WebhookConfig, A::Error> {
+        self.not_a_map(Scalar::Null)
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WebhookConfig, A::Error> {
         let ctx = self.ctx;
@@ -199,12 +253,22 @@ impl<'de> Visitor<'de> for WebhookSeed<'_> {
                 "timeout" => timeout = map.next_value_seed(value(ctx, key, place, &positive))?,
                 "retries" => tries = map.next_value_seed(value(ctx, key, place, &retries))?,
                 "headers" => {
-                    let raw: BTreeMap<String, String> = map.next_value().map_err(|e| {
+                    // serde's message would quote the value: it may be a credential.
+                    let raw: BTreeMap<String, String> = map.next_value().map_err(|_| {
                         ctx.fail(format!(
-                            "key `headers` {place} takes a map of header names to text ({e})"
+                            "key `headers` {place} takes a map of header names to text \
+                             (`Authorization: \"Bearer ${{TOKEN}}\"`)"
                         ))
                     })?;
                     for (k, v) in raw {
+                        if headers
+                            .iter()
+                            .any(|(o, _): &(String, Secret)| o.eq_ignore_ascii_case(&k))
+                        {
+                            return Err(ctx.fail(format!(
+                                "header {k:?} is given twice {place} (header names ignore case)"
+                            )));
+                        }
                         let valid = reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_ok()
                             && reqwest::header::HeaderValue::from_str(&v).is_ok();
                         if !valid {
@@ -236,11 +300,16 @@ impl<'de> Visitor<'de> for WebhookSeed<'_> {
         let Some(url) = url else {
             return Err(ctx.fail(format!("missing key `url` {place}")));
         };
+        let named = name.is_some();
         let name = name.unwrap_or_else(|| format!("webhook-{}", self.index));
         if self.taken.iter().any(|o| o.name == name) {
             return Err(ctx.fail(format!(
-                "two webhooks are named {name:?} in notify.webhooks: names must differ (key \
-                 `name` {place})"
+                "two webhooks are named {name:?} in notify.webhooks: names must differ ({})",
+                if named {
+                    format!("key `name` {place}")
+                } else {
+                    format!("the default name of the entry {place}: give it a `name`")
+                }
             )));
         }
         Ok(WebhookConfig {

@@ -162,6 +162,10 @@ impl<'de> Visitor<'de> for RootSeed<'_> {
                         &socket_field,
                     )?)
                 }
+                // Commands that never run the daemon need none of it (nor its variables).
+                "notify" | "heartbeat-url" if ctx.skip_credentials => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
                 "notify" => notify = Some(map.next_value_seed(NotifySeed { ctx })?),
                 "heartbeat-url" => {
                     heartbeat_url = Some(map.next_value_seed(ValueSeed {

@@ -184,7 +184,9 @@ fn retention_field(key: &str, s: Scalar<'_>) -> Result<RetentionField, String> {
         "enabled" => boolean(s).map(RetentionField::Flag),
         "window" => positive_duration(s).map(RetentionField::Window),
         _ => match s {
-            Scalar::Int(i) if (0..=MAX_CALENDAR).contains(&i) => Ok(RetentionField::Count(i as u32)),
+            Scalar::Int(i) if (0..=MAX_CALENDAR).contains(&i) => {
+                Ok(RetentionField::Count(i as u32))
+            }
             other => Err(format!(
                 "expected how many restore points to keep, 0 to {MAX_CALENDAR}, found {other}"
             )),

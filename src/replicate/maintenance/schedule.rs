@@ -369,7 +369,11 @@ mod tests {
             .filter(|s| s.created_at >= cutoff)
             .map(|s| s.max_txid.0)
             .collect();
-        let base = all.iter().filter(|s| s.created_at < cutoff).map(|s| s.max_txid.0).max();
+        let base = all
+            .iter()
+            .filter(|s| s.created_at < cutoff)
+            .map(|s| s.max_txid.0)
+            .max();
         want.extend(base);
         let last_per = |key: &dyn Fn(DateTime<Utc>) -> String, n: usize| -> Vec<u64> {
             let mut by: BTreeMap<String, u64> = BTreeMap::new();
@@ -393,11 +397,22 @@ mod tests {
         // 12 months back: the oldest monthly point is a year old, the kept set stays small.
         assert_eq!(monthly.len(), 12);
         assert!(kept.len() < 60, "{} snapshots kept", kept.len());
-        let oldest = idx.level(SNAPSHOT_LEVEL).iter().map(|s| s.created_at).min().unwrap();
-        assert!(now - oldest > chrono::Duration::days(300), "oldest {oldest}");
+        let oldest = idx
+            .level(SNAPSHOT_LEVEL)
+            .iter()
+            .map(|s| s.created_at)
+            .min()
+            .unwrap();
+        assert!(
+            now - oldest > chrono::Duration::days(300),
+            "oldest {oldest}"
+        );
         // Labels: the newest snapshot answers every rule.
         let labels = calendar_keeps(idx.level(SNAPSHOT_LEVEL), calendar);
-        let newest = labels.iter().find(|(s, _)| s.max_txid.0 == hours as u64).unwrap();
+        let newest = labels
+            .iter()
+            .find(|(s, _)| s.max_txid.0 == hours as u64)
+            .unwrap();
         assert_eq!(newest.1, CALENDAR_RULES);
     }
 
