@@ -8,6 +8,7 @@ pub mod golang_flags;
 mod ltx;
 pub mod replicate;
 mod restore;
+mod restore_list;
 mod snapshot;
 mod source;
 mod status;

@@ -60,6 +60,9 @@ pub struct RestoreArgs {
     /// With --if-replica-exists: a directory replica that does not exist counts as empty.
     #[arg(long, requires = "if_replica_exists")]
     pub if_replica_missing_ok: bool,
+    /// List the restore points (snapshots, and the TXIDs a restore reaches) and write nothing.
+    #[arg(long, conflicts_with_all = ["to", "txid", "timestamp", "force", "dry_run", "follow", "if_db_not_exists", "if_replica_exists"])]
+    pub list: bool,
     /// Print the plan (files, levels, sizes) and write nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -113,6 +116,10 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         !args.no_expand_env,
         &args.age_identity,
     )?;
+    if args.list {
+        let calendar = db.as_ref().map(|d| d.settings.calendar);
+        return super::restore_list::run(&client, calendar, args.json).await;
+    }
     let meta_of_db = db.as_ref().map(|d| (d.path.clone(), d.meta_path.clone()));
     let default_to = db.map(|d| d.path);
     let target = target(args.txid.as_deref(), args.timestamp.as_deref())?;

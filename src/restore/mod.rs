@@ -43,6 +43,7 @@ use crate::util::phase::{Phase, PhaseStats};
 
 mod apply;
 mod plan;
+pub mod points;
 pub use apply::integrity_check;
 use apply::{apply_blocking, file_label};
 pub use plan::{calc_plan, plan};

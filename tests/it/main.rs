@@ -70,6 +70,8 @@ mod replicate;
 mod restore_errors;
 /// Restores of replicas written by the real Litestream.
 mod restore_golden;
+/// Calendar retention over a simulated year: `restore --list` and every kept point restoring.
+mod retention_calendar;
 /// Replication to a real S3 server on loopback, outages included.
 mod s3_replicate;
 /// SFTP replicas end to end, against a real sshd.
