@@ -203,6 +203,7 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
         let status = http::Status::new(&store, config.max_lag);
         tokio::spawn(http::serve(l, status, http_stop.clone()))
     });
+    warn_sparse_calendar(&config);
     for db in store.registry().snapshot().iter() {
         let replicas: Vec<&str> = db.replicas.iter().map(|(n, _)| n.as_str()).collect();
         tracing::info!(db = %db.path.display(), ?replicas, "replicating");
@@ -278,6 +279,34 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
             unprotected.join("\n  ")
         ))),
         None => Ok(code),
+    }
+}
+
+/// Calendar rules finer than the snapshots they pick from keep fewer points than they say:
+/// said once at start (the keys are top level only, so every database has the same).
+fn warn_sparse_calendar(config: &Config) {
+    let Some(s) = config
+        .dbs
+        .iter()
+        .map(|d| &d.settings)
+        .chain(config.dirs.iter().map(|d| &d.settings))
+        .next()
+    else {
+        return;
+    };
+    for (rule, n, period) in [
+        ("hourly", s.calendar.hourly, Duration::from_secs(3600)),
+        ("daily", s.calendar.daily, Duration::from_secs(86_400)),
+    ] {
+        if n > 0 && s.snapshot_interval > period {
+            tracing::warn!(
+                "retention.{rule}: {n} is set but snapshot.interval is {}: a snapshot is \
+                 written only that often, so fewer {rule} restore points exist; set \
+                 snapshot.interval to {} or less",
+                humantime::format_duration(s.snapshot_interval),
+                humantime::format_duration(period)
+            );
+        }
     }
 }
 
