@@ -294,16 +294,24 @@ fn warn_sparse_calendar(config: &Config) {
     else {
         return;
     };
+    if s.calendar.is_set() && !s.retention_enabled {
+        tracing::warn!(
+            "retention.enabled is false: nothing is ever deleted, so the calendar rules \
+             (hourly/daily/weekly/monthly) change nothing"
+        );
+    }
     for (rule, n, period) in [
         ("hourly", s.calendar.hourly, Duration::from_secs(3600)),
         ("daily", s.calendar.daily, Duration::from_secs(86_400)),
+        ("weekly", s.calendar.weekly, Duration::from_secs(7 * 86_400)),
     ] {
         if n > 0 && s.snapshot_interval > period {
             tracing::warn!(
-                "retention.{rule}: {n} is set but snapshot.interval is {}: a snapshot is \
-                 written only that often, so fewer {rule} restore points exist; set \
-                 snapshot.interval to {} or less",
+                "retention.{rule}: {n} points, but a snapshot is written every {}: they will \
+                 be that far apart and span about {} (snapshot.interval {} or less gives one \
+                 per period)",
                 humantime::format_duration(s.snapshot_interval),
+                humantime::format_duration(s.snapshot_interval * n),
                 humantime::format_duration(period)
             );
         }

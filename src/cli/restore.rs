@@ -61,7 +61,7 @@ pub struct RestoreArgs {
     #[arg(long, requires = "if_replica_exists")]
     pub if_replica_missing_ok: bool,
     /// List the restore points (snapshots, and the TXIDs a restore reaches) and write nothing.
-    #[arg(long, conflicts_with_all = ["to", "txid", "timestamp", "force", "dry_run", "follow", "if_db_not_exists", "if_replica_exists"])]
+    #[arg(long, conflicts_with_all = ["to", "txid", "timestamp", "force", "dry_run", "follow", "if_db_not_exists", "if_replica_exists", "while_replicating", "no_integrity_check"])]
     pub list: bool,
     /// Print the plan (files, levels, sizes) and write nothing.
     #[arg(long)]

@@ -11,7 +11,7 @@ use crate::restore::points::restore_points;
 use crate::storage::{AnyClient, ReplicaClient};
 
 fn at(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// Prints the restore points of `client`; `calendar` labels the snapshots it keeps.
@@ -86,7 +86,10 @@ pub async fn run(
         };
         println!("  {}  stored {}{rules}", s.max_txid, at(s.created_at));
     }
-    println!("TXIDs a restore reaches (--txid TXID; --timestamp restores the newest before it):");
+    println!(
+        "TXIDs a restore reaches (--txid TXID for an exact point; the times are when the \
+         storage stored each file):"
+    );
     for s in &points.spans {
         if s.from == s.to {
             println!("  {}  stored {}", s.from, at(s.from_stored));

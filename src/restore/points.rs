@@ -67,17 +67,19 @@ pub fn restore_points(files: &[LtxFileInfo]) -> RestorePoints {
     reached.insert(0);
     let mut chain: Vec<&LtxFileInfo> = files
         .iter()
-        .filter(|f| f.level < SNAPSHOT_LEVEL && f.min_txid.0 >= 1 && f.max_txid >= f.min_txid)
+        .filter(|f| f.level < SNAPSHOT_LEVEL && f.max_txid >= f.min_txid)
         .collect();
     chain.sort_by_key(|f| (f.max_txid, f.min_txid));
     for f in chain {
-        let start = f.min_txid.0 - 1;
+        let start = f.min_txid.0.saturating_sub(1);
         if reached.range(start..f.max_txid.0).next().is_some() {
             reached.insert(f.max_txid.0);
             stored.entry(f.max_txid.0).or_insert(f.created_at);
         }
     }
-    reached.remove(&0);
+    if !snapshots.iter().any(|s| s.max_txid.0 == 0) {
+        reached.remove(&0);
+    }
     let mut spans: Vec<Span> = Vec::new();
     for t in reached {
         let at = stored.get(&t).copied().unwrap_or_default();
@@ -141,6 +143,42 @@ mod tests {
         for t in 1..=12 {
             let plans = crate::restore::calc_plan(&files, Some(TxId(t))).is_ok();
             assert_eq!(plans, p.contains(TxId(t)), "TXID {t}");
+        }
+    }
+
+    /// Random listings (overlaps, gaps, several snapshots, snapshots above later files): the
+    /// reachable set is exactly what `calc_plan` plans.
+    #[test]
+    fn random_listings_agree_with_calc_plan() {
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for _ in 0..300 {
+            let mut files = Vec::new();
+            for _ in 0..1 + next(12) {
+                let min = 1 + next(20);
+                let len = next(4);
+                let level = match next(6) {
+                    0 => SNAPSHOT_LEVEL,
+                    1 => 1,
+                    _ => 0,
+                };
+                let min = if level == SNAPSHOT_LEVEL { 1 } else { min };
+                files.push(f(
+                    level,
+                    min,
+                    min + len + u64::from(level == SNAPSHOT_LEVEL) * next(20),
+                ));
+            }
+            let p = restore_points(&files);
+            for t in 1..=45 {
+                let plans = crate::restore::calc_plan(&files, Some(TxId(t))).is_ok();
+                assert_eq!(plans, p.contains(TxId(t)), "TXID {t} of {files:?}");
+            }
         }
     }
 

@@ -249,7 +249,7 @@ async fn unsupported_litestream_keys_exit_2_naming_the_key() {
     let backup = dir.join("backup");
     for (extra, key) in [
         ("mcp-addr: \":3001\"\n", "mcp-addr"),
-        ("heartbeat-url: http://127.0.0.1:1/ping\n", "heartbeat-url"),
+        ("verify-compaction: true\n", "verify-compaction"),
     ] {
         let config = dir.join("litestream.yml");
         write_file(

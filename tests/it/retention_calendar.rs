@@ -159,28 +159,46 @@ async fn a_simulated_year_keeps_the_calendar_points_and_each_restores() {
         newest["rules"],
         serde_json::json!(["hourly", "daily", "weekly", "monthly"])
     );
-    let monthly = v["snapshots"]
+    // Each rule labels as many snapshots as it keeps (every period had snapshots).
+    let labelled = |rule: &str| {
+        v["snapshots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["rules"].as_array().unwrap().iter().any(|r| r == rule))
+            .count()
+    };
+    for (rule, n) in [("hourly", 24), ("daily", 7), ("weekly", 4), ("monthly", 12)] {
+        assert_eq!(labelled(rule), n, "{rule}: {v}");
+    }
+    // Every kept snapshot is labelled, or in the window (the last day and its base).
+    let unlabelled = v["snapshots"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|s| {
-            s["rules"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|r| r == "monthly")
-        })
+        .filter(|s| s["rules"].as_array().unwrap().is_empty())
         .count();
-    assert_eq!(monthly, 12, "{v}");
-    let text = Command::new(bin())
+    assert!(unlabelled <= 9, "{unlabelled} unlabelled: {v}");
+    let o = Command::new(bin())
         .args(["restore", "--list", s(&replica)])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(
         text.contains(&format!("{} snapshots", kept.len())),
         "{text}"
     );
+    // A pruned point is gone, and restore says so.
+    let pruned = (1..=steps).find(|t| !kept.contains(t)).unwrap();
+    let out = dir.join("pruned.db");
+    let o = common::restore(s(&replica), &out, Some(pruned));
+    assert_eq!(o.status.code(), Some(1), "restoring pruned TXID {pruned}");
+    assert!(!out.exists());
 
     // Every kept point restores, to its own state.
     for &txid in &kept {
