@@ -28,7 +28,6 @@ use tokio_util::sync::CancellationToken;
 use crate::config::notify::{NotifyConfig, NotifyEvent, NotifyUrl};
 use crate::daemon::Store;
 use crate::daemon::registry::{DbHandle, DbRegistry};
-use crate::ops::metrics::replica_lag;
 use crate::ops::webhook::{Webhook, WebhookMetrics, register};
 use crate::replicate::health::Problem;
 
@@ -270,15 +269,7 @@ fn view(d: &DbHandle, max_lag: Duration, since_ms: i64) -> DbView {
             .replicas
             .iter()
             .map(|(name, r)| {
-                let lag = replica_lag(pos, r, since_ms);
-                let behind = (lag.txids > 0 && lag.seconds >= max_lag.as_secs_f64()).then(|| {
-                    format!(
-                        "{} TXIDs and {:.1}s behind its database (max-lag {})",
-                        lag.txids,
-                        lag.seconds,
-                        humantime::format_duration(max_lag)
-                    )
-                });
+                let behind = crate::ops::http::behind(pos, r, max_lag, since_ms);
                 ReplicaView {
                     name: name.clone(),
                     location: r.location.to_string(),

@@ -39,6 +39,8 @@ use tokio_util::task::TaskTracker;
 use crate::daemon::registry::DbRegistry;
 use crate::daemon::{DbHandle, Store};
 use crate::ops::metrics::{Metrics, replica_lag};
+use crate::replicate::db::DbPos;
+use crate::replicate::replica::ReplicaStats;
 
 /// Longest time a connection may take to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -165,16 +167,7 @@ pub fn readiness(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Result<(
                 .problem()
                 .filter(|p| p.reportable(max_lag, now))
                 .map(|p| p.reason);
-            let lag = replica_lag(pos, r, since_ms);
-            let behind = (lag.txids > 0 && lag.seconds >= max_lag.as_secs_f64()).then(|| {
-                format!(
-                    "{} txids and {:.3}s behind (max-lag {})",
-                    lag.txids,
-                    lag.seconds,
-                    humantime::format_duration(max_lag)
-                )
-            });
-            match (behind, problem) {
+            match (behind(pos, r, max_lag, since_ms), problem) {
                 (None, None) => {}
                 (Some(b), None) => reasons.push(format!("db {db}: replica {name}: {b}")),
                 (None, Some(p)) => reasons.push(format!("db {db}: replica {name}: {p}")),
@@ -187,6 +180,21 @@ pub fn readiness(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Result<(
     } else {
         Err(reasons)
     }
+}
+
+/// Why replica `r` is not ready for lag: it misses TXIDs of `pos` and its newest upload is
+/// `max_lag` or more older than the database's newest segment (`/readyz`, and the webhooks'
+/// `replica-failing`).
+pub fn behind(pos: DbPos, r: &ReplicaStats, max_lag: Duration, since_ms: i64) -> Option<String> {
+    let lag = replica_lag(pos, r, since_ms);
+    (lag.txids > 0 && lag.seconds >= max_lag.as_secs_f64()).then(|| {
+        format!(
+            "{} txids and {:.3}s behind (max-lag {})",
+            lag.txids,
+            lag.seconds,
+            humantime::format_duration(max_lag)
+        )
+    })
 }
 
 /// Binds `addr`, with an error that names it.

@@ -36,19 +36,6 @@ fn get(port: u16, path: &str) -> (u16, String) {
     common::http::parse_response(&raw)
 }
 
-/// Polls `f` until it holds (at most [`WAIT`]); panics with `what` and the logs otherwise.
-fn wait_until(dir: &TestDir, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            dir.logs()
-        );
-        sleep(Duration::from_millis(25));
-    }
-}
-
 /// The control socket of the daemon on `port` (`replicad sync`).
 fn socket(dir: &TestDir, port: u16) -> PathBuf {
     dir.join(&format!("ctl-{port}.sock"))

@@ -7,11 +7,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::http::{free_port, sample};
 use crate::common::{
-    self, TestDir, WAIT, assert_same_content, max_replica_txid, restore_ok, s, spawn_replicate,
+    self, TestDir, assert_same_content, max_replica_txid, restore_ok, s, spawn_replicate,
+    wait_until,
 };
 
 /// One request the receiver got.
@@ -130,40 +131,21 @@ fn read_request(conn: &mut std::net::TcpStream) -> Option<Req> {
     })
 }
 
-fn wait_until(dir: &TestDir, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            dir.logs()
-        );
-        sleep(Duration::from_millis(50));
-    }
+/// The body of `GET path` on the daemon's HTTP listener.
+fn get(port: u16, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    common::http::parse_response(&raw).1
 }
 
 fn metrics(port: u16) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    common::http::parse_response(&raw).1
-}
-
-fn status(port: u16) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        s,
-        "GET /status HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    common::http::parse_response(&raw).1
+    get(port, "/metrics")
 }
 
 fn insert(c: &rusqlite::Connection, tag: &str) {
@@ -317,7 +299,7 @@ fn webhooks_and_heartbeat_follow_a_replica_failing_and_recovering() {
     assert_eq!(hook.event("reseed").unwrap()["replica"], "r0");
 
     insert(&c, "last");
-    let scraped = format!("{}{}", metrics(port), status(port));
+    let scraped = format!("{}{}", metrics(port), get(port, "/status"));
     for secret in ["secret-token", "secret-uuid", "tok-xyz", "dead-secret"] {
         assert!(!scraped.contains(secret), "{secret} in /metrics or /status");
     }

@@ -636,7 +636,22 @@ pub(crate) struct ValueSeed<'a, T> {
     pub(crate) convert: &'a dyn Fn(Scalar<'_>) -> Result<T, String>,
 }
 
-impl<T> ValueSeed<'_, T> {
+impl<'a, T> ValueSeed<'a, T> {
+    /// The seed of `key` (read `place`), converted by `convert`.
+    pub(crate) fn new(
+        ctx: &'a Ctx,
+        key: &'static str,
+        place: &'a str,
+        convert: &'a dyn Fn(Scalar<'_>) -> Result<T, String>,
+    ) -> ValueSeed<'a, T> {
+        ValueSeed {
+            ctx,
+            key,
+            place,
+            convert,
+        }
+    }
+
     pub(crate) fn finish<E: de::Error>(self, s: Scalar<'_>) -> Result<T, E> {
         (self.convert)(s).map_err(|m| {
             self.ctx

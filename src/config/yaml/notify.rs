@@ -53,20 +53,6 @@ fn retries(s: Scalar<'_>) -> Result<u32, String> {
     }
 }
 
-fn value<'a, T>(
-    ctx: &'a Ctx,
-    key: &'static str,
-    place: &'a str,
-    convert: &'a dyn Fn(Scalar<'_>) -> Result<T, String>,
-) -> ValueSeed<'a, T> {
-    ValueSeed {
-        ctx,
-        key,
-        place,
-        convert,
-    }
-}
-
 /// The `notify` map.
 pub(crate) struct NotifySeed<'a> {
     pub(crate) ctx: &'a Ctx,
@@ -248,10 +234,16 @@ impl<'de> Visitor<'de> for WebhookSeed<'_> {
             place,
         })? {
             match key {
-                "name" => name = Some(map.next_value_seed(value(ctx, key, place, &text))?),
-                "url" => url = Some(map.next_value_seed(value(ctx, key, place, &notify_url))?),
-                "timeout" => timeout = map.next_value_seed(value(ctx, key, place, &positive))?,
-                "retries" => tries = map.next_value_seed(value(ctx, key, place, &retries))?,
+                "name" => name = Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &text))?),
+                "url" => {
+                    url = Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &notify_url))?)
+                }
+                "timeout" => {
+                    timeout = map.next_value_seed(ValueSeed::new(ctx, key, place, &positive))?
+                }
+                "retries" => {
+                    tries = map.next_value_seed(ValueSeed::new(ctx, key, place, &retries))?
+                }
                 "headers" => {
                     // serde's message would quote the value: it may be a credential.
                     let raw: BTreeMap<String, String> = map.next_value().map_err(|_| {

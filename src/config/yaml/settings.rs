@@ -35,62 +35,66 @@ impl RawSettings {
         ctx: &Ctx,
         place: &str,
     ) -> Result<bool, A::Error> {
-        fn seed<'a, T>(
-            ctx: &'a Ctx,
-            key: &'static str,
-            place: &'a str,
-            convert: &'a dyn Fn(Scalar<'_>) -> Result<T, String>,
-        ) -> ValueSeed<'a, T> {
-            ValueSeed {
-                ctx,
-                key,
-                place,
-                convert,
-            }
-        }
         match key {
             "monitor-interval" => {
-                self.monitor_interval =
-                    Some(map.next_value_seed(seed(ctx, key, place, &positive_duration))?)
+                self.monitor_interval = Some(map.next_value_seed(ValueSeed::new(
+                    ctx,
+                    key,
+                    place,
+                    &positive_duration,
+                ))?)
             }
             "checkpoint-interval" => {
                 self.checkpoint_interval =
-                    Some(map.next_value_seed(seed(ctx, key, place, &duration))?)
+                    Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &duration))?)
             }
             "verify-interval" => {
-                self.verify_interval = Some(map.next_value_seed(seed(ctx, key, place, &duration))?)
+                self.verify_interval =
+                    Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &duration))?)
             }
             "min-checkpoint-page-count" => {
                 self.min_checkpoint_page_count =
-                    Some(map.next_value_seed(seed(ctx, key, place, &count))?)
+                    Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &count))?)
             }
             "truncate-page-n" => {
-                self.truncate_page_n = Some(map.next_value_seed(seed(ctx, key, place, &count))?)
+                self.truncate_page_n =
+                    Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &count))?)
             }
             "full-verify-interval" => {
-                self.full_verify_interval =
-                    Some(map.next_value_seed(seed(ctx, key, place, &positive_duration))?)
+                self.full_verify_interval = Some(map.next_value_seed(ValueSeed::new(
+                    ctx,
+                    key,
+                    place,
+                    &positive_duration,
+                ))?)
             }
             "compression" => {
-                self.compression = Some(map.next_value_seed(seed(ctx, key, place, &codec))?)
+                self.compression =
+                    Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &codec))?)
             }
             "heartbeat-interval" => {
-                self.heartbeat_interval =
-                    Some(map.next_value_seed(seed(ctx, key, place, &positive_duration))?)
+                self.heartbeat_interval = Some(map.next_value_seed(ValueSeed::new(
+                    ctx,
+                    key,
+                    place,
+                    &positive_duration,
+                ))?)
             }
             "lease-ttl" => {
-                self.lease_ttl = Some(map.next_value_seed(seed(ctx, key, place, &lease_ttl))?)
+                self.lease_ttl =
+                    Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &lease_ttl))?)
             }
             "min-sync-interval" => {
                 self.min_sync_interval =
-                    Some(map.next_value_seed(seed(ctx, key, place, &duration))?)
+                    Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &duration))?)
             }
             "dormant-after" => {
-                self.dormant_after = Some(map.next_value_seed(seed(ctx, key, place, &duration))?)
+                self.dormant_after =
+                    Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &duration))?)
             }
             "dormant-max-size" => {
                 self.dormant_max_size =
-                    Some(map.next_value_seed(seed(ctx, key, place, &byte_size))?)
+                    Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &byte_size))?)
             }
             _ => return Ok(false),
         }

@@ -436,6 +436,20 @@ pub fn restore_ok(replica: &str, out: &Path, txid: Option<u64>) {
     );
 }
 
+/// Polls `f` every 25 ms until it holds (at most [`WAIT`]); panics naming `what`, with the
+/// logs of `dir`, otherwise.
+pub fn wait_until(dir: &TestDir, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            dir.logs()
+        );
+        sleep(Duration::from_millis(25));
+    }
+}
+
 /// `replicad sync --wait` for `db` through the daemon's control socket `socket`: returns the
 /// TXID every replica holds once a sync that started after this call has completed. A status
 /// page read right after a commit may still show the TXID before it (the daemon has not
