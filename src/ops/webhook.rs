@@ -223,3 +223,62 @@ async fn deliver(
     }
     "failed"
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::notify::NotifyUrl;
+
+    /// A receiver that accepts connections and never answers: the queue fills, and
+    /// `send` still returns at once, dropping and counting what does not fit.
+    #[tokio::test]
+    async fn a_stuck_receiver_never_blocks_the_sender_and_drops_are_counted() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((c, _)) = listener.accept().await {
+                conns.push(c);
+            }
+        });
+        let registry = Registry::new();
+        let metrics = WebhookMetrics::register(&registry);
+        let cfg = WebhookConfig {
+            name: "stuck".into(),
+            url: NotifyUrl::parse(&format!("http://{addr}/hook")).unwrap(),
+            headers: Vec::new(),
+            events: NotifyEvent::ALL.to_vec(),
+            timeout: Duration::from_secs(30),
+            retries: 0,
+        };
+        let (hook, task) = Webhook::start(cfg, reqwest::Client::new(), metrics.clone());
+        let body = Arc::new(serde_json::json!({"event": "reseed"}));
+        let events = QUEUE + 50;
+        for _ in 0..events {
+            hook.send(NotifyEvent::Reseed, &body);
+        }
+        let dropped_of = || {
+            metrics
+                .deliveries
+                .with_label_values(&["stuck", "dropped"])
+                .get()
+        };
+        let dropped = dropped_of();
+        // An event the webhook does not take is not even offered to the full queue.
+        let only_stop = Webhook {
+            events: vec![NotifyEvent::Stop],
+            ..hook
+        };
+        only_stop.send(NotifyEvent::Reseed, &body);
+        assert_eq!(dropped_of(), dropped);
+        only_stop.send(NotifyEvent::Stop, &body);
+        assert_eq!(dropped_of(), dropped + 1);
+        // One event may be in the delivery task's hands, the queue holds QUEUE.
+        assert!(
+            (events - QUEUE - 1..=events - QUEUE).contains(&(dropped as usize)),
+            "{dropped} dropped of {events}"
+        );
+        task.abort();
+        held.abort();
+    }
+}
