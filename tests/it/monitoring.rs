@@ -146,8 +146,13 @@ async fn prometheus_scrapes_replicad_and_every_dashboard_query_returns_data() {
     let db = dir.join("app.db");
     let conn = make_db(&db);
     let port = free_port();
+    // Notifications to a port nothing listens on: their failure counters have series too.
+    let dead = free_port();
     let yml = format!(
-        "addr: \"127.0.0.1:{port}\"\nverify-interval: 1s\ndbs:\n  - path: {}\n    replica:\n      url: {}\n",
+        "addr: \"127.0.0.1:{port}\"\nverify-interval: 1s\nnotify:\n  heartbeat-url: \
+         http://127.0.0.1:{dead}/ping\n  heartbeat-interval: 1s\n  webhooks:\n    - url: \
+         http://127.0.0.1:{dead}/hook\n      retries: 0\ndbs:\n  - path: {}\n    replica:\n      \
+         url: {}\n",
         db.display(),
         dir.join("replica").display()
     );
