@@ -547,6 +547,10 @@ def write_run(mode, s3, args):
     # Time spent in BEGIN IMMEDIATE: waiting for the write lock, which only a replication
     # tool's checkpoints hold against this single writer.
     lock_wait = 0.0
+    # Each transaction's latency as the application sees it (BEGIN IMMEDIATE to COMMIT
+    # returned), and the WAL's size after it: the tail is what a replication tool adds.
+    latencies, wal_peak = [], 0
+    wal = db + "-wal"
     while time.monotonic() - t0 < args.write_seconds:
         b0 = time.monotonic()
         con.execute("BEGIN IMMEDIATE")
@@ -554,12 +558,19 @@ def write_run(mode, s3, args):
         con.executemany("INSERT INTO t (name, val, note) VALUES (?, ?, ?)",
                         [(f"w{rows + j}", float(j), payload) for j in range(args.batch)])
         con.execute("COMMIT")
+        latencies.append(time.monotonic() - b0)
+        try:
+            wal_peak = max(wal_peak, os.path.getsize(wal))
+        except OSError:
+            pass
         rows += args.batch
         batches += 1
     secs = time.monotonic() - t0
     con.close()
     res = {"mode": mode, "rows": rows, "batches": batches, "seconds": round(secs, 2),
-           "rows_per_s": round(rows / secs), "lock_wait_s": round(lock_wait, 3)}
+           "rows_per_s": round(rows / secs), "lock_wait_s": round(lock_wait, 3),
+           "latencies_ms": [round(1000 * x, 3) for x in latencies],
+           "wal_peak_mib": round(wal_peak / 2**20, 1)}
     if proc is not None:
         # Nothing after the window is measured: SIGKILL rather than SIGTERM, which would have
         # the tool ship its backlog first (15-20 s of uploads at 15 s of writes). The
@@ -631,6 +642,17 @@ def build_table(r):
         ratio(w.get("litestream", {}).get("rows_per_s"), base), "replicad >= 0.95")
     add("app s waiting for the write lock per %d s window" % round(w.get("none", {}).get("seconds", 15)),
         w.get("replicad", {}).get("lock_wait_s"), w.get("litestream", {}).get("lock_wait_s"))
+    lat_none = w.get("none", {}).get("commit_ms", {})
+    for k in ("p50", "p99", "max"):
+        add(f"app commit latency {k} ms (no replication: {lat_none.get(k)})",
+            w.get("replicad", {}).get("commit_ms", {}).get(k),
+            w.get("litestream", {}).get("commit_ms", {}).get(k))
+    add("app commit latency p99 vs none",
+        ratio(w.get("replicad", {}).get("commit_ms", {}).get("p99"), lat_none.get("p99")),
+        ratio(w.get("litestream", {}).get("commit_ms", {}).get("p99"), lat_none.get("p99")),
+        "replicad <= 1.25")
+    add("peak WAL MiB during the writes (no replication: %s)" % w.get("none", {}).get("wal_peak_mib"),
+        w.get("replicad", {}).get("wal_peak_mib"), w.get("litestream", {}).get("wal_peak_mib"))
     snap = r.get("snapshot", {})
     for codec in ("lz4", "zstd:3"):
         rd = snap.get(f"replicad-{codec}")
@@ -791,10 +813,21 @@ def main():
                 mine = [x for x in runs if x["mode"] == mode]
                 rates = [x["rows_per_s"] for x in mine]
                 waits = [x["lock_wait_s"] for x in mine]
+                # Every transaction of every run of the mode, pooled.
+                lat = sorted(v for x in mine for v in x["latencies_ms"])
+                def pct(q):
+                    return round(lat[min(len(lat) - 1, int(q * len(lat)))], 1) if lat else None
                 r["write"][mode] = dict(mine[0], rows_per_s=round(sum(rates) / len(rates)),
                                         runs_rows_per_s=rates,
                                         lock_wait_s=round(sum(waits) / len(waits), 2),
-                                        runs_lock_wait_s=waits)
+                                        runs_lock_wait_s=waits,
+                                        commit_ms={"p50": pct(0.5), "p99": pct(0.99),
+                                                   "max": round(lat[-1], 1) if lat else None,
+                                                   "transactions": len(lat)},
+                                        wal_peak_mib=max(x["wal_peak_mib"] for x in mine))
+                r["write"][mode].pop("latencies_ms", None)
+            for x in runs:
+                x.pop("latencies_ms", None)
         if "snapshot" not in skip:
             r["snapshot"], state = {}, {}
 
