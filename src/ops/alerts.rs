@@ -137,10 +137,7 @@ impl Alerts {
     }
 
     fn emit(&self, event: NotifyEvent, fields: serde_json::Value) {
-        let body = Arc::new(body(event, self.host.as_deref(), fields));
-        for h in self.hooks.iter() {
-            h.send(event, &body);
-        }
+        send_all(&self.hooks, self.host.as_deref(), event, fields);
     }
 
     /// Stops the watch and the heartbeat, sends `stop` with what the shutdown left
@@ -178,6 +175,14 @@ impl Alerts {
     }
 }
 
+/// Queues one body of `event` for every webhook that takes it.
+fn send_all(hooks: &[Webhook], host: Option<&str>, event: NotifyEvent, fields: serde_json::Value) {
+    let body = Arc::new(body(event, host, fields));
+    for h in hooks {
+        h.send(event, &body);
+    }
+}
+
 /// The JSON body of `event`: its name, the time, the host, then `fields`.
 fn body(event: NotifyEvent, host: Option<&str>, fields: serde_json::Value) -> serde_json::Value {
     let mut v = serde_json::json!({
@@ -207,7 +212,7 @@ fn rfc3339(ms: i64) -> String {
 #[derive(Clone, Debug)]
 struct ReplicaView {
     name: String,
-    location: String,
+    location: Arc<str>,
     problem: Option<Problem>,
     lease_lost: bool,
     reseeds: u64,
@@ -222,7 +227,7 @@ impl Default for ReplicaView {
     fn default() -> Self {
         ReplicaView {
             name: String::new(),
-            location: String::new(),
+            location: Arc::from(""),
             problem: None,
             lease_lost: false,
             reseeds: 0,
@@ -272,7 +277,7 @@ fn view(d: &DbHandle, max_lag: Duration, since_ms: i64) -> DbView {
                 let behind = crate::ops::http::behind(pos, r, max_lag, since_ms);
                 ReplicaView {
                     name: name.clone(),
-                    location: r.location.to_string(),
+                    location: r.location.clone(),
                     problem: r.health.problem(),
                     lease_lost: r.lease_lost.load(Ordering::Relaxed),
                     reseeds: r.reseeds.load(Ordering::Relaxed),
@@ -350,10 +355,7 @@ impl Watch {
             );
             for (event, fields) in events {
                 tracing::info!(event = event.as_str(), "notify: event");
-                let body = Arc::new(body(event, self.host.as_deref(), fields));
-                for h in self.hooks.iter() {
-                    h.send(event, &body);
-                }
+                send_all(&self.hooks, self.host.as_deref(), event, fields);
             }
         }
     }
@@ -395,7 +397,7 @@ fn diff(
                 .or_default();
             let base = |error: Option<&str>| {
                 serde_json::json!({
-                    "db": db, "replica": r.name, "replica_url": r.location, "error": error,
+                    "db": db, "replica": r.name, "replica_url": &*r.location, "error": error,
                     "txid": d.txid, "remote_txid": r.remote_txid,
                 })
             };

@@ -103,16 +103,7 @@ pub fn restore_points(files: &[LtxFileInfo]) -> RestorePoints {
 mod tests {
     use super::*;
 
-    fn f(level: u8, min: u64, max: u64) -> LtxFileInfo {
-        LtxFileInfo {
-            level,
-            min_txid: TxId(min),
-            max_txid: TxId(max),
-            size: 1,
-            created_at: DateTime::from_timestamp(max as i64, 0).unwrap(),
-            encrypted: false,
-        }
-    }
+    use crate::restore::tests::file as f;
 
     fn spans(p: &RestorePoints) -> Vec<(u64, u64)> {
         p.spans.iter().map(|s| (s.from.0, s.to.0)).collect()

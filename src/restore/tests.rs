@@ -1,12 +1,14 @@
 use super::*;
 
-fn file(level: u8, min: u64, max: u64) -> LtxFileInfo {
+/// A listed file; stored at second `max` of the epoch (files ending at the same TXID tie).
+pub(super) fn file(level: u8, min: u64, max: u64) -> LtxFileInfo {
     LtxFileInfo {
         level,
         min_txid: TxId(min),
         max_txid: TxId(max),
         size: 1,
-        created_at: DateTime::default(),
+        created_at: DateTime::from_timestamp(i64::try_from(max).unwrap_or(i64::MAX), 0)
+            .unwrap_or_default(),
         encrypted: false,
     }
 }
