@@ -109,7 +109,7 @@ fn load(a: &std::sync::atomic::AtomicU64) -> f64 {
     a.load(Ordering::Relaxed) as f64
 }
 
-const DB_METRICS: [DbMetric; 17] = [
+const DB_METRICS: [DbMetric; 19] = [
     (
         "replicad_db_protected",
         "1 while the database's changes are being captured (its last sync succeeded), 0 while \
@@ -164,6 +164,18 @@ const DB_METRICS: [DbMetric; 17] = [
         "TRUNCATE checkpoints (the others are PASSIVE; RESTART is never used).",
         MetricType::COUNTER,
         |d| load(&d.stats.truncate_checkpoints),
+    ),
+    (
+        "replicad_db_checkpoint_yields_total",
+        "Times replicad stepped out of the way of an application's FULL, RESTART or TRUNCATE checkpoint.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.checkpoint_yields),
+    ),
+    (
+        "replicad_db_checkpoint_yield_rebases_total",
+        "Yields that found the WAL restarted and continued on it (the database file held replicad's position) instead of writing a full segment.",
+        MetricType::COUNTER,
+        |d| load(&d.stats.yield_rebases),
     ),
     (
         "replicad_db_checkpoint_write_lock_seconds_total",

@@ -11,6 +11,9 @@ mod common;
 
 /// age encryption, end to end: encrypted replicas, identities, mixed plain and sealed files.
 mod age;
+/// An application's own FULL, RESTART and TRUNCATE checkpoints complete while the daemon
+/// runs, beside a concurrent writer, and the chain stays whole.
+mod app_checkpoint;
 /// The shape of the crate: no import cycle, no file over 800 lines.
 mod architecture;
 /// Bad input of every kind: a clear error, exit code 2, nothing lost or overwritten.

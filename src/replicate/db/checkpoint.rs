@@ -367,6 +367,7 @@ impl Db {
         self.sum = DbChecksum::default();
         self.wal_oversized = false;
         self.woke_unchanged = false;
+        self.after_yield = false;
     }
 
     pub(super) fn count_write_lock(&self, since: Instant) {

@@ -165,7 +165,7 @@ impl Db {
         {
             return false;
         }
-        self.unchanged_since_sync() && self.skip_tick(now)
+        self.unchanged_since_sync() && !self.checkpoint_waiting() && self.skip_tick(now)
     }
 
     /// While dormant and healthy: its idle check, to run away from the Db (its skipped ticks
@@ -278,6 +278,7 @@ impl Db {
     /// Installs a freshly opened connection (ending dormancy, if it was dormant).
     pub(super) fn install(&mut self, open: Open) {
         self.set_conn(Conn::Open(open));
+        self.refresh_shm_probe();
     }
 
     /// Drops the connection if one is open; a dormant database stays dormant.
@@ -331,6 +332,8 @@ impl Db {
         // Dropping the connection ends the read transaction and closes every descriptor and
         // the shared-memory mapping (no checkpoint: SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE).
         self.set_conn(Conn::Dormant(Dormant { db, wal }));
+        // Our connections are closed: the probe's descriptor may go (see `app_checkpoint`).
+        self.shm = None;
         self.continuous = false;
         self.dirty_since_checkpoint = false;
         self.stats.dormant.store(true, Ordering::Relaxed);

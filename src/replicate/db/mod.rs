@@ -12,12 +12,13 @@
 //! 2. A frame is never checkpointed before it is durable in a staged segment: a checkpoint
 //!    either runs under SQLite's write lock (no commit can land) after a sealing sync, or
 //!    runs without it but stops at our read mark, which moves only under that lock, right
-//!    after a seal (SQLite backfills no frame past a live reader's mark).
+//!    after a seal (SQLite backfills no frame past a live reader's mark). The one exception
+//!    is invariant 7's yield, which proves afterwards that nothing was lost.
 //! 3. While the process runs, the read transaction is held at all times except inside that
-//!    write-locked window, so the WAL generation changes only when we allow it. (Begun on a
-//!    completely checkpointed WAL it reads the database file alone, SQLite's read mark 0:
-//!    the next write may then restart the WAL once, but no frame after it can be checkpointed
-//!    while we read, so not twice.)
+//!    write-locked window and a yield (invariant 7), so the WAL generation changes only when
+//!    we allow it. (Begun on a completely checkpointed WAL it reads the database file alone,
+//!    SQLite's read mark 0: the next write may then restart the WAL once, but no frame after
+//!    it can be checkpointed while we read, so not twice.)
 //! 4. Segments carry real pre/post-apply database checksums when the codec is not
 //!    Litestream's (`lz4`): the per-page checksum table is kept in memory (8 bytes a page).
 //! 5. A failed local write or fsync never builds on what it may have left behind: the Db
@@ -27,6 +28,10 @@
 //!    position never goes back: the reopened Db continues after the highest TXID it staged.
 //! 6. A segment's WAL pages all come from the generation its scan saw: the WAL header's salts
 //!    are read again after the pages, and a restart in between drops the segment.
+//! 7. An application's FULL, RESTART or TRUNCATE checkpoint waits on our read transaction
+//!    for one monitor tick at most: the Db seals, steps aside while it runs, and proves
+//!    continuity before it takes a new WAL generation as following its mark
+//!    ([`app_checkpoint`]).
 //!
 //! The idle fast path compares the WAL's size and salts with what the last sync saw. Our
 //! restart write shrinks the WAL to one frame, except under a busy writer: then the WAL is
@@ -77,6 +82,7 @@ use crate::storage::feed::{GrowingSegment, SegmentFeed, Tap};
 use crate::util::fsutil;
 use crate::util::phase::{Phase, PhaseStats, duration_nanos};
 
+mod app_checkpoint;
 mod checkpoint;
 mod connection;
 mod dormancy;
@@ -138,6 +144,12 @@ pub struct DbStats {
     /// 1 while an inotify watch wakes the monitor on each WAL write
     /// ([`crate::replicate::walwatch`]); 0 while commits are found by polling.
     pub commit_watched: AtomicBool,
+    /// Times the database stepped out of the way of an application's FULL, RESTART or
+    /// TRUNCATE checkpoint ([`app_checkpoint`]).
+    pub checkpoint_yields: AtomicU64,
+    /// Of those that found the WAL restarted, how many continued the chain on the new WAL
+    /// (the database file held our position) instead of writing a full segment.
+    pub yield_rebases: AtomicU64,
     /// Whether the database is protected (the monitor's last sync succeeded), else why not.
     pub health: crate::replicate::health::HealthCell,
 }
@@ -288,6 +300,12 @@ pub struct Db {
     /// Replicas' seed requests: the sender is handed out, the receiver taken by the monitor.
     seed_tx: SeedRequests,
     seed_rx: Option<tokio::sync::mpsc::UnboundedReceiver<SeedRequest>>,
+    /// Set by a yield to an application's checkpoint until a seal proves continuity: a WAL
+    /// generation other than the mark's is then not taken as following it.
+    after_yield: bool,
+    /// Who holds SQLite's WAL locks ([`app_checkpoint`]). Declared last so that it closes
+    /// after the connection (closing it drops this process's locks on the `-shm` file).
+    shm: Option<app_checkpoint::ShmProbe>,
 }
 
 impl Db {
@@ -347,6 +365,8 @@ impl Db {
             feed: SegmentFeed::default(),
             stats: Arc::new(DbStats::default()),
             page_buf: Vec::new(),
+            after_yield: false,
+            shm: None,
         }
     }
 

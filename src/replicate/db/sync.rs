@@ -61,6 +61,9 @@ impl Db {
                 break;
             }
         }
+        if self.checkpoint_waiting() {
+            written += self.yield_to_checkpoint()?;
+        }
         self.last_full_verify = Instant::now();
         if allow_checkpoint && self.checkpoint_due(Instant::now()) {
             written += self.checkpoint(false)?;
@@ -166,7 +169,16 @@ impl Db {
             None => 0,
         };
         if !self.continuous {
+            // Decides continuity from scratch, with its own proofs.
+            self.after_yield = false;
             return self.startup_sync(wal_file.as_ref(), header, wal_len);
+        }
+        if self.after_yield
+            && !matches!((self.mark, header), (Some(m), Some(h)) if (m.salt1, m.salt2) == (h.salt1, h.salt2))
+        {
+            // Rebased: the new generation's frames are scanned by the caller's next round.
+            let wrote = self.rebase_after_yield(wal_file.as_ref(), header)?;
+            return Ok((wrote, !wrote));
         }
         let start = match (self.mark, header) {
             (_, None) => {
@@ -195,7 +207,10 @@ impl Db {
         };
         let scan = match wal::scan(f, start, MAX_SYNC_WAL_BYTES) {
             Ok(Some(s)) => s,
-            Ok(None) => return Ok((false, false)),
+            Ok(None) => {
+                self.after_yield = false;
+                return Ok((false, false));
+            }
             Err(WalError::PrevFrameMismatch { .. }) => {
                 return self
                     .write_full(wal_file.as_ref(), header, "wal overwritten")
@@ -210,9 +225,14 @@ impl Db {
                 salt2: h.salt2,
                 offset: start,
             });
+            self.after_yield = false;
             return Ok((false, false));
         }
         let wrote = self.write_incremental(f, &scan, start, |_| true)?;
+        // Every frame of the mark's generation is sealed: a later generation follows it.
+        if !scan.limited {
+            self.after_yield = false;
+        }
         Ok((wrote, scan.limited))
     }
 

@@ -963,12 +963,16 @@ impl Writer {
         }
     }
 
-    /// `PRAGMA wal_checkpoint(MODE)` with a short busy timeout (a reader such as the daemon
-    /// may make it wait); returns `(busy, log, checkpointed)`. Busy is not an error.
+    /// `PRAGMA wal_checkpoint(MODE)` with a short busy timeout, now and then 1 s (long enough
+    /// for the daemon to step aside: `src/replicate/db/app_checkpoint.rs`); returns `(busy,
+    /// log, checkpointed)`. Busy is not an error (another writer or reader may hold it up).
     pub fn checkpoint(&mut self, mode: &str) -> (i64, i64, i64) {
-        self.conn
-            .busy_timeout(Duration::from_millis(self.rng.random_range(0..200)))
-            .unwrap();
+        let wait = if self.rng.random_bool(0.3) {
+            1000
+        } else {
+            self.rng.random_range(0..200)
+        };
+        self.conn.busy_timeout(Duration::from_millis(wait)).unwrap();
         let r = self
             .conn
             .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {

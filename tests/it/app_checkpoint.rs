@@ -1,0 +1,169 @@
+//! An application's own `PRAGMA wal_checkpoint(FULL|RESTART|TRUNCATE)` beside a writer that
+//! commits every few milliseconds, while the daemon runs
+//! (`src/replicate/db/app_checkpoint.rs`). Without the yield, the daemon's read transaction
+//! keeps each such checkpoint waiting for its whole busy timeout (20 s here), after which it
+//! reports busy; with it, every one completes (busy = 0). The chain stays whole: the restore
+//! equals the source; with checksums (zstd) the restarts are proven lossless and no full
+//! segment follows the initial one; with lz4 (no checksums) nothing is proven that way.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+use crate::common::http::{free_port, get, sample};
+use crate::common::{self, Daemon, TestDir};
+
+/// What the daemon reported after the checkpoints.
+struct Counts {
+    yields: f64,
+    rebases: f64,
+    full: f64,
+}
+
+async fn counts(port: u16, db: &Path) -> Counts {
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let m = get(addr, "/metrics").await.1;
+    let labels = format!("db=\"{}\"", db.display());
+    let v = |name: &str| {
+        sample(&m, name, &labels).unwrap_or_else(|| panic!("{name} missing from /metrics"))
+    };
+    Counts {
+        yields: v("replicad_db_checkpoint_yields_total"),
+        rebases: v("replicad_db_checkpoint_yield_rebases_total"),
+        full: v("replicad_db_full_segments_total"),
+    }
+}
+
+/// Runs the checkpoints of `modes` (each after 300 ms of writes) beside the writer, checks
+/// each completed, then stops the writer, waits for the replica and compares its restore.
+async fn checkpoints_complete(name: &str, codec: &str, modes: &[&str]) -> Counts {
+    let dir = TestDir::new(name);
+    let db = dir.join("app.db");
+    let replica = dir.join("replica");
+    let socket = dir.join("ctl.sock");
+    let app = Connection::open(&db).unwrap();
+    app.execute_batch(
+        "PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB); BEGIN;",
+    )
+    .unwrap();
+    for _ in 0..200 {
+        app.execute("INSERT INTO t(v) VALUES (randomblob(2000))", [])
+            .unwrap();
+    }
+    app.execute_batch("COMMIT").unwrap();
+    let port = free_port();
+    let config = dir.join("replicad.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "addr: \"127.0.0.1:{port}\"\nsocket: {{enabled: true, path: {}}}\ndbs:\n  - path: {}\n    \
+             compression: {codec}\n    replica:\n      url: {}\n",
+            socket.display(),
+            db.display(),
+            replica.display()
+        ),
+    )
+    .unwrap();
+    let d: Daemon = common::spawn_replicate(dir.path(), &["--config", common::s(&config)]);
+    assert!(
+        common::wait_for_txid(&replica, 1, Duration::from_secs(30)),
+        "initial snapshot: {}",
+        d.log_text()
+    );
+
+    // The writer: one small commit every 5 ms. Its own auto-checkpoint is off, so that only
+    // the checkpoints below touch the database file (a PASSIVE one between a restart and the
+    // daemon's look at it would make the proof fail over to a full segment, which is correct
+    // but not what this test counts).
+    let stop = Arc::new(AtomicBool::new(false));
+    let commits = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (db, stop, commits) = (db.clone(), stop.clone(), commits.clone());
+        std::thread::spawn(move || {
+            let w = Connection::open(&db).unwrap();
+            w.busy_timeout(Duration::from_secs(60)).unwrap();
+            w.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                w.execute("INSERT INTO t(v) VALUES (randomblob(500))", [])
+                    .unwrap();
+                commits.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+
+    app.busy_timeout(Duration::from_secs(20)).unwrap();
+    let mut report = Vec::new();
+    for mode in modes {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = commits.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let (busy, log, done): (i64, i64, i64) = tokio::task::block_in_place(|| {
+            app.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+        })
+        .unwrap();
+        report.push(format!(
+            "{mode}: busy {busy}, log {log}, checkpointed {done}, {:?}, {} commits before",
+            started.elapsed(),
+            before
+        ));
+        assert_eq!(
+            busy,
+            0,
+            "wal_checkpoint({mode}) stayed busy: the daemon's read transaction kept it waiting\n{}\n{}",
+            report.join("\n"),
+            d.log_text()
+        );
+        assert_eq!(log, done, "{mode}: not every frame was checkpointed");
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    eprintln!("{name}:\n{}", report.join("\n"));
+
+    let txid = tokio::task::block_in_place(|| common::sync_wait(&socket, &db));
+    let c = counts(port, &db).await;
+    d.stop_ok();
+    assert!(
+        common::max_replica_txid(&replica) >= txid,
+        "the replica is behind the synced TXID {txid}"
+    );
+    common::assert_l0_contiguous(&replica);
+    let out = dir.join("restored.db");
+    common::restore_ok(common::s(&replica), &out, None);
+    common::assert_same_content(&db, &out, name);
+    assert!(common::integrity_ok(&out));
+    assert!(
+        c.yields >= modes.len() as f64,
+        "{} yields for {} blocking checkpoints",
+        c.yields,
+        modes.len()
+    );
+    c
+}
+
+/// zstd keeps checksums: every restart by RESTART or TRUNCATE is proven lossless from the
+/// database file, so the only full segment is the initial snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_restart_and_truncate_complete_and_the_chain_goes_on() {
+    let modes = ["FULL", "RESTART", "TRUNCATE", "TRUNCATE", "RESTART", "FULL"];
+    let c = checkpoints_complete("app-checkpoint-zstd", "zstd", &modes).await;
+    assert_eq!(
+        c.full, 1.0,
+        "a full segment after the initial one: a restart was not proven lossless"
+    );
+    assert!(c.rebases >= 1.0, "no restart was proven lossless");
+}
+
+/// lz4 (Litestream's format) keeps no checksums: a WAL found restarted after a yield costs a
+/// full segment instead of a proof, and the restore is still exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_checksums_a_restart_costs_a_full_segment() {
+    let modes = ["TRUNCATE", "FULL", "RESTART"];
+    let c = checkpoints_complete("app-checkpoint-lz4", "lz4", &modes).await;
+    assert_eq!(c.rebases, 0.0, "a restart proven without checksums");
+}
