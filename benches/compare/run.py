@@ -16,6 +16,7 @@ every raw figure (phase_s and setup_s: the wall times).
 Figures: idle CPU / RSS / threads / fds at 1, 100 and 400 databases, syscalls per idle tick
 per database (strace -c -f), S3 requests per database per idle hour, lag commit -> object
 (p50/p99, one commit every 100 ms), app write throughput (none / Litestream / replicad),
+the application's own wal_checkpoint(TRUNCATE) beside a writer (latency, calls ended busy),
 initial snapshot of the 1 GiB database (MB/s, peak RSS), restore of it (MB/s, peak RSS).
 
 Python 3 standard library; strace and GNU time from Debian (installed with apt-get when
@@ -582,6 +583,65 @@ def write_run(mode, s3, args):
     return res
 
 
+def appckpt_run(mode, s3, args):
+    """The application's own `PRAGMA wal_checkpoint(TRUNCATE)`, `--appckpt-count` times one
+    second apart, with a busy timeout of `--appckpt-busy` s, beside a writer committing one row
+    every 10 ms: how long each call takes and whether it ended busy (not checkpointed)."""
+    name = f"appckpt-{mode}"
+    workdir = os.path.join(WORK, name)
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    shutil.rmtree(os.path.join(s3.root, h.BUCKET, name), ignore_errors=True)
+    db = make_small_dbs(os.path.join(workdir, "db"), 1)[0]
+    proc = None
+    if mode != "none":
+        cfg = os.path.join(workdir, f"{mode}.yml")
+        write_config(mode, cfg, [db], [name], s3)
+        proc, logf, _ = start(mode, cfg, workdir)
+        t0 = time.monotonic()
+        while max_txid(l0_dir(s3, name)) == 0 and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        time.sleep(1)
+    stop_writer, commits = threading.Event(), [0]
+
+    def writer():
+        w = sqlite3.connect(db, timeout=60, isolation_level=None)
+        while not stop_writer.is_set():
+            w.execute("INSERT INTO t (name, val, note) VALUES ('w', 1.0, ?)", ("n" * 200,))
+            commits[0] += 1
+            time.sleep(0.01)
+        w.close()
+
+    wt = threading.Thread(target=writer)
+    wt.start()
+    app = sqlite3.connect(db, timeout=args.appckpt_busy, isolation_level=None)
+    app.execute(f"PRAGMA busy_timeout={int(args.appckpt_busy * 1000)}")
+    calls = []
+    try:
+        for _ in range(args.appckpt_count):
+            time.sleep(1)
+            t0 = time.monotonic()
+            try:
+                busy = app.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            except sqlite3.OperationalError:
+                busy = 1
+            calls.append((round(1000 * (time.monotonic() - t0), 1), busy))
+    finally:
+        stop_writer.set()
+        wt.join()
+        app.close()
+    lat = sorted(c[0] for c in calls)
+    res = {"mode": mode, "calls": len(calls), "busy": sum(c[1] for c in calls),
+           "commits": commits[0], "ms": [c[0] for c in calls],
+           "p50_ms": lat[len(lat) // 2], "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+           "max_ms": lat[-1]}
+    if proc is not None:
+        proc.kill()
+        res["exit_code"] = stop(proc, logf)
+    log(f"  {name}: {res}")
+    return res
+
+
 # ----------------------------------------------------------------------------- report
 
 def ratio(a, b):
@@ -653,6 +713,16 @@ def build_table(r):
         "replicad <= 1.25")
     add("peak WAL MiB during the writes (no replication: %s)" % w.get("none", {}).get("wal_peak_mib"),
         w.get("replicad", {}).get("wal_peak_mib"), w.get("litestream", {}).get("wal_peak_mib"))
+    ac = r.get("appckpt", {})
+    none = ac.get("none", {})
+    for k in ("p50_ms", "p99_ms", "max_ms"):
+        add(f"app wal_checkpoint(TRUNCATE) {k[:-3]} ms beside a writer (no replication: {none.get(k)})",
+            ac.get("replicad", {}).get(k), ac.get("litestream", {}).get(k),
+            "replicad <= 2000" if k == "p99_ms" else "")
+    if ac:
+        add("app wal_checkpoint(TRUNCATE) calls that ended busy (of %s; busy timeout %s s)"
+            % (none.get("calls"), r["args"].get("appckpt_busy")),
+            ac.get("replicad", {}).get("busy"), ac.get("litestream", {}).get("busy"), "replicad 0")
     snap = r.get("snapshot", {})
     for codec in ("lz4", "zstd:3"):
         rd = snap.get(f"replicad-{codec}")
@@ -710,7 +780,11 @@ def main():
     p.add_argument("--scale-apart", action="store_true",
                    help="run the scale process on its own (start, --settle, window) instead of "
                         "within replicad's idle set")
-    p.add_argument("--skip", default="", help="comma list of: idle,scale,lag,write,snapshot,restore")
+    p.add_argument("--appckpt-count", type=int, default=10,
+                   help="application TRUNCATE checkpoints per tool in the appckpt phase")
+    p.add_argument("--appckpt-busy", type=float, default=5.0,
+                   help="the application's busy timeout for its checkpoints, s")
+    p.add_argument("--skip", default="", help="comma list of: idle,scale,lag,write,appckpt,snapshot,restore")
     args = p.parse_args()
     if args.quick:  # shorter windows, unless given on the command line
         given = {a.split("=")[0] for a in sys.argv[1:] if a.startswith("--")}
@@ -828,6 +902,9 @@ def main():
                 r["write"][mode].pop("latencies_ms", None)
             for x in runs:
                 x.pop("latencies_ms", None)
+        if "appckpt" not in skip:
+            r["appckpt"] = timed("appckpt", lambda: {
+                m: appckpt_run(m, s3, args) for m in ("none", "litestream", "replicad")})
         if "snapshot" not in skip:
             r["snapshot"], state = {}, {}
 
