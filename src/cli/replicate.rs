@@ -176,10 +176,10 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     } else {
         None
     };
-    // About four descriptors per open database (SQLite keeps the file twice, the WAL and the
-    // shared memory) plus headroom for staging writes, sockets and replicas: past that,
-    // idle databases go dormant at once rather than after `dormant-after`.
-    let budget = raise_fd_limit().map(|limit| (limit.saturating_sub(1024) / 5) as usize);
+    // About five descriptors per open database (SQLite keeps the file twice, the WAL and the
+    // shared memory; the `-shm` lock probe) plus headroom for staging writes, sockets and
+    // replicas: past that, idle databases go dormant at once rather than after `dormant-after`.
+    let budget = raise_fd_limit().map(|limit| (limit.saturating_sub(1024) / 6) as usize);
     let store = Store::open_budgeted(&config, drill, budget)
         .await
         .map_err(|e| match e {

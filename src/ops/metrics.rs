@@ -109,7 +109,7 @@ fn load(a: &std::sync::atomic::AtomicU64) -> f64 {
     a.load(Ordering::Relaxed) as f64
 }
 
-const DB_METRICS: [DbMetric; 19] = [
+const DB_METRICS: [DbMetric; 21] = [
     (
         "replicad_db_protected",
         "1 while the database's changes are being captured (its last sync succeeded), 0 while \
@@ -173,9 +173,21 @@ const DB_METRICS: [DbMetric; 19] = [
     ),
     (
         "replicad_db_checkpoint_yield_rebases_total",
-        "Yields that found the WAL restarted and continued on it (the database file held replicad's position) instead of writing a full segment.",
+        "Yields after which the WAL index could not prove continuity, but the database file held replicad's position, so no full segment was needed.",
         MetricType::COUNTER,
         |d| load(&d.stats.yield_rebases),
+    ),
+    (
+        "replicad_db_checkpoint_yield_index_proofs_total",
+        "Yields whose continuity the WAL index proved at no cost (nothing was committed behind replicad's back).",
+        MetricType::COUNTER,
+        |d| load(&d.stats.yield_index_proofs),
+    ),
+    (
+        "replicad_db_checkpoint_yield_timeouts_total",
+        "Yields that stopped waiting for the application's checkpoint after 3 s (something else held it up).",
+        MetricType::COUNTER,
+        |d| load(&d.stats.yield_timeouts),
     ),
     (
         "replicad_db_checkpoint_write_lock_seconds_total",

@@ -3,8 +3,9 @@
 //! (`src/replicate/db/app_checkpoint.rs`). Without the yield, the daemon's read transaction
 //! keeps each such checkpoint waiting for its whole busy timeout (20 s here), after which it
 //! reports busy; with it, every one completes (busy = 0). The chain stays whole: the restore
-//! equals the source; with checksums (zstd) the restarts are proven lossless and no full
-//! segment follows the initial one; with lz4 (no checksums) nothing is proven that way.
+//! equals the source. Each way of proving that a restart lost nothing is used: the wal-index
+//! header (no full segment after the initial one), the database file's checksums when the
+//! index proof is turned off (zstd), and a full segment when neither applies (lz4).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use crate::common::{self, Daemon, TestDir};
 /// What the daemon reported after the checkpoints.
 struct Counts {
     yields: f64,
+    index_proofs: f64,
     rebases: f64,
     full: f64,
 }
@@ -32,6 +34,7 @@ async fn counts(port: u16, db: &Path) -> Counts {
     };
     Counts {
         yields: v("replicad_db_checkpoint_yields_total"),
+        index_proofs: v("replicad_db_checkpoint_yield_index_proofs_total"),
         rebases: v("replicad_db_checkpoint_yield_rebases_total"),
         full: v("replicad_db_full_segments_total"),
     }
@@ -39,7 +42,12 @@ async fn counts(port: u16, db: &Path) -> Counts {
 
 /// Runs the checkpoints of `modes` (each after 300 ms of writes) beside the writer, checks
 /// each completed, then stops the writer, waits for the replica and compares its restore.
-async fn checkpoints_complete(name: &str, codec: &str, modes: &[&str]) -> Counts {
+async fn checkpoints_complete(
+    name: &str,
+    codec: &str,
+    modes: &[&str],
+    index_proof: bool,
+) -> Counts {
     let dir = TestDir::new(name);
     let db = dir.join("app.db");
     let replica = dir.join("replica");
@@ -67,7 +75,11 @@ async fn checkpoints_complete(name: &str, codec: &str, modes: &[&str]) -> Counts
         ),
     )
     .unwrap();
-    let d: Daemon = common::spawn_replicate(dir.path(), &["--config", common::s(&config)]);
+    let d: Daemon = if index_proof {
+        common::spawn_replicate(dir.path(), &["--config", common::s(&config)])
+    } else {
+        spawn_without_index_proof(dir.path(), &config)
+    };
     assert!(
         common::wait_for_txid(&replica, 1, Duration::from_secs(30)),
         "initial snapshot: {}",
@@ -146,24 +158,63 @@ async fn checkpoints_complete(name: &str, codec: &str, modes: &[&str]) -> Counts
     c
 }
 
-/// zstd keeps checksums: every restart by RESTART or TRUNCATE is proven lossless from the
-/// database file, so the only full segment is the initial snapshot.
+/// Like `common::spawn_replicate`, with the wal-index proof turned off.
+fn spawn_without_index_proof(dir: &Path, config: &Path) -> Daemon {
+    let log = dir.join("replicad.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = std::process::Command::new(common::bin())
+        .args(["replicate", "--config", common::s(config)])
+        .env("REPLICAD_TEST_NO_INDEX_PROOF", "1")
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("spawn replicad");
+    Daemon { child, log }
+}
+
+const MODES: [&str; 6] = ["FULL", "RESTART", "TRUNCATE", "TRUNCATE", "RESTART", "FULL"];
+
+/// The wal-index header proves each restart lossless: no full segment follows the initial one
+/// and the database file is never read for a proof.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_restart_and_truncate_complete_and_the_chain_goes_on() {
-    let modes = ["FULL", "RESTART", "TRUNCATE", "TRUNCATE", "RESTART", "FULL"];
-    let c = checkpoints_complete("app-checkpoint-zstd", "zstd", &modes).await;
+    let c = checkpoints_complete("app-checkpoint-index", "zstd", &MODES, true).await;
+    assert!(c.index_proofs >= 1.0, "no yield was proven by the index");
     assert_eq!(
         c.full, 1.0,
         "a full segment after the initial one: a restart was not proven lossless"
     );
-    assert!(c.rebases >= 1.0, "no restart was proven lossless");
 }
 
-/// lz4 (Litestream's format) keeps no checksums: a WAL found restarted after a yield costs a
-/// full segment instead of a proof, and the restore is still exact.
+/// Without the index proof, zstd's page checksums prove each restart from the database file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_checksums_a_restart_costs_a_full_segment() {
-    let modes = ["TRUNCATE", "FULL", "RESTART"];
-    let c = checkpoints_complete("app-checkpoint-lz4", "lz4", &modes).await;
+async fn the_database_file_proves_a_restart_when_the_index_cannot() {
+    let c = checkpoints_complete("app-checkpoint-file", "zstd", &MODES, false).await;
+    assert_eq!(c.index_proofs, 0.0);
+    assert!(
+        c.rebases >= 1.0,
+        "no restart was proven from the database file"
+    );
+    assert_eq!(c.full, 1.0, "a restart was not proven lossless");
+}
+
+/// lz4 (Litestream's format) keeps no checksums: without the index proof, a WAL found
+/// restarted after a yield costs a full segment, and the restore is still exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_any_proof_a_restart_costs_a_full_segment() {
+    let c = checkpoints_complete(
+        "app-checkpoint-lz4",
+        "lz4",
+        &["TRUNCATE", "FULL", "RESTART"],
+        false,
+    )
+    .await;
     assert_eq!(c.rebases, 0.0, "a restart proven without checksums");
+    assert!(
+        c.full >= 2.0,
+        "a TRUNCATE restarts the WAL: {} full segments",
+        c.full
+    );
 }

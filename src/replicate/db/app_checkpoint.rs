@@ -7,33 +7,40 @@
 //! alone, the application waits out its whole busy timeout and gets `SQLITE_BUSY`.
 //!
 //! So each tick of an open database asks the kernel who holds those locks: one `F_GETLK` on
-//! the checkpoint lock's byte of the `-shm` file, and one more on the write lock's when the
-//! first is held. Both held by another process is a blocking checkpoint. Then the Db:
+//! the checkpoint lock's byte of the `-shm` file, and more only when another process holds
+//! it: the write lock held by the same process, both still held 2 ms later (a blocking
+//! checkpoint holds them for its whole wait; a PASSIVE checkpoint beside another
+//! connection's commit holds them together only by chance). Then the Db:
 //! 1. seals every committed frame (nothing can commit while the checkpoint holds the write
-//!    lock, so the seal reaches the WAL's end);
+//!    lock, so the seal reaches the WAL's end) and reads the wal-index header from the
+//!    `-shm` file: its change counter and frame count;
 //! 2. ends its read transaction and waits, polling the locks every millisecond for at most
 //!    [`YIELD_WAIT`], until the checkpoint is over;
-//! 3. begins its read transaction again and, until it has proven continuity, does not take
-//!    a later WAL generation as following its mark (`after_yield`):
-//!    - the WAL's salts unchanged: no restart happened, every frame past our mark is still
-//!      there and is new; they are sealed at once;
-//!    - the salts changed (or the WAL is gone): frames past our mark may have been
-//!      checkpointed and overwritten. The database file is read whole: if it holds exactly
-//!      the state at our position (its checksum is our post-apply checksum, same page count),
-//!      every frame of the current generation applies on top of it and the chain goes on;
-//!      otherwise, and always with the `lz4` codec (it keeps no checksums), the next segment
-//!      is a full one (invariant 1).
+//! 3. begins its read transaction again and proves that no frame past its mark was lost
+//!    before it takes a later WAL generation as following the mark (until then
+//!    `after_yield` is set and `sync_once` does not apply its salt-1 + 1 rule):
+//!    - by the wal-index header, at no cost: SQLite adds one to its change counter at each
+//!      commit (`sqlite3WalFrames`), never at a restart. Nothing past the mark was lost if
+//!      the counter moved by exactly the commits now in the WAL's current generation (none
+//!      when it is still the mark's);
+//!    - else, once the WAL shows another generation (or none), by the database file: if its
+//!      checksum is our post-apply checksum with the same page count, it holds exactly the
+//!      state at our position, and every frame of the current generation applies on top of
+//!      it;
+//!    - else, and always with the `lz4` codec (it keeps no checksums), the next segment is a
+//!      full one (invariant 1).
 //!
-//! The probe only reads lock state (no lock is taken). Its descriptor must outlive every
-//! connection of ours to the database: closing any descriptor of a file drops every POSIX
-//! lock this process holds on it, SQLite's included. So it is opened with the first
-//! connection, kept across reopens, and closed only when the database goes dormant or the
-//! Db is dropped, both after our connections are closed.
+//! The probe only reads (lock state, and the index header with `pread`); it takes no lock.
+//! Its descriptor must outlive every connection of ours to the database: closing any
+//! descriptor of a file drops every POSIX lock this process holds on it, SQLite's included.
+//! So it is opened with the first connection, kept across reopens, replaced only by a file
+//! with another inode, and closed only when the database goes dormant or the Db is dropped,
+//! both after our connections are closed. (A program that embeds `Db` must not open the
+//! database itself in the same process for the same reason.)
 
 use std::os::fd::AsRawFd;
 
 use super::connection::begin_read;
-
 #[allow(unused_imports)]
 use super::*;
 
@@ -42,18 +49,53 @@ use super::*;
 /// responsive when the checkpoint stays blocked by a reader of the application's own.
 pub(super) const YIELD_WAIT: Duration = Duration::from_secs(3);
 
+/// Turns the wal-index proof off, so that every restart goes through the database file's
+/// checksum or a full segment (tests of those paths).
+pub const NO_INDEX_PROOF_ENV: &str = "REPLICAD_TEST_NO_INDEX_PROOF";
+
+fn index_proof_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var_os(NO_INDEX_PROOF_ENV).is_some())
+}
+
+/// How long both locks must stay held before a checkpoint counts as blocked on readers.
+const CONFIRM_AFTER: Duration = Duration::from_millis(2);
+
 /// Offset of SQLite's WAL lock bytes in the `-shm` file (unix VFS: `UNIX_SHM_BASE`).
 const SHM_LOCK_BASE: i64 = 120;
 /// `WAL_WRITE_LOCK` and `WAL_CKPT_LOCK`, as offsets from [`SHM_LOCK_BASE`].
 const WRITE_LOCK: i64 = 0;
 const CKPT_LOCK: i64 = 1;
 
-/// The `-shm` file, open only to ask who holds SQLite's WAL locks (see the module doc on
-/// when it may be closed).
+/// The wal-index header's fields a yield compares (`WalIndexHdr` in SQLite's wal.c: native
+/// byte order, salts as in the WAL file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct IndexHeader {
+    /// Incremented at each commit (a restart leaves it).
+    change: u32,
+    /// Valid frames in the WAL.
+    max_frame: u32,
+    salt1: u32,
+    salt2: u32,
+}
+
+/// How a yield proved that nothing past our mark was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proof {
+    /// No restart and no commit: the WAL is as the mark left it.
+    SameGeneration,
+    /// Restarted with no commit before it; `max_frame` frames of the generation with these
+    /// salts since (0: its header may not be written yet, and its salts may be random).
+    Restarted { max_frame: u32, salts: (u32, u32) },
+}
+
+/// The `-shm` file, open only to ask who holds SQLite's WAL locks and to read the wal-index
+/// header (see the module doc on when it may be closed).
 #[derive(Debug)]
 pub(super) struct ShmProbe {
     file: File,
-    ino: u64,
+    /// None when `fstat` failed: then the probe is never replaced (it may be SQLite's file).
+    ino: Option<u64>,
 }
 
 impl ShmProbe {
@@ -61,20 +103,24 @@ impl ShmProbe {
     /// locking mode keeps its index in heap memory, and no other process can checkpoint).
     pub(super) fn open(db: &Path) -> Option<ShmProbe> {
         let file = File::open(shm_path(db)).ok()?;
-        let ino = file.metadata().ok()?.ino();
+        let ino = file.metadata().ok().map(|m| m.ino());
         Some(ShmProbe { file, ino })
     }
 
-    /// Still the file at the path (a replaced database may come with a new `-shm`).
-    pub(super) fn current(&self, db: &Path) -> bool {
-        std::fs::metadata(shm_path(db)).is_ok_and(|m| m.ino() == self.ino)
+    /// Another file is at the path now (a replaced database may come with a new `-shm`).
+    /// False when unsure: closing a descriptor of SQLite's current file would drop its locks.
+    pub(super) fn replaced(&self, db: &Path) -> bool {
+        match (self.ino, std::fs::metadata(shm_path(db))) {
+            (Some(ino), Ok(m)) => m.ino() != ino,
+            _ => false,
+        }
     }
 
-    /// Another process holds the WAL lock at `lock` (one `F_GETLK`; locks of this process
-    /// never count, by POSIX rules). An error reads as "not held": the yield is an
-    /// optimisation for the application, never needed for correctness.
+    /// The process holding the WAL lock at `lock` when it is another one (one `F_GETLK`;
+    /// locks of this process never count, by POSIX rules). An error reads as "not held": the
+    /// yield is an optimisation for the application, never needed for correctness.
     #[allow(unsafe_code)]
-    fn held_by_other(&self, lock: i64) -> bool {
+    fn holder(&self, lock: i64) -> Option<libc::pid_t> {
         // SAFETY: `flock` is plain old data, for which all-zero bytes are a valid value.
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
         fl.l_type = libc::F_WRLCK as libc::c_short;
@@ -84,13 +130,43 @@ impl ShmProbe {
         // SAFETY: the descriptor is open for the life of `self`, and F_GETLK only writes the
         // `flock` it is given, which outlives the call.
         let rc = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_GETLK, &mut fl) };
-        rc == 0 && fl.l_type != libc::F_UNLCK as libc::c_short
+        (rc == 0 && fl.l_type != libc::F_UNLCK as libc::c_short).then_some(fl.l_pid)
     }
 
-    /// A checkpoint of another process holds the checkpoint and write locks: FULL, RESTART
-    /// or TRUNCATE (a PASSIVE one takes no write lock and never waits for us).
-    pub(super) fn blocking_checkpoint(&self) -> bool {
-        self.held_by_other(CKPT_LOCK) && self.held_by_other(WRITE_LOCK)
+    /// One process holds both the checkpoint and the write lock: a FULL, RESTART or TRUNCATE
+    /// checkpoint, or a commit beside a PASSIVE checkpoint (see [`ShmProbe::blocked`]).
+    fn both_held(&self) -> bool {
+        self.holder(CKPT_LOCK)
+            .is_some_and(|pid| self.holder(WRITE_LOCK) == Some(pid))
+    }
+
+    /// A checkpoint of another process waits for readers: both locks held by one process,
+    /// and still held a moment later.
+    pub(super) fn blocked(&self) -> bool {
+        if !self.both_held() {
+            return false;
+        }
+        std::thread::sleep(CONFIRM_AFTER);
+        self.both_held()
+    }
+
+    /// The wal-index header, when both copies agree (SQLite writes the second copy first, so
+    /// equal copies are a whole header).
+    pub(super) fn index_header(&self) -> Option<IndexHeader> {
+        let mut b = [0u8; 96];
+        self.file.read_exact_at(&mut b, 0).ok()?;
+        let init = b[12] == 1;
+        if !init || b[..48] != b[48..] {
+            return None;
+        }
+        let ne = |o: usize| u32::from_ne_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let be = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        Some(IndexHeader {
+            change: ne(8),
+            max_frame: ne(16),
+            salt1: be(32),
+            salt2: be(36),
+        })
     }
 }
 
@@ -101,40 +177,129 @@ fn shm_path(db: &Path) -> PathBuf {
 }
 
 impl Db {
-    /// Opens the `-shm` probe if there is none, or the one open is no longer the file at the
-    /// path. Call with our connection open (it creates the `-shm`).
+    /// Opens the `-shm` probe if there is none, or the one open is of a replaced file. Call
+    /// with our connection open (it creates the `-shm`).
     pub(super) fn refresh_shm_probe(&mut self) {
-        if self.shm.as_ref().is_none_or(|p| !p.current(&self.path)) {
-            // Dropping a stale probe is safe: it is another file than SQLite's current one.
+        if self.shm.as_ref().is_none_or(|p| p.replaced(&self.path)) {
+            // Dropping a replaced probe is safe: it is another file than SQLite's current one.
             self.shm = ShmProbe::open(&self.path);
         }
     }
 
     /// Another process's checkpoint is waiting for readers (ours among them).
     pub(super) fn checkpoint_waiting(&self) -> bool {
-        self.opened().is_some() && self.shm.as_ref().is_some_and(ShmProbe::blocking_checkpoint)
+        self.opened().is_some() && self.shm.as_ref().is_some_and(ShmProbe::blocked)
     }
 
     /// Steps out of an application's checkpoint's way (module doc). Returns segments written.
     pub(super) fn yield_to_checkpoint(&mut self) -> Result<usize, DbError> {
         let mut written = self.seal()?;
-        // From here until a seal proves continuity, a new WAL generation is not taken as
+        // What the checkpoint holds still: our mark must be the WAL's end for the index to
+        // prove anything afterwards.
+        let frame = 24 + u64::from(self.page_size());
+        let before = self
+            .shm
+            .as_ref()
+            .filter(|_| !index_proof_off())
+            .and_then(ShmProbe::index_header)
+            .filter(|h| {
+                self.mark.is_some_and(|m| {
+                    (m.salt1, m.salt2) == (h.salt1, h.salt2)
+                        && m.offset == WAL_HEADER_SIZE + u64::from(h.max_frame) * frame
+                })
+            });
+        // From here until continuity is proven, a new WAL generation is not taken as
         // following our mark.
         self.after_yield = true;
         let conn = self.end_read()?;
         let started = Instant::now();
-        while started.elapsed() < YIELD_WAIT && self.checkpoint_waiting() {
+        while started.elapsed() < YIELD_WAIT && self.shm.as_ref().is_some_and(ShmProbe::both_held) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let waited_ms = started.elapsed().as_millis();
+        let waited = started.elapsed();
         if let Err(e) = begin_read(conn) {
             self.reopen_after_lost_read();
             return Err(e);
         }
         self.stats.checkpoint_yields.fetch_add(1, Ordering::Relaxed);
+        if waited >= YIELD_WAIT {
+            self.stats.yield_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        let after = self.shm.as_ref().and_then(ShmProbe::index_header);
+        let proof = match (before, after) {
+            (Some(b), Some(a)) => self.nothing_lost(b, a)?,
+            _ => None,
+        };
+        match proof {
+            Some(Proof::SameGeneration) => {}
+            // The current generation starts right after the mark's end.
+            Some(Proof::Restarted { max_frame: 0, .. }) => self.next_gen_follows = true,
+            Some(Proof::Restarted { salts, .. }) => {
+                self.mark = Some(WalMark {
+                    salt1: salts.0,
+                    salt2: salts.1,
+                    offset: WAL_HEADER_SIZE,
+                });
+            }
+            None => {}
+        }
+        let proven = proof.is_some();
+        if proven {
+            self.after_yield = false;
+            self.stats
+                .yield_index_proofs
+                .fetch_add(1, Ordering::Relaxed);
+        }
         written += self.seal()?;
-        tracing::debug!(db = %self.path.display(), waited_ms, txid = %self.pos, "yielded to an application checkpoint");
+        tracing::debug!(db = %self.path.display(), waited_ms = waited.as_millis(), proven, ?before, ?after, txid = %self.pos, "yielded to an application checkpoint");
         Ok(written)
+    }
+
+    /// Whether the index headers read before and after a yield prove that nothing was
+    /// committed past our mark in the generation we knew (module doc), and how.
+    ///
+    /// The counter moves at each commit only. A commit past our mark in the generation we
+    /// knew, or in any generation between it and the current one, moves it beyond the
+    /// commits of the current generation, which is all it may have moved by. (New salts
+    /// come from a restart, salt-1 plus one, or are random when a connection that never
+    /// restarted the WAL writes its first frame after a TRUNCATE.)
+    fn nothing_lost(
+        &self,
+        before: IndexHeader,
+        after: IndexHeader,
+    ) -> Result<Option<Proof>, DbError> {
+        let moved = after.change.wrapping_sub(before.change);
+        if (after.salt1, after.salt2) == (before.salt1, before.salt2) {
+            return Ok((moved == 0).then_some(Proof::SameGeneration));
+        }
+        let restarted = Proof::Restarted {
+            max_frame: after.max_frame,
+            salts: (after.salt1, after.salt2),
+        };
+        if after.max_frame == 0 {
+            return Ok((moved == 0).then_some(restarted));
+        }
+        // Restarted and commits since: count the commits of the current generation up to
+        // the index's last frame (our reader, on that generation now, keeps it from restarting).
+        let Ok(f) = File::open(&self.wal_path) else {
+            return Ok(None);
+        };
+        let frame = 24 + u64::from(self.page_size());
+        let end = WAL_HEADER_SIZE + u64::from(after.max_frame) * frame;
+        let (mut at, mut commits) = (WAL_HEADER_SIZE, 0u32);
+        while at < end {
+            match wal::scan(&f, at, 0)? {
+                Some(s)
+                    if (s.header.salt1, s.header.salt2) == (after.salt1, after.salt2)
+                        && s.end_offset > at =>
+                {
+                    at = s.end_offset;
+                    commits += 1;
+                }
+                _ => return Ok(None),
+            }
+        }
+        Ok((at == end && moved == commits).then_some(restarted))
     }
 
     /// After a yield, the WAL is of another generation than our mark (or gone): continue on
@@ -147,6 +312,8 @@ impl Db {
     ) -> Result<bool, DbError> {
         if self.checksums && self.post != 0 {
             let commit = self.commit;
+            // Replaces the table with the file's; on a mismatch the full segment below
+            // rebuilds it.
             self.build_table(None)?;
             if self.sum.value() == self.post && self.current_commit(None)? == commit {
                 self.mark = header.map(|h| WalMark {
@@ -160,14 +327,12 @@ impl Db {
                 return Ok(false);
             }
         }
-        // The flag stays set until this succeeds: a failed attempt must not let the next
-        // sync take the new generation as following our mark.
-        let wrote = self.write_full(
+        // Clears `after_yield` once written: until then a failed attempt must not let the
+        // next sync take the new generation as following our mark.
+        self.write_full(
             wal_file,
             header,
             "wal restarted by an application checkpoint",
-        )?;
-        self.after_yield = false;
-        Ok(wrote)
+        )
     }
 }

@@ -368,6 +368,7 @@ impl Db {
         self.wal_oversized = false;
         self.woke_unchanged = false;
         self.after_yield = false;
+        self.next_gen_follows = false;
     }
 
     pub(super) fn count_write_lock(&self, since: Instant) {

@@ -147,9 +147,14 @@ pub struct DbStats {
     /// Times the database stepped out of the way of an application's FULL, RESTART or
     /// TRUNCATE checkpoint ([`app_checkpoint`]).
     pub checkpoint_yields: AtomicU64,
-    /// Of those that found the WAL restarted, how many continued the chain on the new WAL
-    /// (the database file held our position) instead of writing a full segment.
+    /// Yields that found the WAL restarted without an index proof and continued the chain
+    /// on the new WAL (the database file held our position) instead of a full segment.
     pub yield_rebases: AtomicU64,
+    /// Yields whose continuity the wal-index header proved (no read of the database file).
+    pub yield_index_proofs: AtomicU64,
+    /// Yields that gave up waiting for the checkpoint after `YIELD_WAIT` (it was held up by
+    /// something else, such as a reader of the application's).
+    pub yield_timeouts: AtomicU64,
     /// Whether the database is protected (the monitor's last sync succeeded), else why not.
     pub health: crate::replicate::health::HealthCell,
 }
@@ -303,6 +308,10 @@ pub struct Db {
     /// Set by a yield to an application's checkpoint until a seal proves continuity: a WAL
     /// generation other than the mark's is then not taken as following it.
     after_yield: bool,
+    /// Set when a yield proved that the WAL restarted right after our mark and nothing was
+    /// committed in between, before the new generation's header was written (its salts may
+    /// be random): the next generation seen follows the mark, whatever its salts.
+    next_gen_follows: bool,
     /// Who holds SQLite's WAL locks ([`app_checkpoint`]). Declared last so that it closes
     /// after the connection (closing it drops this process's locks on the `-shm` file).
     shm: Option<app_checkpoint::ShmProbe>,
@@ -366,6 +375,7 @@ impl Db {
             stats: Arc::new(DbStats::default()),
             page_buf: Vec::new(),
             after_yield: false,
+            next_gen_follows: false,
             shm: None,
         }
     }

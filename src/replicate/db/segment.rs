@@ -101,6 +101,9 @@ impl Db {
             offset: s.end_offset,
         });
         self.continuous = true;
+        // The mark is the current generation's end: nothing of an earlier one is pending.
+        self.after_yield = false;
+        self.next_gen_follows = false;
         Ok(true)
     }
 

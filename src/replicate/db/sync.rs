@@ -171,6 +171,7 @@ impl Db {
         if !self.continuous {
             // Decides continuity from scratch, with its own proofs.
             self.after_yield = false;
+            self.next_gen_follows = false;
             return self.startup_sync(wal_file.as_ref(), header, wal_len);
         }
         if self.after_yield
@@ -194,7 +195,9 @@ impl Db {
                 }
                 m.offset
             }
-            (Some(m), Some(h)) if h.salt1 == m.salt1.wrapping_add(1) => WAL_HEADER_SIZE,
+            (Some(m), Some(h)) if h.salt1 == m.salt1.wrapping_add(1) || self.next_gen_follows => {
+                WAL_HEADER_SIZE
+            }
             (Some(_), Some(_)) => {
                 return self
                     .write_full(wal_file.as_ref(), header, "wal restarted more than once")
@@ -202,15 +205,28 @@ impl Db {
             }
             (None, Some(_)) => WAL_HEADER_SIZE,
         };
+        // Moving on to another generation: the mark follows it from here.
+        if header.is_some_and(|h| {
+            self.mark
+                .is_none_or(|m| (m.salt1, m.salt2) != (h.salt1, h.salt2))
+        }) {
+            self.next_gen_follows = false;
+        }
         let Some(f) = wal_file.as_ref() else {
             return Ok((false, false));
         };
         let scan = match wal::scan(f, start, MAX_SYNC_WAL_BYTES) {
-            Ok(Some(s)) => s,
-            Ok(None) => {
-                self.after_yield = false;
-                return Ok((false, false));
+            // The scan reads the header again. A restart between the two reads would have it
+            // continue from our mark in a generation the decision above did not see: look
+            // again (the caller's loop calls back at once).
+            Ok(Some(s))
+                if header
+                    .is_some_and(|h| (h.salt1, h.salt2) != (s.header.salt1, s.header.salt2)) =>
+            {
+                return Ok((false, true));
             }
+            Ok(Some(s)) => s,
+            Ok(None) => return Ok((false, true)),
             Err(WalError::PrevFrameMismatch { .. }) => {
                 return self
                     .write_full(wal_file.as_ref(), header, "wal overwritten")
