@@ -65,6 +65,19 @@ def tool_env(tool):
     return env
 
 
+def stop(proc, logf, timeout):
+    """SIGTERM, up to `timeout` s for the exit, then SIGKILL; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    logf.close()
+    return proc.returncode
+
+
 class Watch:
     """Polls a process every 0.2 s: peak RSS, CPU, bytes written, and the largest file in
     `dirs` other than the paths in `skip` (and their -wal / -shm / -journal)."""
@@ -181,16 +194,7 @@ def replicate(tool, source, meta, s3, args):
                exited_early=proc.poll())
     w.sample()
     res.update(w.finish())
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            res["killed"] = True
-    res["exit_code"] = proc.returncode
-    logf.close()
+    res["exit_code"] = stop(proc, logf, 120)
     objects = {}
     for level in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         files = os.listdir(os.path.join(root, level))
@@ -239,15 +243,7 @@ def restore(tool, s3, meta, follow, args):
     res = {"tool": tool, "command": cmd, "seconds": round(done, 1) if done else None,
            "mb_per_s": round(meta["bytes"] / 1e6 / done, 1) if done else None}
     res.update(w.finish())
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    res["exit_code"] = proc.returncode
-    logf.close()
+    res["exit_code"] = stop(proc, logf, 60)
     if done and os.path.exists(out) and not follow:
         con = sqlite3.connect(f"file:{out}?mode=ro", uri=True)
         res["rows_equal"] = con.execute("SELECT count(*) FROM customers").fetchone()[0] == meta["rows"]

@@ -524,14 +524,15 @@ def lag_run(tool, s3, args, mode="busy"):
 
 # ----------------------------------------------------------------------------- write throughput
 
-def write_run(mode, s3, args):
-    name = f"write-{mode}"
+def one_db_replicated(name, mode, s3):
+    """A fresh small database in WORK/`name`, replicated by `mode` (none: not replicated) to
+    the S3 prefix `name` once its first segment is there. Returns (db, proc, logf)."""
     workdir = os.path.join(WORK, name)
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
     shutil.rmtree(os.path.join(s3.root, h.BUCKET, name), ignore_errors=True)
     db = make_small_dbs(os.path.join(workdir, "db"), 1)[0]
-    proc = None
+    proc = logf = None
     if mode != "none":
         cfg = os.path.join(workdir, f"{mode}.yml")
         write_config(mode, cfg, [db], [name], s3)
@@ -540,6 +541,12 @@ def write_run(mode, s3, args):
         while max_txid(l0_dir(s3, name)) == 0 and time.monotonic() - t0 < 60:
             time.sleep(0.05)
         time.sleep(1)
+    return db, proc, logf
+
+
+def write_run(mode, s3, args):
+    name = f"write-{mode}"
+    db, proc, logf = one_db_replicated(name, mode, s3)
     con = sqlite3.connect(db, timeout=30, isolation_level=None)
     con.execute("PRAGMA busy_timeout=30000")
     con.execute("PRAGMA synchronous=NORMAL")
@@ -588,20 +595,7 @@ def appckpt_run(mode, s3, args):
     second apart, with a busy timeout of `--appckpt-busy` s, beside a writer committing one row
     every 10 ms: how long each call takes and whether it ended busy (not checkpointed)."""
     name = f"appckpt-{mode}"
-    workdir = os.path.join(WORK, name)
-    shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir)
-    shutil.rmtree(os.path.join(s3.root, h.BUCKET, name), ignore_errors=True)
-    db = make_small_dbs(os.path.join(workdir, "db"), 1)[0]
-    proc = None
-    if mode != "none":
-        cfg = os.path.join(workdir, f"{mode}.yml")
-        write_config(mode, cfg, [db], [name], s3)
-        proc, logf, _ = start(mode, cfg, workdir)
-        t0 = time.monotonic()
-        while max_txid(l0_dir(s3, name)) == 0 and time.monotonic() - t0 < 60:
-            time.sleep(0.05)
-        time.sleep(1)
+    db, proc, logf = one_db_replicated(name, mode, s3)
     stop_writer, commits = threading.Event(), [0]
 
     def writer():
