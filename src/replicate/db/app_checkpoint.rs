@@ -13,13 +13,15 @@
 //! connection's commit holds them together only by chance). Then the Db:
 //! 1. seals every committed frame (nothing can commit while the checkpoint holds the write
 //!    lock, so the seal reaches the WAL's end) and reads the wal-index header from the
-//!    `-shm` file: its change counter and frame count;
+//!    `-shm` file: its change counter and frame count. A frame count past the seal means the
+//!    write lock is a writer's (the checkpoint is still waiting for it): no yield this tick;
 //! 2. ends its read transaction and waits, polling the locks every millisecond for at most
 //!    [`YIELD_WAIT`], until the checkpoint is over;
 //! 3. begins its read transaction again and proves that no frame past its mark was lost
 //!    before it takes a later WAL generation as following the mark (until then
 //!    `after_yield` is set and `sync_once` does not apply its salt-1 + 1 rule):
-//!    - by the wal-index header, at no cost: SQLite adds one to its change counter at each
+//!    - by the wal-index header, at no cost (until a seal reaches the frames it counted, when
+//!      the current generation is not the mark's: `yield_seal_to`): SQLite adds one to its change counter at each
 //!      commit (`sqlite3WalFrames`), never at a restart. Nothing past the mark was lost if
 //!      the counter moved by exactly the commits now in the WAL's current generation (none
 //!      when it is still the mark's);
@@ -150,8 +152,9 @@ impl ShmProbe {
         self.both_held()
     }
 
-    /// The wal-index header, when both copies agree (SQLite writes the second copy first, so
-    /// equal copies are a whole header).
+    /// The wal-index header, when both copies agree and its checksum holds, as SQLite's own
+    /// readers require (`walIndexTryHdr`): SQLite writes the second copy first, so equal
+    /// copies with a valid checksum are a whole header.
     pub(super) fn index_header(&self) -> Option<IndexHeader> {
         let mut b = [0u8; 96];
         self.file.read_exact_at(&mut b, 0).ok()?;
@@ -160,6 +163,15 @@ impl ShmProbe {
             return None;
         }
         let ne = |o: usize| u32::from_ne_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        // `walChecksumBytes` in native order over the 40 bytes before the checksum.
+        let (mut s1, mut s2) = (0u32, 0u32);
+        for o in (0..40).step_by(8) {
+            s1 = s1.wrapping_add(ne(o)).wrapping_add(s2);
+            s2 = s2.wrapping_add(ne(o + 4)).wrapping_add(s1);
+        }
+        if (s1, s2) != (ne(40), ne(44)) {
+            return None;
+        }
         let be = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         Some(IndexHeader {
             change: ne(8),
@@ -197,17 +209,22 @@ impl Db {
         // What the checkpoint holds still: our mark must be the WAL's end for the index to
         // prove anything afterwards.
         let frame = 24 + u64::from(self.page_size());
-        let before = self
-            .shm
-            .as_ref()
-            .filter(|_| !index_proof_off())
-            .and_then(ShmProbe::index_header)
-            .filter(|h| {
-                self.mark.is_some_and(|m| {
-                    (m.salt1, m.salt2) == (h.salt1, h.salt2)
-                        && m.offset == WAL_HEADER_SIZE + u64::from(h.max_frame) * frame
-                })
-            });
+        let index = self.shm.as_ref().and_then(ShmProbe::index_header);
+        let at_end = |h: &IndexHeader| match self.mark {
+            Some(m) => {
+                (m.salt1, m.salt2) == (h.salt1, h.salt2)
+                    && m.offset == WAL_HEADER_SIZE + u64::from(h.max_frame) * frame
+            }
+            None => h.max_frame == 0,
+        };
+        // Commits still landing after the seal: the write lock is a writer's, and the
+        // checkpoint (if it is one) is still waiting for it, not for us. Stay; the next tick
+        // looks again. Stepping aside now would let the checkpoint move frames past our mark.
+        if index.is_some_and(|h| !at_end(&h)) {
+            tracing::debug!(db = %self.path.display(), "not yielding: commits still land");
+            return Ok(written);
+        }
+        let before = index.filter(|_| !index_proof_off());
         // From here until continuity is proven, a new WAL generation is not taken as
         // following our mark.
         self.after_yield = true;
@@ -234,18 +251,26 @@ impl Db {
             Some(Proof::SameGeneration) => {}
             // The current generation starts right after the mark's end.
             Some(Proof::Restarted { max_frame: 0, .. }) => self.next_gen_follows = true,
-            Some(Proof::Restarted { salts, .. }) => {
+            // The current generation follows the mark, but our reader may be SQLite's read
+            // mark 0 on it (wholly checkpointed meanwhile), which lets the next writer
+            // restart it: it counts as sealed only once the seal has reached its last
+            // counted frame (until then a restart still goes through the file's proof).
+            Some(Proof::Restarted { max_frame, salts }) => {
                 self.mark = Some(WalMark {
                     salt1: salts.0,
                     salt2: salts.1,
                     offset: WAL_HEADER_SIZE,
                 });
+                let frame = 24 + u64::from(self.page_size());
+                self.yield_seal_to = Some(WAL_HEADER_SIZE + u64::from(max_frame) * frame);
             }
             None => {}
         }
         let proven = proof.is_some();
-        if proven {
+        if proven && self.yield_seal_to.is_none() {
             self.after_yield = false;
+        }
+        if proven {
             self.stats
                 .yield_index_proofs
                 .fetch_add(1, Ordering::Relaxed);
@@ -268,6 +293,10 @@ impl Db {
         before: IndexHeader,
         after: IndexHeader,
     ) -> Result<Option<Proof>, DbError> {
+        // A recovered index counts from 0 again: never take such a header as proof.
+        if before.change == 0 || after.change == 0 {
+            return Ok(None);
+        }
         let moved = after.change.wrapping_sub(before.change);
         if (after.salt1, after.salt2) == (before.salt1, before.salt2) {
             return Ok((moved == 0).then_some(Proof::SameGeneration));
@@ -280,7 +309,7 @@ impl Db {
             return Ok((moved == 0).then_some(restarted));
         }
         // Restarted and commits since: count the commits of the current generation up to
-        // the index's last frame (our reader, on that generation now, keeps it from restarting).
+        // the index's last frame (a restart during the count ends it early: no proof).
         let Ok(f) = File::open(&self.wal_path) else {
             return Ok(None);
         };
@@ -288,7 +317,7 @@ impl Db {
         let end = WAL_HEADER_SIZE + u64::from(after.max_frame) * frame;
         let (mut at, mut commits) = (WAL_HEADER_SIZE, 0u32);
         while at < end {
-            match wal::scan(&f, at, 0)? {
+            match wal::scan(&f, at, 0).ok().flatten() {
                 Some(s)
                     if (s.header.salt1, s.header.salt2) == (after.salt1, after.salt2)
                         && s.end_offset > at =>
@@ -322,6 +351,8 @@ impl Db {
                     offset: WAL_HEADER_SIZE,
                 });
                 self.after_yield = false;
+                self.yield_seal_to = None;
+                self.next_gen_follows = false;
                 self.stats.yield_rebases.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(db = %self.path.display(), txid = %self.pos, "WAL restarted by an application checkpoint; the database file holds our position, continuing on the new WAL");
                 return Ok(false);

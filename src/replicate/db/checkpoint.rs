@@ -369,6 +369,7 @@ impl Db {
         self.woke_unchanged = false;
         self.after_yield = false;
         self.next_gen_follows = false;
+        self.yield_seal_to = None;
     }
 
     pub(super) fn count_write_lock(&self, since: Instant) {

@@ -312,6 +312,9 @@ pub struct Db {
     /// committed in between, before the new generation's header was written (its salts may
     /// be random): the next generation seen follows the mark, whatever its salts.
     next_gen_follows: bool,
+    /// After a yield proved that a restarted generation follows the mark: where its last
+    /// frame counted ends. `after_yield` stays set until a seal reaches it.
+    yield_seal_to: Option<u64>,
     /// Who holds SQLite's WAL locks ([`app_checkpoint`]). Declared last so that it closes
     /// after the connection (closing it drops this process's locks on the `-shm` file).
     shm: Option<app_checkpoint::ShmProbe>,
@@ -376,6 +379,7 @@ impl Db {
             page_buf: Vec::new(),
             after_yield: false,
             next_gen_follows: false,
+            yield_seal_to: None,
             shm: None,
         }
     }

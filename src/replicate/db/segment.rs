@@ -104,6 +104,7 @@ impl Db {
         // The mark is the current generation's end: nothing of an earlier one is pending.
         self.after_yield = false;
         self.next_gen_follows = false;
+        self.yield_seal_to = None;
         Ok(true)
     }
 

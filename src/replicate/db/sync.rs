@@ -172,6 +172,7 @@ impl Db {
             // Decides continuity from scratch, with its own proofs.
             self.after_yield = false;
             self.next_gen_follows = false;
+            self.yield_seal_to = None;
             return self.startup_sync(wal_file.as_ref(), header, wal_len);
         }
         if self.after_yield
@@ -205,13 +206,6 @@ impl Db {
             }
             (None, Some(_)) => WAL_HEADER_SIZE,
         };
-        // Moving on to another generation: the mark follows it from here.
-        if header.is_some_and(|h| {
-            self.mark
-                .is_none_or(|m| (m.salt1, m.salt2) != (h.salt1, h.salt2))
-        }) {
-            self.next_gen_follows = false;
-        }
         let Some(f) = wal_file.as_ref() else {
             return Ok((false, false));
         };
@@ -236,20 +230,54 @@ impl Db {
         };
         let h = scan.header;
         if scan.pages.is_empty() && scan.end_offset == start {
-            self.mark = Some(WalMark {
-                salt1: h.salt1,
-                salt2: h.salt2,
-                offset: start,
-            });
-            self.after_yield = false;
+            // Nothing found may mean a restart overwrote the frames between the scan's
+            // header read and its frame reads: look again rather than call it sealed.
+            if same_generation(f, (h.salt1, h.salt2)).is_err() {
+                return Ok((false, true));
+            }
+            // An empty generation after a proven restart may still be rolled back and
+            // replaced by another with other salts: keep following the old mark until one
+            // holds a commit.
+            let other = self
+                .mark
+                .is_some_and(|m| (m.salt1, m.salt2) != (h.salt1, h.salt2));
+            if !(other && start == WAL_HEADER_SIZE && self.next_gen_follows) {
+                self.mark = Some(WalMark {
+                    salt1: h.salt1,
+                    salt2: h.salt2,
+                    offset: start,
+                });
+            }
+            self.sealed_after_yield();
             return Ok((false, false));
         }
+        let moving = self
+            .mark
+            .is_none_or(|m| (m.salt1, m.salt2) != (h.salt1, h.salt2));
         let wrote = self.write_incremental(f, &scan, start, |_| true)?;
+        if moving {
+            // The mark follows the current generation from here.
+            self.next_gen_follows = false;
+        }
         // Every frame of the mark's generation is sealed: a later generation follows it.
         if !scan.limited {
-            self.after_yield = false;
+            self.sealed_after_yield();
         }
         Ok((wrote, scan.limited))
+    }
+
+    /// The mark's generation is sealed to its end: after a yield, that proves continuity once
+    /// the seal has reached the frames the proof counted.
+    fn sealed_after_yield(&mut self) {
+        let reached = match (self.yield_seal_to, self.mark) {
+            (Some(to), Some(m)) => m.offset >= to,
+            (Some(_), None) => false,
+            (None, _) => true,
+        };
+        if reached {
+            self.after_yield = false;
+            self.yield_seal_to = None;
+        }
     }
 
     /// First sync after opening: decides between continuing the chain and a full segment, and
