@@ -189,6 +189,8 @@ pub struct WalScan {
     pub end_offset: u64,
     /// The running checksum after the last committed frame (to seed a later continuation).
     pub checksum: (u32, u32),
+    /// Committed transactions scanned (commit frames).
+    pub commits: u32,
     /// True if the scan stopped early at a commit boundary because max_bytes was reached.
     /// More committed frames may follow (or may not: the scan does not look ahead).
     pub limited: bool,
@@ -288,6 +290,7 @@ fn scan_with_read_size(
         commit: 0,
         end_offset: start_offset,
         checksum: seed,
+        commits: 0,
         limited: false,
     };
 
@@ -323,6 +326,7 @@ fn scan_with_read_size(
                     drop(result.pages.split_off(&past_end));
                 }
                 result.commit = commit;
+                result.commits += 1;
                 result.end_offset = offset;
                 result.checksum = running;
                 if offset - start_offset >= max_bytes {

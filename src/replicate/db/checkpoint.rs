@@ -37,6 +37,10 @@ pub(super) const BARRIER_BUSY_POLLS: i32 = 20_000;
 
 impl Db {
     pub(super) fn wal_pages(&self) -> u64 {
+        // A mark kept on an older generation after a proven restart holds no current frame.
+        if self.next_gen_follows {
+            return 0;
+        }
         let frame = 24 + u64::from(self.page_size());
         self.mark
             .map_or(0, |m| m.offset.saturating_sub(WAL_HEADER_SIZE) / frame)

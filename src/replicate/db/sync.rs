@@ -251,14 +251,9 @@ impl Db {
             self.sealed_after_yield();
             return Ok((false, false));
         }
-        let moving = self
-            .mark
-            .is_none_or(|m| (m.salt1, m.salt2) != (h.salt1, h.salt2));
         let wrote = self.write_incremental(f, &scan, start, |_| true)?;
-        if moving {
-            // The mark follows the current generation from here.
-            self.next_gen_follows = false;
-        }
+        // The mark follows the scanned generation from here, which holds a commit.
+        self.next_gen_follows = false;
         // Every frame of the mark's generation is sealed: a later generation follows it.
         if !scan.limited {
             self.sealed_after_yield();
