@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::http::{free_port, parse_response};
 use common::{
@@ -41,16 +41,8 @@ fn listed(port: u16) -> Vec<PathBuf> {
 }
 
 /// Polls `cond` until it holds; fails with the daemon's log after [`WAIT`].
-fn wait_until(d: &Daemon, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; log:\n{}",
-            d.log_text()
-        );
-        sleep(Duration::from_millis(20));
-    }
+fn wait_until(d: &Daemon, what: &str, cond: impl FnMut() -> bool) {
+    common::wait_for(what, || d.log_text(), cond);
 }
 
 /// Waits until `/status` shows `db` synced with every replica at its TXID, then returns it.

@@ -203,9 +203,17 @@ impl Db {
         }
     }
 
-    /// Another process's checkpoint is waiting for readers (ours among them).
+    /// Another process's checkpoint is waiting for readers (ours among them). Blocking (it
+    /// confirms after 2 ms): for syncs, off the async reactor.
     pub(super) fn checkpoint_waiting(&self) -> bool {
         self.opened().is_some() && self.shm.as_ref().is_some_and(ShmProbe::blocked)
+    }
+
+    /// Maybe a checkpoint waiting for readers (both locks held by one other process now),
+    /// without the confirming wait: for the idle fast path, which runs on the async worker.
+    /// The sync it hands the tick to confirms.
+    pub(super) fn checkpoint_maybe_waiting(&self) -> bool {
+        self.opened().is_some() && self.shm.as_ref().is_some_and(ShmProbe::both_held)
     }
 
     /// Steps out of an application's checkpoint's way (module doc). Returns segments written.
@@ -213,7 +221,7 @@ impl Db {
         let mut written = self.seal()?;
         // What the checkpoint holds still: our mark must be the WAL's end for the index to
         // prove anything afterwards.
-        let frame = 24 + u64::from(self.page_size());
+        let frame = self.frame_size();
         let index = self.shm.as_ref().and_then(ShmProbe::index_header);
         let at_end = |h: &IndexHeader| match self.mark {
             Some(m) => {
@@ -267,7 +275,7 @@ impl Db {
                     salt2: salts.1,
                     offset: WAL_HEADER_SIZE,
                 });
-                let frame = 24 + u64::from(self.page_size());
+                let frame = self.frame_size();
                 self.yield_seal_to = Some(WAL_HEADER_SIZE + u64::from(max_frame) * frame);
             }
             None => {}
@@ -319,7 +327,7 @@ impl Db {
         let Ok(f) = File::open(&self.wal_path) else {
             return Ok(None);
         };
-        let frame = 24 + u64::from(self.page_size());
+        let frame = self.frame_size();
         let end = WAL_HEADER_SIZE + u64::from(after.max_frame) * frame;
         // One scan up to the index's last frame, a commit boundary: it stops right there.
         let counted = match wal::scan(&f, WAL_HEADER_SIZE, end - WAL_HEADER_SIZE) {

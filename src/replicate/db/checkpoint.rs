@@ -36,14 +36,19 @@ pub(super) const QUIET_BEFORE_SHRINK: Duration = Duration::from_millis(500);
 pub(super) const BARRIER_BUSY_POLLS: i32 = 20_000;
 
 impl Db {
+    /// Bytes of one WAL frame: its 24-byte header and a page.
+    pub(super) fn frame_size(&self) -> u64 {
+        24 + u64::from(self.page_size())
+    }
+
     pub(super) fn wal_pages(&self) -> u64 {
         // A mark kept on an older generation after a proven restart holds no current frame.
         if self.next_gen_follows {
             return 0;
         }
-        let frame = 24 + u64::from(self.page_size());
-        self.mark
-            .map_or(0, |m| m.offset.saturating_sub(WAL_HEADER_SIZE) / frame)
+        self.mark.map_or(0, |m| {
+            m.offset.saturating_sub(WAL_HEADER_SIZE) / self.frame_size()
+        })
     }
 
     pub(super) fn checkpoint_due(&self, now: Instant) -> bool {
@@ -295,8 +300,8 @@ impl Db {
         // in place.)
         let sealed_to = self.mark.map_or(0, |m| m.offset);
         written += self.seal()?;
-        let behind = self.mark.map_or(0, |m| m.offset).saturating_sub(sealed_to)
-            / (24 + u64::from(self.page_size()));
+        let behind =
+            self.mark.map_or(0, |m| m.offset).saturating_sub(sealed_to) / self.frame_size();
         tracing::debug!(db = %self.path.display(), log, done, behind, locked_ms, copy_ms, "backfill pass");
         Ok((written, Some(behind)))
     }

@@ -165,7 +165,7 @@ impl Db {
         {
             return false;
         }
-        self.unchanged_since_sync() && !self.checkpoint_waiting() && self.skip_tick(now)
+        self.unchanged_since_sync() && !self.checkpoint_maybe_waiting() && self.skip_tick(now)
     }
 
     /// While dormant and healthy: its idle check, to run away from the Db (its skipped ticks

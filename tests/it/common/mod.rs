@@ -119,6 +119,12 @@ pub struct Daemon {
 
 /// Starts `replicad replicate ARGS...`; stdout and stderr go to `<dir>/logs/replicad-N.log`.
 pub fn spawn_replicate(dir: &Path, args: &[&str]) -> Daemon {
+    spawn_replicate_env(dir, args, &[])
+}
+
+/// [`spawn_replicate`] with extra environment variables (test hooks such as
+/// `REPLICAD_TEST_NO_INDEX_PROOF`).
+pub fn spawn_replicate_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Daemon {
     let logs = dir.join("logs");
     fs::create_dir_all(&logs).unwrap();
     let n = fs::read_dir(&logs).unwrap().count();
@@ -128,6 +134,7 @@ pub fn spawn_replicate(dir: &Path, args: &[&str]) -> Daemon {
     let child = Command::new(bin())
         .arg("replicate")
         .args(args)
+        .envs(env.iter().copied())
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(out)
@@ -438,13 +445,19 @@ pub fn restore_ok(replica: &str, out: &Path, txid: Option<u64>) {
 
 /// Polls `f` every 25 ms until it holds (at most [`WAIT`]); panics naming `what`, with the
 /// logs of `dir`, otherwise.
-pub fn wait_until(dir: &TestDir, what: &str, mut f: impl FnMut() -> bool) {
+pub fn wait_until(dir: &TestDir, what: &str, f: impl FnMut() -> bool) {
+    wait_for(what, || dir.logs(), f);
+}
+
+/// Polls `f` every 25 ms until it holds (at most [`WAIT`]); panics naming `what`, with
+/// `context()` (a daemon's log), otherwise.
+pub fn wait_for(what: &str, context: impl Fn() -> String, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !f() {
         assert!(
             Instant::now() < deadline,
             "timed out waiting for {what}\n{}",
-            dir.logs()
+            context()
         );
         sleep(Duration::from_millis(25));
     }
