@@ -37,17 +37,11 @@
 //! that by chance came back to exactly the expected value would pass. A zero counter is
 //! refused, which covers a recovery with no commit since.
 //!
-//! The probe only reads (lock state, and the index header with `pread`); it takes no lock.
-//! Its descriptor must outlive every connection of ours to the database: closing any
-//! descriptor of a file drops every POSIX lock this process holds on it, SQLite's included.
-//! So it is opened with the first connection, kept across reopens, replaced only by a file
-//! with another inode, and closed only when the database goes dormant or the Db is dropped,
-//! both after our connections are closed. (A program that embeds `Db` must not open the
-//! database itself in the same process for the same reason.)
-
-use std::os::fd::AsRawFd;
+//! The probe ([`super::shm`]) reads the lock state and the index header; it takes no lock
+//! here.
 
 use super::connection::begin_read;
+use super::shm::{IndexHeader, ShmProbe};
 #[allow(unused_imports)]
 use super::*;
 
@@ -65,27 +59,6 @@ fn index_proof_off() -> bool {
     *OFF.get_or_init(|| std::env::var_os(NO_INDEX_PROOF_ENV).is_some())
 }
 
-/// How long both locks must stay held before a checkpoint counts as blocked on readers.
-const CONFIRM_AFTER: Duration = Duration::from_millis(2);
-
-/// Offset of SQLite's WAL lock bytes in the `-shm` file (unix VFS: `UNIX_SHM_BASE`).
-const SHM_LOCK_BASE: i64 = 120;
-/// `WAL_WRITE_LOCK` and `WAL_CKPT_LOCK`, as offsets from [`SHM_LOCK_BASE`].
-const WRITE_LOCK: i64 = 0;
-const CKPT_LOCK: i64 = 1;
-
-/// The wal-index header's fields a yield compares (`WalIndexHdr` in SQLite's wal.c: native
-/// byte order, salts as in the WAL file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct IndexHeader {
-    /// Incremented at each commit (a restart leaves it).
-    change: u32,
-    /// Valid frames in the WAL.
-    max_frame: u32,
-    salt1: u32,
-    salt2: u32,
-}
-
 /// How a yield proved that nothing past our mark was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Proof {
@@ -96,113 +69,7 @@ enum Proof {
     Restarted { max_frame: u32, salts: (u32, u32) },
 }
 
-/// The `-shm` file, open only to ask who holds SQLite's WAL locks and to read the wal-index
-/// header (see the module doc on when it may be closed).
-#[derive(Debug)]
-pub(super) struct ShmProbe {
-    file: File,
-    /// None when `fstat` failed: then the probe is never replaced (it may be SQLite's file).
-    ino: Option<u64>,
-}
-
-impl ShmProbe {
-    /// Opens the `-shm` file of `db`; None when there is none (a database in exclusive
-    /// locking mode keeps its index in heap memory, and no other process can checkpoint).
-    pub(super) fn open(db: &Path) -> Option<ShmProbe> {
-        let file = File::open(shm_path(db)).ok()?;
-        let ino = file.metadata().ok().map(|m| m.ino());
-        Some(ShmProbe { file, ino })
-    }
-
-    /// Another file is at the path now (a replaced database may come with a new `-shm`).
-    /// False when unsure: closing a descriptor of SQLite's current file would drop its locks.
-    pub(super) fn replaced(&self, db: &Path) -> bool {
-        match (self.ino, std::fs::metadata(shm_path(db))) {
-            (Some(ino), Ok(m)) => m.ino() != ino,
-            _ => false,
-        }
-    }
-
-    /// The process holding the WAL lock at `lock` when it is another one (one `F_GETLK`;
-    /// locks of this process never count, by POSIX rules). An error reads as "not held": the
-    /// yield is an optimisation for the application, never needed for correctness.
-    #[allow(unsafe_code)]
-    fn holder(&self, lock: i64) -> Option<libc::pid_t> {
-        // SAFETY: `flock` is plain old data, for which all-zero bytes are a valid value.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = libc::F_WRLCK as libc::c_short;
-        fl.l_whence = libc::SEEK_SET as libc::c_short;
-        fl.l_start = SHM_LOCK_BASE + lock;
-        fl.l_len = 1;
-        // SAFETY: the descriptor is open for the life of `self`, and F_GETLK only writes the
-        // `flock` it is given, which outlives the call.
-        let rc = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_GETLK, &mut fl) };
-        (rc == 0 && fl.l_type != libc::F_UNLCK as libc::c_short).then_some(fl.l_pid)
-    }
-
-    /// One process holds both the checkpoint and the write lock: a FULL, RESTART or TRUNCATE
-    /// checkpoint, or a commit beside a PASSIVE checkpoint (see [`ShmProbe::blocked`]).
-    fn both_held(&self) -> bool {
-        self.holder(CKPT_LOCK)
-            .is_some_and(|pid| self.holder(WRITE_LOCK) == Some(pid))
-    }
-
-    /// A checkpoint of another process waits for readers: both locks held by one process,
-    /// and still held a moment later.
-    pub(super) fn blocked(&self) -> bool {
-        if !self.both_held() {
-            return false;
-        }
-        std::thread::sleep(CONFIRM_AFTER);
-        self.both_held()
-    }
-
-    /// The wal-index header, when both copies agree and its checksum holds, as SQLite's own
-    /// readers require (`walIndexTryHdr`): SQLite writes the second copy first, so equal
-    /// copies with a valid checksum are a whole header.
-    pub(super) fn index_header(&self) -> Option<IndexHeader> {
-        let mut b = [0u8; 96];
-        self.file.read_exact_at(&mut b, 0).ok()?;
-        let init = b[12] == 1;
-        if !init || b[..48] != b[48..] {
-            return None;
-        }
-        let ne = |o: usize| u32::from_ne_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        // `walChecksumBytes` in native order over the 40 bytes before the checksum.
-        let (mut s1, mut s2) = (0u32, 0u32);
-        for o in (0..40).step_by(8) {
-            s1 = s1.wrapping_add(ne(o)).wrapping_add(s2);
-            s2 = s2.wrapping_add(ne(o + 4)).wrapping_add(s1);
-        }
-        if (s1, s2) != (ne(40), ne(44)) {
-            return None;
-        }
-        let be = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        Some(IndexHeader {
-            change: ne(8),
-            max_frame: ne(16),
-            salt1: be(32),
-            salt2: be(36),
-        })
-    }
-}
-
-fn shm_path(db: &Path) -> PathBuf {
-    let mut p = db.as_os_str().to_owned();
-    p.push("-shm");
-    PathBuf::from(p)
-}
-
 impl Db {
-    /// Opens the `-shm` probe if there is none, or the one open is of a replaced file. Call
-    /// with our connection open (it creates the `-shm`).
-    pub(super) fn refresh_shm_probe(&mut self) {
-        if self.shm.as_ref().is_none_or(|p| p.replaced(&self.path)) {
-            // Dropping a replaced probe is safe: it is another file than SQLite's current one.
-            self.shm = ShmProbe::open(&self.path);
-        }
-    }
-
     /// Another process's checkpoint is waiting for readers (ours among them). Blocking (it
     /// confirms after 2 ms): for syncs, off the async reactor.
     pub(super) fn checkpoint_waiting(&self) -> bool {

@@ -1,8 +1,15 @@
 //! Checkpoints and the write-lock barrier: a frame is checkpointed only once it is durable in
 //! a staged segment (invariant 2 of the parent module); reopening after a lost read
 //! transaction or a replaced file.
+//!
+//! Beside a busy writer a checkpoint first copies the WAL into the database file in unlocked
+//! passes, each moving our read mark by a leapfrog of two connections, and takes SQLite's
+//! write lock only for what the writer committed during the last pass (or defers, while the
+//! WAL is under half of `truncate-page-n`, when the writer outran every pass): the
+//! application waits for that lock, so its hold is what this module keeps short.
 
-use super::connection::{begin_read, open_connection, read_wal_header};
+use super::connection::{PINNED_BUSY_TIMEOUT, begin_read, open_connection, read_wal_header};
+use super::shm::ShmProbe;
 #[allow(unused_imports)]
 use super::*;
 
@@ -16,7 +23,7 @@ pub(super) fn barrier_busy(attempt: i32) -> bool {
 }
 
 /// Most unlocked backfill passes before a checkpoint takes the barrier.
-pub(super) const BACKFILL_PASSES: usize = 3;
+pub(super) const BACKFILL_PASSES: usize = 16;
 
 /// Frames left past our read mark that a checkpoint copies under the barrier without another
 /// unlocked pass first (about 1 MiB of 4 KiB pages: a few milliseconds of copying).
@@ -28,6 +35,10 @@ pub(super) const BACKFILL_SETTLED_FRAMES: u64 = 256;
 /// writer outgrow the checkpoint (`checkpoints_keep_up_with_a_writer_committing_back_to_back`
 /// guards this).
 pub(super) const PASS_EXTRA_MIN_FRAMES: u64 = 1024;
+
+/// Most frames left after the unlocked passes that the barrier copies under the write lock
+/// (about 8 MiB of 4 KiB pages) while the WAL is under half of `truncate-page-n`.
+pub(super) const BARRIER_MAX_FRAMES: u64 = 2048;
 
 /// How long a writer must have been quiet before an oversized WAL is shrunk.
 pub(super) const QUIET_BEFORE_SHRINK: Duration = Duration::from_millis(500);
@@ -92,7 +103,39 @@ impl Db {
         let pages = self.wal_pages();
         let truncate = pages >= u64::from(self.settings.truncate_page_n);
         let shrink = quiet || pages < u64::from(self.settings.min_checkpoint_page_count);
+        // The connection that takes the write lock; during the unlocked passes it takes turns
+        // with the pinned one in holding our read transaction ([`Db::leapfrog`]).
         let mut barrier = open_connection(&self.path)?;
+        let mut written = 0;
+        if !truncate {
+            let (wrote, behind, complete) = self.backfill_unlocked(&mut barrier)?;
+            written += wrote;
+            if complete {
+                // The whole WAL is in the database file and nothing landed since: with our
+                // read moved once more (onto SQLite's read mark 0 if still so), the restart
+                // needs no barrier, only a moment of the write lock for our own write.
+                written += self.leapfrog(&mut barrier)?;
+                self.checkpointed(false);
+                barrier.busy_timeout(Duration::from_millis(10))?;
+                written += self.restart_wal(&barrier, shrink, true)?;
+                self.dirty_since_checkpoint = false;
+                return Ok(written);
+            }
+            // A writer that outran every pass would hold the barrier for its whole backlog:
+            // leave the WAL to grow until a later tick, unless it must be bounded now.
+            let bound = u64::from(self.settings.truncate_page_n / 2);
+            if behind > BARRIER_MAX_FRAMES && self.wal_pages() < bound {
+                tracing::debug!(db = %self.path.display(), behind, "checkpoint deferred: the writer outran the copy");
+                return Ok(written);
+            }
+            if behind > BACKFILL_SETTLED_FRAMES {
+                // The checkpoint under the barrier syncs the WAL and the database file: sync
+                // both now, unlocked, so that those syncs find little left to write. Likewise
+                // seal now, leaving the barrier's seal only what is committed from here on.
+                self.sync_wal_and_db()?;
+                written += self.seal()?;
+            }
+        }
         // Politely while the WAL is small: a busy write lock skips this checkpoint until a
         // later tick, without holding up the monitor. Insistently past a quarter of the
         // TRUNCATE threshold, so that a writer that never pauses gets one short stall of a
@@ -102,42 +145,6 @@ impl Db {
             barrier.busy_handler(Some(barrier_busy))?;
         } else {
             barrier.busy_timeout(Duration::from_millis(10))?;
-        }
-        let mut written = 0;
-        if !truncate {
-            // Each pass leaves for the barrier only what the application committed during it;
-            // against a fast writer a second or third pass shrinks that several-fold.
-            let mut ahead = true;
-            // Where the previous pass left our read mark (frames), and whether it left enough
-            // behind to be worth a seal of its own before the next pass locks.
-            let (mut read_mark, mut seal_first) = (0, false);
-            for _ in 0..BACKFILL_PASSES {
-                let (wrote, behind) = self.backfill_ahead(&barrier, seal_first, &mut read_mark)?;
-                written += wrote;
-                seal_first = behind.is_some_and(|n| n >= PASS_EXTRA_MIN_FRAMES);
-                match behind {
-                    // Busy while polite: give up at once, so that the next tick tries again
-                    // soon (a failed try must stay cheap against a fast writer).
-                    None if !insist => {
-                        tracing::debug!(db = %self.path.display(), "checkpoint skipped: write lock busy");
-                        return Ok(written);
-                    }
-                    // Busy while insisting: the barrier polls again, with nothing in between.
-                    None => {
-                        ahead = false;
-                        break;
-                    }
-                    Some(n) if n <= BACKFILL_SETTLED_FRAMES => break,
-                    Some(_) => {}
-                }
-            }
-            if ahead {
-                // The checkpoint under the barrier syncs the WAL and the database file: sync
-                // both now, unlocked, so that those syncs find little left to write. Likewise
-                // seal now, leaving the barrier's seal only what is committed from here on.
-                self.sync_wal_and_db()?;
-                written += self.seal()?;
-            }
         }
         // The barrier: holding SQLite's write lock, no commit can land between the seal and
         // the checkpoint, so every frame the checkpoint moves is already in a segment.
@@ -183,14 +190,7 @@ impl Db {
                 return Err(e);
             }
         };
-        self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
-        if truncated {
-            self.stats
-                .truncate_checkpoints
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        self.last_checkpoint = Instant::now();
-        self.dirty_since_checkpoint = false;
+        self.checkpointed(truncated);
         if truncated {
             self.wal_oversized = false;
             self.shrink_tried = None;
@@ -207,103 +207,164 @@ impl Db {
                 "checkpoint boundary after TRUNCATE",
             )?);
         } else if complete {
-            // Restart the WAL now with our own small write, so the file shrinks back to one
-            // frame (journal_size_limit=0) and the idle fast path applies again.
-            let restarting = Instant::now();
-            let limit = if shrink { 0 } else { -1 };
-            barrier.execute_batch(&format!("PRAGMA journal_size_limit={limit}"))?;
-            barrier.execute_batch(
-                "BEGIN IMMEDIATE; \
-                 CREATE TABLE IF NOT EXISTS _replicad_seq (id INTEGER PRIMARY KEY, seq INTEGER); \
-                 INSERT INTO _replicad_seq (id, seq) VALUES (1, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; \
-                 COMMIT;",
-            )?;
-            tracing::debug!(db = %self.path.display(), shrink, restart_ms = restarting.elapsed().as_millis(), "WAL restarted");
-            let (wrote, _) = self.sync_once()?;
-            written += usize::from(wrote);
-            self.wal_oversized = !shrink;
-            if shrink {
-                self.shrink_tried = None;
-            }
+            written += self.restart_wal(&barrier, shrink, false)?;
         }
         // Our own restart write is not new application data.
         self.dirty_since_checkpoint = false;
         Ok(written)
     }
 
-    /// The first two phases of a PASSIVE checkpoint, so that the application waits on the
-    /// barrier only for what it commits meanwhile, not for a whole interval's frames:
-    /// 1. under the write lock for a moment, seal (copy what is new) and move our read
-    ///    transaction to the end of the WAL, which is now all in segments;
-    /// 2. without any lock, a PASSIVE checkpoint copies those frames into the database file
-    ///    while the application keeps committing. It stops at our read mark, and the WAL
-    ///    cannot restart while we read, so no frame is lost (invariants 2 and 3 hold: the
-    ///    frames it moves stay in the WAL until the barrier's phase allows a restart).
-    ///
-    /// Unlocked work around both phases keeps the locked moment short: after the copy,
-    /// another seal; with a large backlog (see [`PASS_EXTRA_MIN_FRAMES`]) also a seal before
-    /// the lock (`seal_first`), so that the seal under it has only what lands meanwhile, and
-    /// a sync of the database file after a large copy. `read_mark` is where the previous
-    /// pass left our read mark, in frames (0 for the first pass); it is moved on.
-    ///
-    /// Returns segments written and the frames the application committed during the copy,
-    /// sealed (unlocked) right after it (`None` when the write lock was busy).
-    pub(super) fn backfill_ahead(
+    /// Counts a checkpoint that ran to the end of the WAL or that truncated it.
+    fn checkpointed(&mut self, truncated: bool) {
+        self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        if truncated {
+            self.stats
+                .truncate_checkpoints
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.last_checkpoint = Instant::now();
+        self.dirty_since_checkpoint = false;
+    }
+
+    /// After a complete checkpoint, restarts the WAL with our own small write, so the file
+    /// shrinks back to one frame (journal_size_limit=0, when `shrink`) and the idle fast path
+    /// applies again. `busy_ok`: a busy write lock is no error (without a barrier, the
+    /// writer that holds it restarts the WAL itself).
+    fn restart_wal(
         &mut self,
         barrier: &Connection,
-        seal_first: bool,
-        read_mark: &mut u64,
-    ) -> Result<(usize, Option<u64>), DbError> {
-        let mut written = if seal_first { self.seal()? } else { 0 };
-        if barrier.execute_batch("BEGIN IMMEDIATE").is_err() {
-            return Ok((written, None));
-        }
-        let locked = Instant::now();
-        let mut released = false;
-        let moved = (|| {
-            written += self.seal()?;
-            let conn = self.end_read()?;
-            released = true;
-            // Nobody can commit while the barrier holds the write lock: the new read mark
-            // is exactly the end of what was just sealed.
-            begin_read(conn)?;
-            Ok::<_, DbError>(())
-        })();
+        shrink: bool,
+        busy_ok: bool,
+    ) -> Result<usize, DbError> {
+        let restarting = Instant::now();
+        let limit = if shrink { 0 } else { -1 };
+        barrier.execute_batch(&format!("PRAGMA journal_size_limit={limit}"))?;
+        let wrote = barrier.execute_batch(
+            "BEGIN IMMEDIATE; \
+             CREATE TABLE IF NOT EXISTS _replicad_seq (id INTEGER PRIMARY KEY, seq INTEGER); \
+             INSERT INTO _replicad_seq (id, seq) VALUES (1, 1) ON CONFLICT(id) DO UPDATE SET seq = seq + 1; \
+             COMMIT;",
+        );
         if !barrier.is_autocommit() {
             barrier.execute_batch("ROLLBACK")?;
         }
-        self.count_write_lock(locked);
-        if let Err(e) = moved {
-            if released {
-                self.reopen_after_lost_read();
+        match wrote {
+            Ok(()) => {}
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if busy_ok && e.code == rusqlite::ErrorCode::DatabaseBusy =>
+            {
+                tracing::debug!(db = %self.path.display(), "WAL restart left to the writer: write lock busy");
+                self.wal_oversized = true;
+                return Ok(0);
             }
-            return Err(e);
+            Err(e) => return Err(e.into()),
         }
-        let locked_ms = locked.elapsed().as_millis();
-        let copied = self.wal_pages().saturating_sub(*read_mark);
-        *read_mark += copied;
-        let copying = Instant::now();
-        let (_, log, done): (i64, i64, i64) =
-            barrier.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })?;
-        let copy_ms = copying.elapsed().as_millis();
-        // SQLite syncs the database file only when a checkpoint's copy ends at the end of the
-        // WAL, which a pass beside a busy writer never does: every pass's pages would stay
-        // dirty until the barrier's checkpoint wrote them all back under the write lock.
-        if copied >= PASS_EXTRA_MIN_FRAMES {
-            self.sync_db()?;
+        tracing::debug!(db = %self.path.display(), shrink, restart_ms = restarting.elapsed().as_millis(), "WAL restarted");
+        let (wrote, _) = self.sync_once()?;
+        self.wal_oversized = !shrink;
+        if shrink {
+            self.shrink_tried = None;
         }
-        // What the application committed meanwhile, sealed now, unlocked, so that the next
-        // pass's seal under the lock has only the last few commits. (The checkpoint's own
-        // figures are from its start; the file's length says nothing once the WAL is reused
-        // in place.)
-        let sealed_to = self.mark.map_or(0, |m| m.offset);
-        written += self.seal()?;
-        let behind =
-            self.mark.map_or(0, |m| m.offset).saturating_sub(sealed_to) / self.frame_size();
-        tracing::debug!(db = %self.path.display(), log, done, behind, locked_ms, copy_ms, "backfill pass");
-        Ok((written, Some(behind)))
+        Ok(usize::from(wrote))
+    }
+
+    /// Moves our read transaction to the end of the WAL without SQLite's write lock: `spare`
+    /// begins its read before ours ends, so one of our readers holds a read mark at every
+    /// moment (no restart can happen, and no checkpoint copies past the older mark), and the
+    /// seal in between puts every frame up to the newer mark into a segment first. `spare`
+    /// then becomes the pinned connection and the old one, its read ended, the spare.
+    pub(super) fn leapfrog(&mut self, spare: &mut Connection) -> Result<usize, DbError> {
+        begin_read(spare)?;
+        let written = match self.seal() {
+            Ok(w) => w,
+            Err(e) => {
+                // Ours still holds its read: nothing moved.
+                let _ = spare.execute_batch("ROLLBACK");
+                return Err(e);
+            }
+        };
+        let Conn::Open(open) = &mut self.conn else {
+            let _ = spare.execute_batch("ROLLBACK");
+            return Err(DbError::Unsupported("database not open".into()));
+        };
+        std::mem::swap(&mut open.conn, spare);
+        // The pinned connection's own busy timeout (the spare's may be the barrier's).
+        open.conn.busy_timeout(PINNED_BUSY_TIMEOUT)?;
+        // The old reader's end; if it fails, dropping the connection ends it as well.
+        spare.execute_batch("COMMIT")?;
+        Ok(written)
+    }
+
+    /// The first phase of a PASSIVE checkpoint, so that the application waits on the barrier
+    /// only for the frames it commits during the last pass, not for a whole interval's: each
+    /// pass moves our read mark to the end of the sealed WAL ([`Db::leapfrog`], no lock),
+    /// then an unlocked PASSIVE checkpoint copies those frames into the database file while
+    /// the application keeps committing. It stops at our read mark, and the WAL cannot
+    /// restart while we read, so no frame is lost (invariants 2 and 3).
+    ///
+    /// Unlocked work around the copy keeps the barrier short: after a large copy, a sync of
+    /// the database file (SQLite syncs it only when a copy reaches the end of the WAL); after
+    /// every copy, a seal of what landed meanwhile.
+    ///
+    /// Returns segments written and the frames the application committed during the last
+    /// pass's copy; 0 with a complete last copy means the whole WAL was in the database file.
+    pub(super) fn backfill_unlocked(
+        &mut self,
+        spare: &mut Connection,
+    ) -> Result<(usize, u64, bool), DbError> {
+        let mut written = 0;
+        // Where the previous pass left our read mark, in frames.
+        let mut read_mark = 0;
+        let mut last_behind = u64::MAX;
+        for pass in 0..BACKFILL_PASSES {
+            // Moving the mark hands a backlog to whichever checkpoint comes next; holding the
+            // checkpoint lock across the move makes it ours, not the application's
+            // auto-checkpoint (which would copy it inside one of its commits).
+            let held = self
+                .shm
+                .as_ref()
+                .is_some_and(ShmProbe::hold_checkpoint_lock);
+            let copying = Instant::now();
+            let copy = self.leapfrog(spare).and_then(|w| {
+                let r: (i64, i64, i64) =
+                    spare.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                    })?;
+                Ok((w, r))
+            });
+            if held && let Some(p) = &self.shm {
+                p.release_checkpoint_lock();
+            }
+            let (wrote, (_, log, done)) = copy?;
+            written += wrote;
+            let copy_ms = copying.elapsed().as_millis();
+            let copied = self.wal_pages().saturating_sub(read_mark);
+            read_mark += copied;
+            // SQLite syncs the database file only when a checkpoint's copy ends at the end of
+            // the WAL, which a pass beside a busy writer never does: every pass's pages would
+            // stay dirty until the barrier's checkpoint wrote them all back under the lock.
+            if copied >= PASS_EXTRA_MIN_FRAMES {
+                self.sync_db()?;
+            }
+            // What the application committed meanwhile, sealed now, unlocked. (The
+            // checkpoint's own figures are from its start; the file's length says nothing
+            // once the WAL is reused in place.)
+            let sealed_to = self.mark.map_or(0, |m| m.offset);
+            written += self.seal()?;
+            let behind =
+                self.mark.map_or(0, |m| m.offset).saturating_sub(sealed_to) / self.frame_size();
+            let complete = log >= 0 && log == done;
+            tracing::debug!(db = %self.path.display(), pass, log, done, behind, copied, copy_ms, "backfill pass");
+            if behind == 0 && complete {
+                return Ok((written, 0, true));
+            }
+            // Settled, or the writer outpaces the copy: the barrier takes what is left.
+            if behind <= BACKFILL_SETTLED_FRAMES || (pass >= 8 && behind >= last_behind) {
+                return Ok((written, behind, false));
+            }
+            last_behind = behind;
+        }
+        Ok((written, last_behind, false))
     }
 
     /// Syncs the application's WAL and database file ahead of a checkpoint's own syncs, which

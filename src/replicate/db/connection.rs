@@ -32,18 +32,22 @@ pub fn configure_sqlite_memory() {
     }
 }
 
+/// Busy timeout of our connections (the barrier sets its own before it takes the write lock).
+pub(super) const PINNED_BUSY_TIMEOUT: Duration = Duration::from_secs(1);
+
 pub(super) fn open_connection(path: &Path) -> Result<Connection, DbError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
         | OpenFlags::SQLITE_OPEN_URI;
     let conn = Connection::open_with_flags(path, flags)?;
-    conn.busy_timeout(std::time::Duration::from_secs(1))?;
+    conn.busy_timeout(PINNED_BUSY_TIMEOUT)?;
     // Our connection closing must never checkpoint or delete the WAL behind the chain.
     conn.set_db_config(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
         true,
     )?;
-    conn.execute_batch("PRAGMA cache_size=-256;")?;
+    // Our connections never checkpoint on their own: `Db::checkpoint` decides when.
+    conn.execute_batch("PRAGMA cache_size=-256; PRAGMA wal_autocheckpoint=0;")?;
     Ok(conn)
 }
 
@@ -57,7 +61,6 @@ pub(super) fn open_pinned(path: &Path) -> Result<(Connection, u32), DbError> {
             path.display()
         )));
     }
-    conn.execute_batch("PRAGMA wal_autocheckpoint=0;")?;
     let page_size: u32 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
     begin_read(&conn)?;
     Ok((conn, page_size))

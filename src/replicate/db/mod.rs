@@ -11,14 +11,15 @@
 //!    breaks.
 //! 2. A frame is never checkpointed before it is durable in a staged segment: a checkpoint
 //!    either runs under SQLite's write lock (no commit can land) after a sealing sync, or
-//!    runs without it but stops at our read mark, which moves only under that lock, right
-//!    after a seal (SQLite backfills no frame past a live reader's mark). The one exception
-//!    is invariant 7's yield, which proves afterwards that nothing was lost.
-//! 3. While the process runs, the read transaction is held at all times except inside that
-//!    write-locked window and a yield (invariant 7), so the WAL generation changes only when
-//!    we allow it. (Begun on a completely checkpointed WAL it reads the database file alone,
-//!    SQLite's read mark 0: the next write may then restart the WAL once, but no frame after
-//!    it can be checkpointed while we read, so not twice.)
+//!    runs without it but stops at our read mark, which is never past the sealed frames: it
+//!    moves either under that lock right after a seal, or by a leapfrog (a second connection
+//!    of ours begins its read, a seal reaches its mark, then the old read ends). The one
+//!    exception is invariant 7's yield, which proves afterwards that nothing was lost.
+//! 3. While the process runs, one of our connections holds a read transaction at all times
+//!    except inside that write-locked window and a yield (invariant 7), so the WAL
+//!    generation changes only when we allow it. (Begun on a completely checkpointed WAL it
+//!    reads the database file alone, SQLite's read mark 0: the next write may then restart
+//!    the WAL once, but no frame after it can be checkpointed while we read, so not twice.)
 //! 4. Segments carry real pre/post-apply database checksums when the codec is not
 //!    Litestream's (`lz4`): the per-page checksum table is kept in memory (8 bytes a page).
 //! 5. A failed local write or fsync never builds on what it may have left behind: the Db
@@ -89,6 +90,7 @@ mod dormancy;
 mod encode;
 mod seed;
 mod segment;
+mod shm;
 mod sync;
 pub use connection::configure_sqlite_memory;
 use dormancy::Dormant;
@@ -317,7 +319,7 @@ pub struct Db {
     yield_seal_to: Option<u64>,
     /// Who holds SQLite's WAL locks ([`app_checkpoint`]). Declared last so that it closes
     /// after the connection (closing it drops this process's locks on the `-shm` file).
-    shm: Option<app_checkpoint::ShmProbe>,
+    shm: Option<shm::ShmProbe>,
 }
 
 impl Db {

@@ -74,3 +74,87 @@ fn a_failed_build_table_keeps_the_page_buffer() {
     app.execute("INSERT INTO t VALUES ('c')", []).unwrap();
     assert!(db.sync(false).unwrap() > 0, "the next sync wrote nothing");
 }
+
+/// The checkpoint's passes move our read mark without SQLite's write lock: while the
+/// application holds that lock in an open transaction, the frames already committed are
+/// still copied into the database file (the barrier, which needs the lock, is skipped), and
+/// the chain goes on once the application commits. With passes that took the write lock,
+/// nothing was copied.
+#[test]
+fn checkpoint_passes_copy_the_wal_while_the_application_holds_the_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, app) = wal_app(dir.path());
+    let mut db = Db::new(
+        path.clone(),
+        Some(dir.path().join("meta")),
+        DbSettings::default(),
+        RemoteTip::default(),
+    );
+    db.sync(false).unwrap();
+    for i in 0..300 {
+        app.execute("INSERT INTO t VALUES (?1)", [format!("{i:0>2000}")])
+            .unwrap();
+    }
+    db.sync(false).unwrap();
+    let before = std::fs::metadata(&path).unwrap().len();
+    let pages: i64 = app
+        .query_row("PRAGMA page_count", [], |r| r.get(0))
+        .unwrap();
+    let pages = pages as u64;
+    let writer = Connection::open(&path).unwrap();
+    writer
+        .execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES ('held');")
+        .unwrap();
+    db.checkpoint(false).unwrap();
+    let after = std::fs::metadata(&path).unwrap().len();
+    assert!(
+        before < pages * 4096 && after == pages * 4096,
+        "database file {before} -> {after} bytes, {pages} pages committed"
+    );
+    writer.execute_batch("COMMIT").unwrap();
+    let pos = db.pos();
+    assert!(
+        db.sync(false).unwrap() > 0,
+        "the held commit was not staged"
+    );
+    assert_eq!(db.pos().0, pos.0 + 1);
+    assert_eq!(db.stats().full_segments.load(Ordering::Relaxed), 1);
+}
+
+/// The premise of holding SQLite's checkpoint lock across a move of our read mark: the
+/// probe's lock is seen by others (here an open file description lock, which conflicts with
+/// this process's own record locks), and our PASSIVE checkpoint's unlock releases it.
+#[test]
+fn the_held_checkpoint_lock_is_released_by_our_own_checkpoint() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _app) = wal_app(dir.path());
+    let ours = super::connection::open_connection(&path).unwrap();
+    let probe = super::shm::ShmProbe::open(&path).expect("a -shm file");
+    let other = File::open(dir.path().join("app.db-shm")).unwrap();
+    let held = || {
+        // SAFETY: plain old data; F_OFD_GETLK only writes the struct it is given.
+        #[allow(unsafe_code)]
+        unsafe {
+            let mut fl: libc::flock = std::mem::zeroed();
+            fl.l_type = libc::F_WRLCK as libc::c_short;
+            fl.l_whence = libc::SEEK_SET as libc::c_short;
+            fl.l_start = 121;
+            fl.l_len = 1;
+            assert_eq!(
+                libc::fcntl(other.as_raw_fd(), libc::F_OFD_GETLK, &mut fl),
+                0
+            );
+            fl.l_type != libc::F_UNLCK as libc::c_short
+        }
+    };
+    assert!(!held());
+    assert!(probe.hold_checkpoint_lock());
+    assert!(held());
+    ours.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+        .unwrap();
+    assert!(!held(), "our checkpoint left the lock held");
+    assert!(probe.hold_checkpoint_lock());
+    probe.release_checkpoint_lock();
+    assert!(!held());
+}
