@@ -546,6 +546,9 @@ def one_db_replicated(name, mode, s3):
 
 def write_run(mode, s3, args):
     name = f"write-{mode}"
+    # The previous run's gigabytes of WAL are still being written back: each run starts on a
+    # clean page cache, so that none pays for the one before it in its fsyncs.
+    os.sync()
     db, proc, logf = one_db_replicated(name, mode, s3)
     con = sqlite3.connect(db, timeout=30, isolation_level=None)
     con.execute("PRAGMA busy_timeout=30000")

@@ -118,7 +118,6 @@ impl Db {
                 self.checkpointed(false);
                 barrier.busy_timeout(Duration::from_millis(10))?;
                 written += self.restart_wal(&barrier, shrink, true)?;
-                self.dirty_since_checkpoint = false;
                 return Ok(written);
             }
             // A writer that outran every pass would hold the barrier for its whole backlog:
@@ -206,11 +205,11 @@ impl Db {
                 h,
                 "checkpoint boundary after TRUNCATE",
             )?);
+            // The full segment is not new application data.
+            self.dirty_since_checkpoint = false;
         } else if complete {
             written += self.restart_wal(&barrier, shrink, false)?;
         }
-        // Our own restart write is not new application data.
-        self.dirty_since_checkpoint = false;
         Ok(written)
     }
 
@@ -237,6 +236,14 @@ impl Db {
         busy_ok: bool,
     ) -> Result<usize, DbError> {
         let restarting = Instant::now();
+        let wal_path = self.wal_path.clone();
+        let salts = || -> Result<Option<(u32, u32)>, DbError> {
+            let Ok(f) = File::open(&wal_path) else {
+                return Ok(None);
+            };
+            Ok(read_wal_header(&f)?.map(|h| (h.salt1, h.salt2)))
+        };
+        let before = salts()?;
         let limit = if shrink { 0 } else { -1 };
         barrier.execute_batch(&format!("PRAGMA journal_size_limit={limit}"))?;
         let wrote = barrier.execute_batch(
@@ -259,8 +266,21 @@ impl Db {
             }
             Err(e) => return Err(e.into()),
         }
-        tracing::debug!(db = %self.path.display(), shrink, restart_ms = restarting.elapsed().as_millis(), "WAL restarted");
         let (wrote, _) = self.sync_once()?;
+        if salts()? == before {
+            // Not restarted: a reader (the application's, or ours begun on a slot past 0
+            // because a commit landed first) still needed the WAL; our write only added a
+            // frame. The WAL stays long: the shrink retries it after `checkpoint-interval`
+            // (not every tick, which would write a frame of ours each time).
+            tracing::debug!(db = %self.path.display(), "WAL not restarted by our write: a reader still uses it");
+            self.wal_oversized = true;
+            self.shrink_tried = Some(Instant::now());
+            self.dirty_since_checkpoint = false;
+            return Ok(usize::from(wrote));
+        }
+        tracing::debug!(db = %self.path.display(), shrink, restart_ms = restarting.elapsed().as_millis(), "WAL restarted");
+        // Our own restart write is not new application data.
+        self.dirty_since_checkpoint = false;
         self.wal_oversized = !shrink;
         if shrink {
             self.shrink_tried = None;
@@ -274,7 +294,10 @@ impl Db {
     /// seal in between puts every frame up to the newer mark into a segment first. `spare`
     /// then becomes the pinned connection and the old one, its read ended, the spare.
     pub(super) fn leapfrog(&mut self, spare: &mut Connection) -> Result<usize, DbError> {
-        begin_read(spare)?;
+        if let Err(e) = begin_read(spare) {
+            let _ = spare.execute_batch("ROLLBACK");
+            return Err(e);
+        }
         let written = match self.seal() {
             Ok(w) => w,
             Err(e) => {
@@ -316,14 +339,26 @@ impl Db {
         // Where the previous pass left our read mark, in frames.
         let mut read_mark = 0;
         let mut last_behind = u64::MAX;
-        for pass in 0..BACKFILL_PASSES {
-            // Moving the mark hands a backlog to whichever checkpoint comes next; holding the
-            // checkpoint lock across the move makes it ours, not the application's
-            // auto-checkpoint (which would copy it inside one of its commits).
-            let held = self
-                .shm
-                .as_ref()
-                .is_some_and(ShmProbe::hold_checkpoint_lock);
+        // Near the TRUNCATE threshold the barrier comes sooner: passes do not shrink the WAL.
+        let passes = if self.wal_pages() >= u64::from(self.settings.truncate_page_n / 2) {
+            3
+        } else {
+            BACKFILL_PASSES
+        };
+        let generation = |m: Option<WalMark>| m.map(|m| (m.salt1, m.salt2));
+        let start_gen = generation(self.mark);
+        for pass in 0..passes {
+            // Moving the mark hands a large backlog to whichever checkpoint comes next;
+            // holding the checkpoint lock across the move makes it ours, not the
+            // application's auto-checkpoint (which would copy it inside one of its commits).
+            // Not for a small one: the lock also turns away the application's own FULL,
+            // RESTART or TRUNCATE checkpoint at once (SQLite takes it without waiting).
+            let exposed = self.wal_pages().saturating_sub(read_mark);
+            let held = exposed >= PASS_EXTRA_MIN_FRAMES
+                && self
+                    .shm
+                    .as_ref()
+                    .is_some_and(ShmProbe::hold_checkpoint_lock);
             let copying = Instant::now();
             let copy = self.leapfrog(spare).and_then(|w| {
                 let r: (i64, i64, i64) =
@@ -355,6 +390,11 @@ impl Db {
                 self.mark.map_or(0, |m| m.offset).saturating_sub(sealed_to) / self.frame_size();
             let complete = log >= 0 && log == done;
             tracing::debug!(db = %self.path.display(), pass, log, done, behind, copied, copy_ms, "backfill pass");
+            if generation(self.mark) != start_gen {
+                // The WAL restarted under a pass (our read was on SQLite's read mark 0):
+                // offsets of two generations say nothing about what is left.
+                return Ok((written, 0, false));
+            }
             if behind == 0 && complete {
                 return Ok((written, 0, true));
             }

@@ -3,13 +3,49 @@
 
 #[allow(unused_imports)]
 use super::*;
+use std::num::NonZeroU32;
 
-/// Where a page of a segment comes from.
+/// Where a page of a segment comes from: the database file, or the WAL frame with this
+/// number (SQLite's, from 1). Four bytes, so that the page list of a full segment costs 8
+/// bytes a page (80 MiB less than an offset would at 10 GiB).
 #[derive(Clone, Copy)]
-pub(super) enum PageSrc {
-    Wal(u64),
-    DbFile,
+pub(super) struct PageSrc(Option<NonZeroU32>);
+
+impl PageSrc {
+    /// The database file.
+    pub(super) const DB_FILE: PageSrc = PageSrc(None);
+
+    /// The WAL frame whose page starts at `data_offset` (as [`wal::WalScan`] records it).
+    pub(super) fn wal(data_offset: u64, page_size: u32) -> PageSrc {
+        let frame = WAL_FRAME_HEADER + u64::from(page_size);
+        let index = (data_offset - WAL_HEADER_SIZE - WAL_FRAME_HEADER) / frame;
+        debug_assert_eq!(
+            (data_offset - WAL_HEADER_SIZE - WAL_FRAME_HEADER) % frame,
+            0
+        );
+        let number = u32::try_from(index + 1).ok().and_then(NonZeroU32::new);
+        PageSrc(Some(number.expect(
+            "SQLite numbers WAL frames with a u32 (mxFrame), from 1",
+        )))
+    }
+
+    /// Whether the page comes from the WAL.
+    pub(super) fn in_wal(self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The offset of the page's bytes in the WAL, if it comes from there.
+    pub(super) fn wal_offset(self, page_size: u32) -> Option<u64> {
+        self.0.map(|n| {
+            WAL_HEADER_SIZE
+                + u64::from(n.get() - 1) * (WAL_FRAME_HEADER + u64::from(page_size))
+                + WAL_FRAME_HEADER
+        })
+    }
 }
+
+/// Bytes of a WAL frame's header.
+const WAL_FRAME_HEADER: u64 = 24;
 
 /// Reads pages of the current state: from a WAL frame or from the database file.
 #[derive(Clone, Copy)]
@@ -22,8 +58,8 @@ pub(super) struct PageReader<'a> {
 
 impl PageReader<'_> {
     pub(super) fn read(&self, src: PageSrc, pgno: u32, buf: &mut [u8]) -> Result<(), DbError> {
-        match (src, self.wal_file) {
-            (PageSrc::Wal(off), Some(f)) => Ok(wal::read_page(f, off, buf)?),
+        match (src.wal_offset(self.page_size), self.wal_file) {
+            (Some(off), Some(f)) => Ok(wal::read_page(f, off, buf)?),
             _ => {
                 let at = u64::from(pgno - 1) * u64::from(self.page_size);
                 // Past the end of the file SQLite reads zeros; so do we.

@@ -19,7 +19,9 @@
 //!    except inside that write-locked window and a yield (invariant 7), so the WAL
 //!    generation changes only when we allow it. (Begun on a completely checkpointed WAL it
 //!    reads the database file alone, SQLite's read mark 0: the next write may then restart
-//!    the WAL once, but no frame after it can be checkpointed while we read, so not twice.)
+//!    the WAL once, but no frame after it can be checkpointed while we read, so not twice.
+//!    Only an application's TRUNCATE or RESTART checkpoints, with no write between them, can
+//!    restart the empty WAL again: salt-1 then moves by 2, and the chain takes a full segment.)
 //! 4. Segments carry real pre/post-apply database checksums when the codec is not
 //!    Litestream's (`lz4`): the per-page checksum table is kept in memory (8 bytes a page).
 //! 5. A failed local write or fsync never builds on what it may have left behind: the Db

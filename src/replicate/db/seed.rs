@@ -105,14 +105,13 @@ impl Db {
             _ => None,
         };
         let commit = self.commit;
-        let lock = lock_pgno(self.page_size());
-        let pages: Vec<(u32, PageSrc)> = (1..=commit)
-            .filter(|p| *p != lock)
-            .map(|p| {
-                let src = scan.as_ref().and_then(|s| s.pages.get(&p).copied());
-                (p, src.map_or(PageSrc::DbFile, PageSrc::Wal))
-            })
-            .collect();
+        let ps = self.page_size();
+        let lock = lock_pgno(ps);
+        let mut pages: Vec<(u32, PageSrc)> = Vec::with_capacity(commit as usize);
+        pages.extend((1..=commit).filter(|p| *p != lock).map(|p| {
+            let src = scan.as_ref().and_then(|s| s.pages.get(&p).copied());
+            (p, src.map_or(PageSrc::DB_FILE, |o| PageSrc::wal(o, ps)))
+        }));
         // A position known only from a replica has no timestamp: the first seed's time is
         // kept, so that a seed built again for a retry holds the same bytes.
         let timestamp = match (self.pos_tx.borrow().timestamp_ms, self.seed_time) {

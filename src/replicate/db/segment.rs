@@ -18,17 +18,18 @@ impl Db {
     ) -> Result<bool, DbError> {
         let old_commit = self.commit;
         let commit = self.current_commit(Some(scan))?;
-        let lock = lock_pgno(self.page_size());
+        let ps = self.page_size();
+        let lock = lock_pgno(ps);
         let mut pages: Vec<(u32, PageSrc)> = scan
             .pages
             .iter()
             .filter(|(_, off)| changed(**off))
-            .map(|(p, off)| (*p, PageSrc::Wal(*off)))
+            .map(|(p, off)| (*p, PageSrc::wal(*off, ps)))
             .collect();
         if commit > old_commit {
             let growth =
                 (old_commit + 1..=commit).filter(|p| *p != lock && !scan.pages.contains_key(p));
-            pages.extend(growth.map(|p| (p, PageSrc::DbFile)));
+            pages.extend(growth.map(|p| (p, PageSrc::DB_FILE)));
             pages.sort_by_key(|(p, _)| *p);
         }
         if pages.is_empty() && commit == self.commit {
@@ -65,18 +66,14 @@ impl Db {
             return Ok(false);
         }
         tracing::info!(db = %self.path.display(), txid = %TxId(self.pos.0 + 1), reason, pages = commit, "writing a full segment");
-        let lock = lock_pgno(self.page_size());
-        let pages: Vec<(u32, PageSrc)> = (1..=commit)
-            .filter(|p| *p != lock)
-            .map(|p| {
-                (
-                    p,
-                    scan.as_ref()
-                        .and_then(|s| s.pages.get(&p).copied())
-                        .map_or(PageSrc::DbFile, PageSrc::Wal),
-                )
-            })
-            .collect();
+        let ps = self.page_size();
+        let lock = lock_pgno(ps);
+        // Sized once: a 10 GiB database has 2.6 million entries, which doubling would copy.
+        let mut pages: Vec<(u32, PageSrc)> = Vec::with_capacity(commit as usize);
+        pages.extend((1..=commit).filter(|p| *p != lock).map(|p| {
+            let src = scan.as_ref().and_then(|s| s.pages.get(&p).copied());
+            (p, src.map_or(PageSrc::DB_FILE, |o| PageSrc::wal(o, ps)))
+        }));
         let (wal_off, wal_size, wh) = match &scan {
             Some(s) => (
                 WAL_HEADER_SIZE,
@@ -251,7 +248,7 @@ impl Db {
             }
             Ok::<_, DbError>(())
         })();
-        let from_wal = pages.iter().any(|(_, s)| matches!(s, PageSrc::Wal(_)));
+        let from_wal = pages.iter().any(|(_, s)| s.in_wal());
         let result = encoded.and_then(|()| {
             if let (true, Some(f)) = (from_wal, wal_file) {
                 same_generation(f, (header.wal_salt1, header.wal_salt2))?;

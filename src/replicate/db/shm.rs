@@ -43,6 +43,7 @@ pub(super) struct IndexHeader {
 pub(super) struct ShmProbe {
     /// Read-write when allowed (only [`ShmProbe::hold_checkpoint_lock`] needs it).
     file: File,
+    writable: bool,
     /// None when `fstat` failed: then the probe is never replaced (it may be SQLite's file).
     ino: Option<u64>,
 }
@@ -52,14 +53,20 @@ impl ShmProbe {
     /// locking mode keeps its index in heap memory, and no other process can checkpoint).
     pub(super) fn open(db: &Path) -> Option<ShmProbe> {
         let path = shm_path(db);
-        let file = std::fs::OpenOptions::new()
+        let (file, writable) = match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(&path)
-            .or_else(|_| File::open(&path))
-            .ok()?;
+        {
+            Ok(f) => (f, true),
+            Err(_) => (File::open(&path).ok()?, false),
+        };
         let ino = file.metadata().ok().map(|m| m.ino());
-        Some(ShmProbe { file, ino })
+        Some(ShmProbe {
+            file,
+            writable,
+            ino,
+        })
     }
 
     /// Another file is at the path now (a replaced database may come with a new `-shm`).
@@ -96,11 +103,18 @@ impl ShmProbe {
     /// Retries for up to [`HOLD_TRIES`] x 50 us: the application's auto-checkpoint takes the
     /// lock after each of its commits, mostly for a moment (it copies nothing past our mark).
     pub(super) fn hold_checkpoint_lock(&self) -> bool {
+        if !self.writable {
+            return false;
+        }
         for _ in 0..HOLD_TRIES {
-            if self.set_lock(CKPT_LOCK, libc::F_WRLCK) {
-                return true;
+            match self.set_lock(CKPT_LOCK, libc::F_WRLCK) {
+                Ok(()) => return true,
+                // Held by another process: it lets go in a moment, or we go on without.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                Err(_) => return false,
             }
-            std::thread::sleep(Duration::from_micros(50));
         }
         false
     }
@@ -108,11 +122,12 @@ impl ShmProbe {
     /// Releases [`ShmProbe::hold_checkpoint_lock`]'s lock when no checkpoint of ours took
     /// it over (call only with no checkpoint of ours running).
     pub(super) fn release_checkpoint_lock(&self) {
-        self.set_lock(CKPT_LOCK, libc::F_UNLCK);
+        // Failure leaves nothing held that SQLite's next unlock of the byte would not drop.
+        let _ = self.set_lock(CKPT_LOCK, libc::F_UNLCK);
     }
 
     #[allow(unsafe_code)]
-    fn set_lock(&self, lock: i64, kind: libc::c_int) -> bool {
+    fn set_lock(&self, lock: i64, kind: libc::c_int) -> std::io::Result<()> {
         // SAFETY: `flock` is plain old data, for which all-zero bytes are a valid value.
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
         fl.l_type = kind as libc::c_short;
@@ -121,7 +136,11 @@ impl ShmProbe {
         fl.l_len = 1;
         // SAFETY: the descriptor is open for the life of `self`; F_SETLK only reads `fl`.
         let rc = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_SETLK, &fl) };
-        rc == 0
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
     }
 
     /// One process holds both the checkpoint and the write lock: a FULL, RESTART or TRUNCATE

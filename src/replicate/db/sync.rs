@@ -375,7 +375,8 @@ impl Db {
         // the current position, so growth since then is still copied.
         let mut table = vec![0u64; commit as usize];
         let mut sum = DbChecksum::default();
-        let lock = lock_pgno(self.page_size());
+        let ps = self.page_size();
+        let lock = lock_pgno(ps);
         let mut buf = std::mem::take(&mut self.page_buf);
         // Phase stats: summed here, added to the process-wide totals once.
         let (mut read_nanos, mut read_bytes) = (0u64, 0u64);
@@ -383,7 +384,7 @@ impl Db {
             for pgno in (1..=commit).filter(|p| *p != lock) {
                 let src = overlay
                     .and_then(|(_, s)| s.pages.get(&pgno).copied())
-                    .map_or(PageSrc::DbFile, PageSrc::Wal);
+                    .map_or(PageSrc::DB_FILE, |o| PageSrc::wal(o, ps));
                 let t = Instant::now();
                 self.read_page(overlay.map(|(f, _)| f), src, pgno, &mut buf)?;
                 read_nanos += duration_nanos(t.elapsed());

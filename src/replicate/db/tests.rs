@@ -124,6 +124,7 @@ fn checkpoint_passes_copy_the_wal_while_the_application_holds_the_write_lock() {
 /// The premise of holding SQLite's checkpoint lock across a move of our read mark: the
 /// probe's lock is seen by others (here an open file description lock, which conflicts with
 /// this process's own record locks), and our PASSIVE checkpoint's unlock releases it.
+#[cfg(target_os = "linux")]
 #[test]
 fn the_held_checkpoint_lock_is_released_by_our_own_checkpoint() {
     use std::os::fd::AsRawFd;
