@@ -16,6 +16,7 @@ use replicad::cli::{self, Cli, Command};
 use replicad::config::LogFormat;
 
 fn main() {
+    replicad::util::malloc::configure_malloc();
     replicad::replicate::db::configure_sqlite_memory();
     // Litestream-style (Go flag) command lines: `-config FILE` is `--config FILE`.
     let matches = Cli::command()

@@ -3,5 +3,6 @@
 
 pub mod clock;
 pub mod fsutil;
+pub mod malloc;
 pub mod phase;
 pub mod retry;
