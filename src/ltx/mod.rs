@@ -380,6 +380,40 @@ mod tests {
         }
     }
 
+    /// The decoder checks the page index against the pages through a digest of the entries:
+    /// one wrong page number in an index of the right length is still refused.
+    #[test]
+    fn a_page_index_that_disagrees_with_the_pages_is_refused() {
+        let h = Header {
+            flags: HEADER_FLAG_NO_CHECKSUM,
+            page_size: 512,
+            commit: 3,
+            min_txid: TxId(1),
+            max_txid: TxId(1),
+            timestamp: 1_767_225_600_000,
+            ..Header::default()
+        };
+        let mut enc = Encoder::new(Vec::new(), h, Codec::Lz4).unwrap();
+        for pgno in 1..=3u32 {
+            enc.encode_page(pgno, &[pgno as u8; 512]).unwrap();
+        }
+        let (good, _) = enc.finish(0).unwrap();
+        let decode = |bytes: &[u8]| {
+            let mut dec = Decoder::new(bytes).unwrap();
+            let mut page = [0u8; 512];
+            while dec.next_page(&mut page).unwrap().is_some() {}
+            dec.finish()
+        };
+        decode(&good).unwrap();
+        // The index: its length field sits between it and the 16-byte trailer.
+        let at = good.len() - 16 - 8;
+        let index_len = u64::from_be_bytes(good[at..at + 8].try_into().unwrap()) as usize;
+        let mut bad = good.clone();
+        assert_eq!(bad[at - index_len], 1, "the first entry's page number");
+        bad[at - index_len] = 2;
+        assert!(matches!(decode(&bad), Err(LtxError::InvalidIndex(_))));
+    }
+
     #[test]
     fn lock_page_numbers_match_upstream() {
         assert_eq!(lock_pgno(4096), 262_145);
