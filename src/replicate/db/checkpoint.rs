@@ -117,7 +117,7 @@ impl Db {
                 written += self.leapfrog(&mut barrier)?;
                 self.checkpointed(false);
                 barrier.busy_timeout(Duration::from_millis(10))?;
-                written += self.restart_wal(&barrier, shrink, true)?;
+                written += self.restart_wal(&barrier, shrink)?;
                 return Ok(written);
             }
             // A writer that outran every pass would hold the barrier for its whole backlog:
@@ -208,7 +208,7 @@ impl Db {
             // The full segment is not new application data.
             self.dirty_since_checkpoint = false;
         } else if complete {
-            written += self.restart_wal(&barrier, shrink, false)?;
+            written += self.restart_wal(&barrier, shrink)?;
         }
         Ok(written)
     }
@@ -227,23 +227,13 @@ impl Db {
 
     /// After a complete checkpoint, restarts the WAL with our own small write, so the file
     /// shrinks back to one frame (journal_size_limit=0, when `shrink`) and the idle fast path
-    /// applies again. `busy_ok`: a busy write lock is no error (without a barrier, the
-    /// writer that holds it restarts the WAL itself).
-    fn restart_wal(
-        &mut self,
-        barrier: &Connection,
-        shrink: bool,
-        busy_ok: bool,
-    ) -> Result<usize, DbError> {
+    /// applies again. A busy write lock is no error: the whole WAL is in the database file
+    /// and sealed, so the writer that holds the lock restarts the WAL itself.
+    fn restart_wal(&mut self, barrier: &Connection, shrink: bool) -> Result<usize, DbError> {
         let restarting = Instant::now();
-        let wal_path = self.wal_path.clone();
-        let salts = || -> Result<Option<(u32, u32)>, DbError> {
-            let Ok(f) = File::open(&wal_path) else {
-                return Ok(None);
-            };
-            Ok(read_wal_header(&f)?.map(|h| (h.salt1, h.salt2)))
-        };
-        let before = salts()?;
+        // The generation our seal ended in: a WAL that shows another one after our write was
+        // restarted (by our write, or by the application's commit just before it).
+        let before = self.mark.map(|m| (m.salt1, m.salt2));
         let limit = if shrink { 0 } else { -1 };
         barrier.execute_batch(&format!("PRAGMA journal_size_limit={limit}"))?;
         let wrote = barrier.execute_batch(
@@ -258,7 +248,7 @@ impl Db {
         match wrote {
             Ok(()) => {}
             Err(rusqlite::Error::SqliteFailure(e, _))
-                if busy_ok && e.code == rusqlite::ErrorCode::DatabaseBusy =>
+                if e.code == rusqlite::ErrorCode::DatabaseBusy =>
             {
                 tracing::debug!(db = %self.path.display(), "WAL restart left to the writer: write lock busy");
                 self.wal_oversized = true;
@@ -267,14 +257,17 @@ impl Db {
             Err(e) => return Err(e.into()),
         }
         let (wrote, _) = self.sync_once()?;
-        if salts()? == before {
+        let after = match File::open(&self.wal_path) {
+            Ok(f) => read_wal_header(&f)?.map(|h| (h.salt1, h.salt2)),
+            Err(_) => None,
+        };
+        if after.is_some() && after == before {
             // Not restarted: a reader (the application's, or ours begun on a slot past 0
             // because a commit landed first) still needed the WAL; our write only added a
-            // frame. The WAL stays long: the shrink retries it after `checkpoint-interval`
-            // (not every tick, which would write a frame of ours each time).
+            // frame. The WAL stays long and is shrunk once quiet (a shrink that fails this
+            // way is retried only after `checkpoint-interval`: `Db::sync_inner` paces it).
             tracing::debug!(db = %self.path.display(), "WAL not restarted by our write: a reader still uses it");
             self.wal_oversized = true;
-            self.shrink_tried = Some(Instant::now());
             self.dirty_since_checkpoint = false;
             return Ok(usize::from(wrote));
         }
@@ -282,9 +275,8 @@ impl Db {
         // Our own restart write is not new application data.
         self.dirty_since_checkpoint = false;
         self.wal_oversized = !shrink;
-        if shrink {
-            self.shrink_tried = None;
-        }
+        // Restarted: no reader holds the WAL now, so a shrink may follow once it is quiet.
+        self.shrink_tried = None;
         Ok(usize::from(wrote))
     }
 
