@@ -44,6 +44,26 @@ impl PageSrc {
     }
 }
 
+/// Every page of a database of `commit` pages but the lock page, each from the WAL when the
+/// scan holds it. Sized once: a 10 GiB database has 2.6 million entries, which doubling would
+/// copy.
+pub(super) fn full_page_list(
+    commit: u32,
+    page_size: u32,
+    scan: Option<&wal::WalScan>,
+) -> Vec<(u32, PageSrc)> {
+    let lock = lock_pgno(page_size);
+    let mut pages = Vec::with_capacity(commit as usize);
+    pages.extend((1..=commit).filter(|p| *p != lock).map(|p| {
+        let src = scan.and_then(|s| s.pages.get(&p).copied());
+        (
+            p,
+            src.map_or(PageSrc::DB_FILE, |o| PageSrc::wal(o, page_size)),
+        )
+    }));
+    pages
+}
+
 /// Bytes of a WAL frame's header.
 const WAL_FRAME_HEADER: u64 = 24;
 

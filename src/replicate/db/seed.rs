@@ -19,10 +19,10 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use super::connection::same_generation;
-use super::encode::{PARALLEL_MIN_PAGES, PageSrc, encode_parallel, encode_workers};
+use super::encode::{PARALLEL_MIN_PAGES, PageSrc, encode_parallel, encode_workers, full_page_list};
 use super::{Db, DbError, io_err, now_ms};
 use crate::ltx::checksum::{DbChecksum, page_checksum};
-use crate::ltx::{Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId, lock_pgno};
+use crate::ltx::{Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId};
 use crate::sqlite::wal::{self, WAL_HEADER_SIZE};
 use crate::util::fsutil;
 
@@ -105,13 +105,7 @@ impl Db {
             _ => None,
         };
         let commit = self.commit;
-        let ps = self.page_size();
-        let lock = lock_pgno(ps);
-        let mut pages: Vec<(u32, PageSrc)> = Vec::with_capacity(commit as usize);
-        pages.extend((1..=commit).filter(|p| *p != lock).map(|p| {
-            let src = scan.as_ref().and_then(|s| s.pages.get(&p).copied());
-            (p, src.map_or(PageSrc::DB_FILE, |o| PageSrc::wal(o, ps)))
-        }));
+        let pages = full_page_list(commit, self.page_size(), scan.as_ref());
         // A position known only from a replica has no timestamp: the first seed's time is
         // kept, so that a seed built again for a retry holds the same bytes.
         let timestamp = match (self.pos_tx.borrow().timestamp_ms, self.seed_time) {

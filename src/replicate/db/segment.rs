@@ -2,7 +2,7 @@
 //! staging, and the position it advances.
 
 use super::connection::same_generation;
-use super::encode::{PARALLEL_MIN_PAGES, PageSrc, encode_parallel, encode_workers};
+use super::encode::{PARALLEL_MIN_PAGES, PageSrc, encode_parallel, encode_workers, full_page_list};
 #[allow(unused_imports)]
 use super::*;
 
@@ -66,14 +66,7 @@ impl Db {
             return Ok(false);
         }
         tracing::info!(db = %self.path.display(), txid = %TxId(self.pos.0 + 1), reason, pages = commit, "writing a full segment");
-        let ps = self.page_size();
-        let lock = lock_pgno(ps);
-        // Sized once: a 10 GiB database has 2.6 million entries, which doubling would copy.
-        let mut pages: Vec<(u32, PageSrc)> = Vec::with_capacity(commit as usize);
-        pages.extend((1..=commit).filter(|p| *p != lock).map(|p| {
-            let src = scan.as_ref().and_then(|s| s.pages.get(&p).copied());
-            (p, src.map_or(PageSrc::DB_FILE, |o| PageSrc::wal(o, ps)))
-        }));
+        let pages = full_page_list(commit, self.page_size(), scan.as_ref());
         let (wal_off, wal_size, wh) = match &scan {
             Some(s) => (
                 WAL_HEADER_SIZE,

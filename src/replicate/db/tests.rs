@@ -13,6 +13,18 @@ fn wal_app(dir: &Path) -> (PathBuf, Connection) {
     (path, app)
 }
 
+/// A `Db` with default settings for the database at `path`, after its first sync.
+fn synced_db(dir: &Path, path: &Path) -> Db {
+    let mut db = Db::new(
+        path.to_path_buf(),
+        Some(dir.join("meta")),
+        DbSettings::default(),
+        RemoteTip::default(),
+    );
+    db.sync(false).unwrap();
+    db
+}
+
 fn scan_wal(wal: &File) -> wal::WalScan {
     wal::scan(wal, WAL_HEADER_SIZE, u64::MAX)
         .unwrap()
@@ -55,13 +67,7 @@ fn same_generation_refuses_pages_read_across_a_restart() {
 fn a_failed_build_table_keeps_the_page_buffer() {
     let dir = tempfile::tempdir().unwrap();
     let (path, app) = wal_app(dir.path());
-    let mut db = Db::new(
-        path.clone(),
-        Some(dir.path().join("meta")),
-        DbSettings::default(),
-        RemoteTip::default(),
-    );
-    db.sync(false).unwrap();
+    let mut db = synced_db(dir.path(), &path);
     app.execute("INSERT INTO t VALUES ('b')", []).unwrap();
     let wal = File::open(dir.path().join("app.db-wal")).unwrap();
     let mut scan = scan_wal(&wal);
@@ -84,13 +90,7 @@ fn a_failed_build_table_keeps_the_page_buffer() {
 fn checkpoint_passes_copy_the_wal_while_the_application_holds_the_write_lock() {
     let dir = tempfile::tempdir().unwrap();
     let (path, app) = wal_app(dir.path());
-    let mut db = Db::new(
-        path.clone(),
-        Some(dir.path().join("meta")),
-        DbSettings::default(),
-        RemoteTip::default(),
-    );
-    db.sync(false).unwrap();
+    let mut db = synced_db(dir.path(), &path);
     for i in 0..300 {
         app.execute("INSERT INTO t VALUES (?1)", [format!("{i:0>2000}")])
             .unwrap();
