@@ -3,7 +3,9 @@
 //! Reads a file front to back through any `Read` (a local file or an HTTP body), one page at a
 //! time, in memory that does not grow with the file: the page index is checked against the
 //! pages through a CRC-64 of the entries each side implies (at 10 GiB the expected index
-//! alone was 26 MiB, and its check another 26 MiB). Both page encodings are read: block (flag 0x0001, u32 size, payload of the header's
+//! alone was 26 MiB, and its check another 26 MiB). That digest is the same CRC-64 as the
+//! file checksum, so a corruption of the index that fools one fools the other: together
+//! they are one CRC-64's protection, not two. Nothing reads pages through the index. Both page encodings are read: block (flag 0x0001, u32 size, payload of the header's
 //! codec) and legacy (flag 0x0000, one whole LZ4 frame, Litestream 0.5.0-0.5.15).
 //!
 //! Invariant: [`Decoder::finish`] succeeds only if the file checksum, the page index and the

@@ -151,19 +151,29 @@ impl<W: Write> Encoder<W> {
     }
 }
 
-/// Appends `v` as an unsigned LEB128 varint (Go's `binary.AppendUvarint`).
+/// Most index entries reserved up front (64 GiB of 4 KiB pages): a header read from storage
+/// may claim any commit, and a reservation the system refuses would abort the process.
+const MAX_RESERVED_ENTRIES: u64 = 1 << 24;
+
 /// The page index of a snapshot, sized once for every page (a 10 GiB database has 2.6
 /// million entries, which doubling would copy and overshoot by up to half); empty otherwise.
+/// Past [`MAX_RESERVED_ENTRIES`], or when the system refuses, it grows as it goes.
 fn snapshot_index(h: &Header) -> Vec<u8> {
+    let mut index = Vec::new();
     if !h.is_snapshot() {
-        return Vec::new();
+        return index;
     }
-    let len = |v: u64| (64 - v.max(1).leading_zeros()).div_ceil(7) as usize;
+    let len = |v: u64| u64::from((64 - v.max(1).leading_zeros()).div_ceil(7));
     // Offsets up to 32 GiB take 5 bytes; a larger file grows the index past this once.
     let entry = len(u64::from(h.commit)) + 5 + len(u64::from(h.page_size) + 10);
-    Vec::with_capacity(entry * h.commit as usize)
+    let bytes = entry * u64::from(h.commit).min(MAX_RESERVED_ENTRIES);
+    if let Ok(bytes) = usize::try_from(bytes) {
+        let _ = index.try_reserve_exact(bytes);
+    }
+    index
 }
 
+/// Appends `v` as an unsigned LEB128 varint (Go's `binary.AppendUvarint`).
 pub(crate) fn put_uvarint(buf: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         buf.push((v as u8) | 0x80);

@@ -16,11 +16,17 @@ const MMAP_THRESHOLD: std::ffi::c_int = 1 << 20;
 const ARENA_MAX: std::ffi::c_int = 2;
 
 /// Sets the allocator up. Call once, first thing in `main`, before any other thread exists.
-/// Environment settings of the user's (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`) win.
+/// A user's own setting wins: `MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`, or any
+/// `glibc.malloc` tunable in `GLIBC_TUNABLES` (then replicad sets nothing).
 #[allow(unsafe_code)]
 pub fn configure_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
+        let tunables = std::env::var_os("GLIBC_TUNABLES")
+            .is_some_and(|t| t.to_string_lossy().contains("glibc.malloc"));
+        if tunables {
+            return;
+        }
         if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
             // SAFETY: mallopt only changes allocator tunables; called before other threads.
             unsafe { libc::mallopt(libc::M_ARENA_MAX, ARENA_MAX) };
