@@ -47,6 +47,11 @@ pub(super) const QUIET_BEFORE_SHRINK: Duration = Duration::from_millis(500);
 pub(super) const BARRIER_BUSY_POLLS: i32 = 20_000;
 
 impl Db {
+    /// The salts of the WAL generation our mark is in.
+    pub(super) fn mark_salts(&self) -> Option<(u32, u32)> {
+        self.mark.map(|m| (m.salt1, m.salt2))
+    }
+
     /// Bytes of one WAL frame: its 24-byte header and a page.
     pub(super) fn frame_size(&self) -> u64 {
         24 + u64::from(self.page_size())
@@ -233,7 +238,7 @@ impl Db {
         let restarting = Instant::now();
         // The generation our seal ended in: a WAL that shows another one after our write was
         // restarted (by our write, or by the application's commit just before it).
-        let before = self.mark.map(|m| (m.salt1, m.salt2));
+        let before = self.mark_salts();
         let limit = if shrink { 0 } else { -1 };
         barrier.execute_batch(&format!("PRAGMA journal_size_limit={limit}"))?;
         let wrote = barrier.execute_batch(
@@ -256,12 +261,9 @@ impl Db {
             }
             Err(e) => return Err(e.into()),
         }
+        // The seal of our write moves the mark into the generation that holds it.
         let (wrote, _) = self.sync_once()?;
-        let after = match File::open(&self.wal_path) {
-            Ok(f) => read_wal_header(&f)?.map(|h| (h.salt1, h.salt2)),
-            Err(_) => None,
-        };
-        if after.is_some() && after == before {
+        if self.mark_salts() == before {
             // Not restarted: a reader (the application's, or ours begun on a slot past 0
             // because a commit landed first) still needed the WAL; our write only added a
             // frame. The WAL stays long and is shrunk once quiet (a shrink that fails this
@@ -337,8 +339,7 @@ impl Db {
         } else {
             BACKFILL_PASSES
         };
-        let generation = |m: Option<WalMark>| m.map(|m| (m.salt1, m.salt2));
-        let start_gen = generation(self.mark);
+        let start_gen = self.mark_salts();
         for pass in 0..passes {
             // Moving the mark hands a large backlog to whichever checkpoint comes next;
             // holding the checkpoint lock across the move makes it ours, not the
@@ -382,7 +383,7 @@ impl Db {
                 self.mark.map_or(0, |m| m.offset).saturating_sub(sealed_to) / self.frame_size();
             let complete = log >= 0 && log == done;
             tracing::debug!(db = %self.path.display(), pass, log, done, behind, copied, copy_ms, "backfill pass");
-            if generation(self.mark) != start_gen {
+            if self.mark_salts() != start_gen {
                 // The WAL restarted under a pass (our read was on SQLite's read mark 0):
                 // offsets of two generations say nothing about what is left.
                 return Ok((written, 0, false));
