@@ -54,7 +54,7 @@ impl Db {
 
     /// Bytes of one WAL frame: its 24-byte header and a page.
     pub(super) fn frame_size(&self) -> u64 {
-        24 + u64::from(self.page_size())
+        wal::WAL_FRAME_HEADER_SIZE + u64::from(self.page_size())
     }
 
     pub(super) fn wal_pages(&self) -> u64 {

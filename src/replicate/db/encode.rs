@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::sqlite::wal::WAL_FRAME_HEADER_SIZE;
 use std::num::NonZeroU32;
 
 /// Where a page of a segment comes from: the database file, or the WAL frame with this
@@ -17,10 +18,10 @@ impl PageSrc {
 
     /// The WAL frame whose page starts at `data_offset` (as [`wal::WalScan`] records it).
     pub(super) fn wal(data_offset: u64, page_size: u32) -> PageSrc {
-        let frame = WAL_FRAME_HEADER + u64::from(page_size);
-        let index = (data_offset - WAL_HEADER_SIZE - WAL_FRAME_HEADER) / frame;
+        let frame = WAL_FRAME_HEADER_SIZE + u64::from(page_size);
+        let index = (data_offset - WAL_HEADER_SIZE - WAL_FRAME_HEADER_SIZE) / frame;
         debug_assert_eq!(
-            (data_offset - WAL_HEADER_SIZE - WAL_FRAME_HEADER) % frame,
+            (data_offset - WAL_HEADER_SIZE - WAL_FRAME_HEADER_SIZE) % frame,
             0
         );
         let number = u32::try_from(index + 1).ok().and_then(NonZeroU32::new);
@@ -38,8 +39,8 @@ impl PageSrc {
     pub(super) fn wal_offset(self, page_size: u32) -> Option<u64> {
         self.0.map(|n| {
             WAL_HEADER_SIZE
-                + u64::from(n.get() - 1) * (WAL_FRAME_HEADER + u64::from(page_size))
-                + WAL_FRAME_HEADER
+                + u64::from(n.get() - 1) * (WAL_FRAME_HEADER_SIZE + u64::from(page_size))
+                + WAL_FRAME_HEADER_SIZE
         })
     }
 }
@@ -63,9 +64,6 @@ pub(super) fn full_page_list(
     }));
     pages
 }
-
-/// Bytes of a WAL frame's header.
-const WAL_FRAME_HEADER: u64 = 24;
 
 /// Reads pages of the current state: from a WAL frame or from the database file.
 #[derive(Clone, Copy)]
