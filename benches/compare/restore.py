@@ -158,7 +158,7 @@ def make_replica(name, tool, codec, kind, source, dbmeta, s3, timeout=300):
     log(f"replica {name}: {tool} ({codec}) -> {kind} {root}")
     off0 = s3.log_offset()
     logf = open(logp, "wb")
-    t0 = time.monotonic()
+    t0, t0_wall = time.monotonic(), time.time()
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=workdir,
                             start_new_session=True)
     seen = None
@@ -206,6 +206,7 @@ def make_replica(name, tool, codec, kind, source, dbmeta, s3, timeout=300):
            "l0_seconds": round(seen, 3) if seen is not None else None,
            "ran_s": round(time.monotonic() - t0, 2), "exit_code": proc.returncode,
            "peak_rss_mib": round(stats.get("VmHWM", 0) / 1024, 1),
+           "cpu_s": stats.get("cpu_s"), "started_wall": t0_wall,
            "requests": ops if kind == "s3" else None, "objects": objects,
            "local_files_at_exit": local_state,
            "log": os.path.relpath(logp, REPO), "log_problems": h.problem_lines(logp)}

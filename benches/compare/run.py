@@ -17,7 +17,9 @@ Figures: idle CPU / RSS / threads / fds at 1, 100 and 400 databases, syscalls pe
 per database (strace -c -f), S3 requests per database per idle hour, lag commit -> object
 (p50/p99, one commit every 100 ms), app write throughput (none / Litestream / replicad),
 the application's own wal_checkpoint(TRUNCATE) beside a writer (latency, calls ended busy),
-initial snapshot of the 1 GiB database (MB/s, peak RSS), restore of it (MB/s, peak RSS).
+initial snapshot of the 1 GiB database (MB/s, peak RSS), restore of it (MB/s, peak RSS), on
+S3 and on a directory replica (where replicad's snapshot seconds go: start-up, build with its
+read and compress CPU, fsync, upload).
 
 Python 3 standard library; strace and GNU time from Debian (installed with apt-get when
 missing and running as root). See README.md next to this file.
@@ -641,6 +643,62 @@ def appckpt_run(mode, s3, args):
 
 # ----------------------------------------------------------------------------- report
 
+STAGED = re.compile(r"full segment staged .*?build_ms=(\d+) read_ms=(\d+) compress_ms=(\d+) "
+                    r"durable_ms=(\d+)")
+
+
+def snapshot_seconds(rep):
+    """Where the seconds of replicad's directory snapshot went, from its debug log: start-up
+    (process start to the segment's first page), build (wall; read and compress are CPU
+    seconds summed over the encoder threads), fsync + rename of the staged file, and the
+    upload (staged -> object listed, the harness polling every 20 ms)."""
+    text = h.ANSI.sub("", open(os.path.join(REPO, rep["log"]), errors="replace").read())
+    begin = staged = None
+    for line in text.splitlines():
+        t = h.TS.search(line)
+        if not t:
+            continue
+        if "writing a full segment" in line and begin is None:
+            begin = h.iso_to_epoch(t.group(1))
+        m = STAGED.search(line)
+        if m and staged is None:
+            staged = (h.iso_to_epoch(t.group(1)), [int(x) / 1000 for x in m.groups()])
+    if begin is None or staged is None:
+        return None
+    ts, (build, read, compress, durable) = staged
+    startup = begin - rep["started_wall"]
+    return {"startup_s": round(startup, 3), "build_s": build, "read_cpu_s": read,
+            "compress_cpu_s": compress, "fsync_rename_s": durable,
+            "upload_s": round(rep["l0_seconds"] - (ts - rep["started_wall"]), 3),
+            "total_s": rep["l0_seconds"], "process_cpu_s_at_exit": rep.get("cpu_s")}
+
+
+def dir_run(source, meta, s3):
+    """Initial snapshot of the 1 GiB database to a directory replica and its restore, each tool
+    with its defaults (replicad zstd:3 and its integrity check; Litestream lz4, no check), plus
+    replicad lz4 and a replicad restore without the check."""
+    out, verifier = {"snapshot": {}, "restore": {}}, rst.Verifier()
+    reps = {}
+    for tool, codec in (("litestream", "lz4"), ("replicad", "zstd:3"), ("replicad", "lz4")):
+        rep = rst.make_replica(f"dir-{tool}-{codec.replace(':', '')}", tool, codec, "dir",
+                               source, meta, s3)
+        reps[f"{tool}-{codec}"] = rep
+        res = {k: rep[k] for k in ("l0_seconds", "peak_rss_mib", "cpu_s", "objects")}
+        res["mb_per_s"] = round(meta["bytes"] / 1e6 / rep["l0_seconds"], 1)
+        if tool == "replicad":
+            res["seconds"] = snapshot_seconds(rep)
+        out["snapshot"][f"{tool}-{codec}"] = res
+    for idx, (tool, key, check) in enumerate((("replicad", "replicad-zstd:3", True),
+                                             ("litestream", "litestream-lz4", False),
+                                             ("replicad", "replicad-zstd:3", False)), start=1):
+        res = rst.run_case(1, idx, "dir", tool, reps[key], check, s3, verifier)
+        res.pop("progress", None)
+        out["restore"][f"{tool}-{'check' if check else 'nocheck'}"] = res
+    for rep in reps.values():
+        shutil.rmtree(rep["root"], ignore_errors=True)
+    return out
+
+
 def ratio(a, b):
     if a is None or b in (None, 0):
         return None
@@ -726,14 +784,44 @@ def build_table(r):
         if rd:
             ls = snap.get("litestream-lz4", {})
             add(f"initial snapshot 1 GiB MB/s (replicad {codec})", rd.get("mb_per_s"),
-                ls.get("mb_per_s"), ">= 3")
+                ls.get("mb_per_s"), ">= 3.5" if codec == "lz4" else ">= 3")
             add(f"initial snapshot peak RSS MiB (replicad {codec})", rd.get("peak_rss_mib"),
                 ls.get("peak_rss_mib"), "<= 0.5")
     res = r.get("restore", {})
     rd, ls = res.get("replicad", {}), res.get("litestream", {})
     add("restore 1 GiB MB/s", rd.get("mb_per_s"), ls.get("mb_per_s"), ">= 3")
     add("restore peak RSS MiB", rd.get("peak_rss_mib"), ls.get("peak_rss_mib"), "<= 0.5")
+    d = r.get("dir", {})
+    snap, ls = d.get("snapshot", {}), d.get("snapshot", {}).get("litestream-lz4", {})
+    for codec, target in (("zstd:3", ">= 3"), ("lz4", ">= 3.5")):
+        rd = snap.get(f"replicad-{codec}")
+        if rd:
+            add(f"directory replica: initial snapshot 1 GiB MB/s (replicad {codec})",
+                rd.get("mb_per_s"), ls.get("mb_per_s"), target)
+            add(f"directory replica: initial snapshot peak RSS MiB (replicad {codec})",
+                rd.get("peak_rss_mib"), ls.get("peak_rss_mib"), "<= 0.5")
+    res = d.get("restore", {})
+    ls = res.get("litestream-nocheck", {})
+    for key, label, target in (("replicad-check", "replicad zstd:3 + integrity_check, "
+                                "Litestream no check: each tool's defaults", ">= 3"),
+                               ("replicad-nocheck", "replicad zstd:3 without the check", "")):
+        rd = res.get(key)
+        if rd:
+            add(f"directory replica: restore 1 GiB MB/s ({label})", rd.get("mb_per_s"),
+                ls.get("mb_per_s"), target)
+    if "replicad-check" in res:
+        add("directory replica: restore peak RSS MiB", res["replicad-check"].get("peak_rss_mib"),
+            ls.get("peak_rss_mib"), "<= 0.5")
     return rows
+
+
+def print_seconds(r):
+    """Where the seconds of replicad's directory snapshots went (see snapshot_seconds)."""
+    for codec in ("zstd:3", "lz4"):
+        sec = r.get("dir", {}).get("snapshot", {}).get(f"replicad-{codec}", {}).get("seconds")
+        if sec:
+            print(f"directory snapshot, replicad {codec}: " + ", ".join(
+                f"{k} {v}" for k, v in sec.items()))
 
 
 def print_table(rows):
@@ -781,7 +869,7 @@ def main():
                    help="application TRUNCATE checkpoints per tool in the appckpt phase")
     p.add_argument("--appckpt-busy", type=float, default=5.0,
                    help="the application's busy timeout for its checkpoints, s")
-    p.add_argument("--skip", default="", help="comma list of: idle,scale,lag,write,appckpt,snapshot,restore")
+    p.add_argument("--skip", default="", help="comma list of: idle,scale,lag,write,appckpt,snapshot,restore,dir")
     args = p.parse_args()
     if args.quick:  # shorter windows, unless given on the command line
         given = {a.split("=")[0] for a in sys.argv[1:] if a.startswith("--")}
@@ -809,7 +897,7 @@ def main():
          "cpus": os.cpu_count(), "idle": {}, "idle_dbs": [int(x) for x in args.dbs.split(",")],
          "phase_s": phase_s, "setup_s": setup_s}
     source = meta = None
-    if not {"snapshot", "restore"} <= skip:
+    if not {"snapshot", "restore", "dir"} <= skip:
         t = time.monotonic()
         source, meta = h.ensure_db(args.size_mib)
         setup_s["database"] = round(time.monotonic() - t, 1)
@@ -922,6 +1010,8 @@ def main():
                            "prefix": made["prefix"], "db_bytes": meta["bytes"], "rows": meta["rows"]}
                     r["restore"][tool] = rst.run_case(1, idx, "s3", tool, rep, False, s3, verifier)
             timed("restore", restore)
+        if "dir" not in skip:
+            r["dir"] = timed("dir", lambda: dir_run(source, meta, s3))
     finally:
         s3.stop()
     r["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -935,6 +1025,7 @@ def main():
     print(f"\nreplicad {r['versions']['replicad']} vs Litestream {r['versions']['litestream']}, "
           f"{r['cpus']} CPUs, {r['elapsed_s']} s in all\n")
     print_table(table)
+    print_seconds(r)
     print("\nwall time by phase, s: " + ", ".join(f"{k} {v}" for k, v in phase_s.items())
           + f"; total {r['elapsed_s']}")
     if setup_s:

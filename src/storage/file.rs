@@ -1,8 +1,15 @@
 //! A replica in a local directory, laid out as Litestream v0.5 does:
 //! `<root>/ltx/<level>/<min>-<max>.ltx`, with mtime = the LTX header timestamp.
 //!
-//! Invariant: files are published with tmp -> fsync -> rename -> fsync(dir) (see
-//! [`crate::util::fsutil`]); `*.tmp` leftovers are never listed.
+//! Invariants:
+//! - Files are published with tmp -> fsync -> rename -> fsync(dir) (see
+//!   [`crate::util::fsutil`]); `*.tmp` leftovers are never listed.
+//! - A put on the file system of its source hard-links the source instead of copying it: a
+//!   snapshot of 1 GiB then costs no second write of its bytes. The object shares the source's
+//!   inode, so every caller hands `put` a file it never writes again (staged segments and seeds
+//!   are renamed into place once whole; other temporary files are made by
+//!   [`fsutil::create_fresh`], which unlinks a leftover of the same name instead of
+//!   truncating it). Across file systems, or where links are refused, the bytes are copied.
 
 use std::fs::{self, File};
 use std::io::{Seek, SeekFrom};
@@ -113,7 +120,12 @@ impl FileClient {
         let io = |e| StorageError::from_io("put", &dest, e);
         fsutil::create_dir_all_durable(&self.level_dir(level)).map_err(io)?;
         let tmp = fsutil::unique_tmp_path(&dest);
-        let size = fs::copy(src, &tmp).map_err(|e| {
+        let size = match fs::hard_link(src, &tmp) {
+            Ok(()) => fs::metadata(&tmp).map(|m| m.len()),
+            // Another file system (EXDEV), or links refused: a copy says what else is wrong.
+            Err(_) => fs::copy(src, &tmp),
+        }
+        .map_err(|e| {
             let _ = fs::remove_file(&tmp);
             match e.kind() {
                 std::io::ErrorKind::NotFound if !src.exists() => {
@@ -300,4 +312,80 @@ pub fn system_time_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn put(c: &FileClient, src: &Path, txid: u64, ts: i64) -> LtxFileInfo {
+        c.put_blocking(0, TxId(txid), TxId(txid), src, ts).unwrap()
+    }
+
+    #[test]
+    fn a_put_on_the_same_file_system_links_and_a_fresh_source_leaves_the_object_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = FileClient::new(dir.path().join("replica"));
+        let src = dir.path().join("staged.ltx");
+        std::fs::write(&src, b"first segment").unwrap();
+        let info = put(&c, &src, 1, 1_700_000_000_123);
+        let object = c.file_path(0, TxId(1), TxId(1));
+        let (s, o) = (fs::metadata(&src).unwrap(), fs::metadata(&object).unwrap());
+        assert_eq!((o.dev(), o.ino()), (s.dev(), s.ino()), "not linked");
+        assert_eq!(info.size, 13);
+        assert_eq!(
+            o.modified().unwrap(),
+            UNIX_EPOCH + Duration::from_millis(1_700_000_000_123)
+        );
+        // The next file of that name is made fresh (as every caller makes its sources).
+        fsutil::create_fresh(&src)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"other bytes"))
+            .unwrap();
+        assert_eq!(fs::read(&object).unwrap(), b"first segment");
+        fs::remove_file(&src).unwrap();
+        assert_eq!(fs::read(&object).unwrap(), b"first segment");
+        let tmp_left = fs::read_dir(c.level_dir(0))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".tmp")
+            })
+            .count();
+        assert_eq!(tmp_left, 0);
+    }
+
+    #[test]
+    fn a_put_across_file_systems_copies() {
+        // /dev/shm is a tmpfs on Linux: another file system than the temporary directory.
+        let shm = Path::new("/dev/shm");
+        let dir = tempfile::tempdir().unwrap();
+        let Ok(src_dir) = tempfile::tempdir_in(shm) else {
+            eprintln!("no writable /dev/shm: the copy path is not exercised here");
+            return;
+        };
+        if fs::metadata(src_dir.path()).unwrap().dev() == fs::metadata(dir.path()).unwrap().dev() {
+            eprintln!("/dev/shm shares the temporary directory's file system");
+            return;
+        }
+        let c = FileClient::new(dir.path().join("replica"));
+        let src = src_dir.path().join("staged.ltx");
+        std::fs::write(&src, b"across devices").unwrap();
+        let info = put(&c, &src, 2, 5_000);
+        let object = c.file_path(0, TxId(2), TxId(2));
+        assert_ne!(
+            fs::metadata(&object).unwrap().ino(),
+            fs::metadata(&src).unwrap().ino()
+        );
+        assert_eq!(fs::read(&object).unwrap(), b"across devices");
+        assert_eq!(info.size, 14);
+        // A second put of the range is a conflict either way.
+        assert!(matches!(
+            c.put_blocking(0, TxId(2), TxId(2), &src, 5_000),
+            Err(StorageError::Conflict { .. })
+        ));
+    }
 }

@@ -209,6 +209,7 @@ pub trait ReplicaClient {
     /// It never replaces an existing object where the backend can check that atomically
     /// (file: always; S3: when the server honours `If-None-Match`): such a put fails with
     /// [`StorageError::Conflict`] (see [`put_new`] for retries of a put that went through).
+    /// `src` is never written again by the caller: a directory replica may hard-link it.
     fn put(
         &self,
         level: u8,

@@ -26,6 +26,18 @@ pub fn unique_tmp_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// Creates `path` as a new, empty file, removing whatever was there first. A file handed to a
+/// directory replica's put may share its inode with the replica's object (see
+/// [`crate::storage::file`]), so a leftover of that name must be unlinked, never truncated.
+pub fn create_fresh(path: &Path) -> io::Result<File> {
+    match fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    File::options().write(true).create_new(true).open(path)
+}
+
 /// fsyncs a directory so a rename or unlink inside it is durable.
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()

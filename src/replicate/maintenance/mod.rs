@@ -282,7 +282,7 @@ async fn build(
             .map(Decoder::new)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
-        let file = std::fs::File::create(&out_path).map_err(|e| e.to_string())?;
+        let file = fsutil::create_fresh(&out_path).map_err(|e| e.to_string())?;
         let opts = CompactOptions {
             codec,
             min_txid: min_override,

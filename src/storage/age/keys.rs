@@ -159,14 +159,15 @@ impl AgeKeys {
         &self.sources
     }
 
-    /// Encrypts `src` into `dst` (created or truncated). Blocking: call off the reactor.
+    /// Encrypts `src` into `dst` (a new file: an old one of that name is unlinked, never
+    /// truncated). Blocking: call off the reactor.
     pub fn encrypt_file(&self, src: &Path, dst: &Path) -> io::Result<u64> {
         let encryptor = age::Encryptor::with_recipients(
             self.recipients.iter().map(|r| r as &dyn age::Recipient),
         )
         .map_err(|e| io::Error::other(format!("age: {e}")))?;
         let mut input = std::fs::File::open(src)?;
-        let out = std::fs::File::create(dst)?;
+        let out = crate::util::fsutil::create_fresh(dst)?;
         let mut w = encryptor.wrap_output(io::BufWriter::new(out))?;
         io::copy(&mut input, &mut w)?;
         let mut out = w.finish()?;

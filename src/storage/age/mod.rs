@@ -460,9 +460,11 @@ impl ReplicaClient for AgeClient {
                 .put_view(false, level, min, max, src, timestamp_ms)
                 .await;
         }
-        let mut tmp = src.as_os_str().to_owned();
-        tmp.push(".age.tmp");
-        let tmp = PathBuf::from(tmp);
+        // Its own name per put: two encrypted replicas of one database seal the same
+        // segment at once.
+        let mut sealed = src.as_os_str().to_owned();
+        sealed.push(".age");
+        let tmp = crate::util::fsutil::unique_tmp_path(Path::new(&sealed));
         let keys = self.keys.clone();
         let (from, to) = (src.to_path_buf(), tmp.clone());
         let started = std::time::Instant::now();

@@ -32,7 +32,15 @@ async fn mixed_replica_reads_each_file_by_its_own_kind() {
     let age = plain.clone().with_age(keys.clone());
     let put = age.put(0, TxId(2), TxId(2), &src, 0).await.unwrap();
     assert!(put.encrypted && put.size > body.len() as u64);
-    assert!(!src.with_extension("ltx.age.tmp").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "sealed temporary files left: {leftovers:?}"
+    );
     let stored =
         std::fs::read(root.join("ltx/0/0000000000000002-0000000000000002.ltx.age")).unwrap();
     assert!(stored.starts_with(b"age-encryption.org/v1\n"));
