@@ -71,7 +71,8 @@ def raise_fd_limit():
 
 
 def tool_env(tool):
-    env = dict(os.environ, NO_COLOR="1", RUST_LOG="info")
+    # BENCH_RUST_LOG: replicad's log filter for a diagnosis run (the figures use info).
+    env = dict(os.environ, NO_COLOR="1", RUST_LOG=os.environ.get("BENCH_RUST_LOG", "info"))
     env.update(AWS_ACCESS_KEY_ID=h.ACCESS_KEY, AWS_SECRET_ACCESS_KEY=h.SECRET_KEY)
     if tool == "litestream":
         env.pop("AWS_CA_BUNDLE", None)  # breaks Litestream's S3 client
@@ -485,7 +486,7 @@ def lag_run(tool, s3, args, mode="busy"):
             con.execute("BEGIN IMMEDIATE")
             con.execute("INSERT INTO t (name, val, note) VALUES (?, ?, ?)", (f"lag-{i}", i, "y" * 40))
             con.execute("COMMIT")
-            commits.append((time.monotonic(), m_pre))
+            commits.append((time.monotonic(), m_pre, time.time()))
             # Mean 100 ms, uniformly jittered (same seed for both tools): with a fixed 100 ms
             # period the commits fall on the same ten offsets of each tool's 1 s tick, and the
             # percentiles measure that alignment rather than the tool.
@@ -505,11 +506,14 @@ def lag_run(tool, s3, args, mode="busy"):
         res["puts_per_commit"] = round(ops.get("PutObject", 0) / max(1, len(commits)), 2)
         res["requests_per_commit"] = round(sum(ops.values()) / max(1, len(commits)), 2)
         res["requests_by_operation"] = ops
-        lags = []
-        for t_c, m_pre in commits:
+        lags, by_commit = [], []
+        for t_c, m_pre, wall in commits:
             seen = next((t for t, m in events if m > m_pre and t >= t_c), None)
             if seen is not None:
                 lags.append(seen - t_c)
+                by_commit.append([round(wall, 3), round(1000 * (seen - t_c), 1)])
+        if mode == "sparse":  # [commit time (epoch s), lag ms]: which commits were slow
+            res["lag_ms_by_commit"] = by_commit
         lags.sort()
         if lags:
             def pct(p):

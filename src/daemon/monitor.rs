@@ -5,7 +5,7 @@
 //!
 //! A write to the WAL seen by inotify ([`crate::replicate::walwatch`]) brings the next tick
 //! forward to [`COALESCE`] from now, but never sooner than `min-sync-interval` after the last
-//! tick that shipped a segment, nor [`PARTIAL_PAUSE`] after one that found only part of a
+//! tick that shipped an application commit (our own checkpoint's segments do not count), nor [`PARTIAL_PAUSE`] after one that found only part of a
 //! transaction (a long write is not read again at every frame). The tick still goes through
 //! the idle fast path: our own checkpoint's truncation costs one `statx`.
 
@@ -81,11 +81,16 @@ impl Events {
         }
     }
 
-    /// After a sync that started at `at` and wrote `segments` segments.
-    fn synced(&mut self, at: tokio::time::Instant, segments: usize) {
-        if segments > 0 {
+    /// After a sync that started at `at` and wrote `segments` segments, `ours` of them for our
+    /// own checkpoint. Only the application's commits start a `min-sync-interval`: the restart
+    /// write of a quiet checkpoint would otherwise hold the next commit back for up to a
+    /// second.
+    fn synced(&mut self, at: tokio::time::Instant, segments: usize, ours: usize) {
+        if segments > ours {
             self.partial = PARTIAL_PAUSE;
             self.earliest = at.checked_add(self.min_sync).unwrap_or(at);
+        } else if segments > 0 {
+            self.partial = PARTIAL_PAUSE;
         } else {
             let pause = self.partial;
             self.partial = (pause * 2).min(PARTIAL_PAUSE_MAX);
@@ -232,7 +237,7 @@ pub(super) async fn monitor(
         }
         match result {
             Ok(segments) => {
-                events.synced(began, segments);
+                events.synced(began, segments, db.checkpoint_segments());
                 if events.ensure(&db) {
                     next = next.min(tokio::time::Instant::now() + COALESCE);
                 }
@@ -343,5 +348,41 @@ fn prune(db: &Db, acks: &[watch::Receiver<TxId>], pruned: &mut TxId) {
             Ok(_) => *pruned = min,
             Err(e) => tracing::warn!(error = %e, "pruning staging failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(min_sync: Duration) -> Events {
+        Events {
+            watcher: None,
+            watch: None,
+            min_sync,
+            earliest: tokio::time::Instant::now(),
+            due: false,
+            partial: PARTIAL_PAUSE,
+        }
+    }
+
+    #[test]
+    fn only_the_applications_segments_start_a_min_sync_interval() {
+        let at = tokio::time::Instant::now();
+        let mut e = events(Duration::from_secs(60));
+        let before = e.earliest;
+        e.synced(at, 1, 1);
+        assert_eq!(
+            e.earliest, before,
+            "our checkpoint's segment paced the next sync"
+        );
+        e.synced(at, 2, 1);
+        assert_eq!(e.earliest, at + Duration::from_secs(60));
+        // A sync that found only part of a transaction pauses briefly and doubles the pause.
+        let mut e = events(Duration::ZERO);
+        e.synced(at, 0, 0);
+        assert_eq!(e.partial, PARTIAL_PAUSE * 2);
+        e.synced(at, 1, 1);
+        assert_eq!(e.partial, PARTIAL_PAUSE);
     }
 }

@@ -289,6 +289,9 @@ pub struct Db {
     /// When a shrink of an oversized WAL was last tried (an application reader holding an
     /// old snapshot can make it fail; it is then retried once per checkpoint interval).
     shrink_tried: Option<Instant>,
+    /// Segments the last sync's checkpoint wrote (its seals and its restart write): ours, not
+    /// a commit the application is waiting on, so they do not pace the next sync.
+    checkpoint_segments: usize,
     poisoned: Option<String>,
     /// Start of the current run of idle ticks.
     idle_since: Option<Instant>,
@@ -374,6 +377,7 @@ impl Db {
             dirty_since_checkpoint: false,
             wal_oversized: false,
             shrink_tried: None,
+            checkpoint_segments: 0,
             poisoned: None,
             idle_since: None,
             woke_unchanged: false,
@@ -415,6 +419,12 @@ impl Db {
         let r = self.sync(true);
         self.keep_awake = false;
         r
+    }
+
+    /// Of the segments the last sync wrote, those its checkpoint wrote (see
+    /// `checkpoint_segments`): the monitor paces the next sync after the others only.
+    pub fn checkpoint_segments(&self) -> usize {
+        self.checkpoint_segments
     }
 
     /// Where replicas ask this database for a seed snapshot.

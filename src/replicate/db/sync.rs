@@ -31,6 +31,7 @@ impl Db {
     }
 
     pub(super) fn sync_inner(&mut self, allow_checkpoint: bool) -> Result<usize, DbError> {
+        self.checkpoint_segments = 0;
         if let Some(d) = self.dormant() {
             if !self.path.exists() {
                 return Err(DbError::Missing(self.path.clone()));
@@ -66,13 +67,14 @@ impl Db {
         }
         self.last_full_verify = Instant::now();
         if allow_checkpoint && self.checkpoint_due(Instant::now()) {
-            written += self.checkpoint(false)?;
+            self.checkpoint_segments = self.checkpoint(false)?;
         } else if allow_checkpoint && written == 0 && self.shrink_due(Instant::now()) {
             // Quiet since an earlier empty sync too (`shrink_due`): one empty sync alone can
             // fall between two commits of a busy writer.
             self.shrink_tried = Some(Instant::now());
-            written += self.checkpoint(true)?;
+            self.checkpoint_segments = self.checkpoint(true)?;
         }
+        written += self.checkpoint_segments;
         self.refresh_fast_cache();
         self.stats.idle.store(written == 0, Ordering::Relaxed);
         let now = Instant::now();

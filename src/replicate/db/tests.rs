@@ -159,3 +159,31 @@ fn the_held_checkpoint_lock_is_released_by_our_own_checkpoint() {
     probe.release_checkpoint_lock();
     assert!(!held());
 }
+
+/// A sync tells apart the segments its checkpoint wrote (the restart write of our sequence
+/// row) from the application's commits: the monitor starts `min-sync-interval` after the
+/// latter only, so a quiet checkpoint does not hold the next commit back.
+#[test]
+fn a_sync_reports_which_of_its_segments_its_checkpoint_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, app) = wal_app(dir.path());
+    let mut db = Db::new(
+        path,
+        Some(dir.path().join("meta")),
+        DbSettings {
+            min_checkpoint_page_count: 1,
+            ..DbSettings::default()
+        },
+        RemoteTip::default(),
+    );
+    db.sync(true).unwrap();
+    app.execute("INSERT INTO t VALUES ('b')", []).unwrap();
+    let written = db.sync(true).unwrap();
+    let ours = db.checkpoint_segments();
+    assert!(
+        ours >= 1,
+        "the checkpoint's restart write ships as a segment"
+    );
+    assert_eq!(written - ours, 1, "one application commit");
+    assert_eq!((db.sync(true).unwrap(), db.checkpoint_segments()), (0, 0));
+}
