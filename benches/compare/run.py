@@ -71,7 +71,8 @@ def raise_fd_limit():
 
 
 def tool_env(tool):
-    # BENCH_RUST_LOG: replicad's log filter for a diagnosis run (the figures use info).
+    # BENCH_RUST_LOG: replicad's log filter for a diagnosis run of the idle, scale, lag, write
+    # and appckpt phases (the figures use info; the snapshot phases set their own).
     env = dict(os.environ, NO_COLOR="1", RUST_LOG=os.environ.get("BENCH_RUST_LOG", "info"))
     env.update(AWS_ACCESS_KEY_ID=h.ACCESS_KEY, AWS_SECRET_ACCESS_KEY=h.SECRET_KEY)
     if tool == "litestream":
@@ -692,14 +693,16 @@ def dir_run(source, meta, s3):
         if tool == "replicad":
             res["seconds"] = snapshot_seconds(rep)
         out["snapshot"][f"{tool}-{codec}"] = res
-    for idx, (tool, key, check) in enumerate((("replicad", "replicad-zstd:3", True),
-                                             ("litestream", "litestream-lz4", False),
-                                             ("replicad", "replicad-zstd:3", False)), start=1):
-        res = rst.run_case(1, idx, "dir", tool, reps[key], check, s3, verifier)
-        res.pop("progress", None)
-        out["restore"][f"{tool}-{'check' if check else 'nocheck'}"] = res
-    for rep in reps.values():
-        shutil.rmtree(rep["root"], ignore_errors=True)
+    try:
+        for idx, (tool, key, check) in enumerate((("replicad", "replicad-zstd:3", True),
+                                                 ("litestream", "litestream-lz4", False),
+                                                 ("replicad", "replicad-zstd:3", False)), start=1):
+            res = rst.run_case(1, idx, "dir", tool, reps[key], check, s3, verifier)
+            res.pop("progress", None)
+            out["restore"][f"{tool}-{'check' if check else 'nocheck'}"] = res
+    finally:
+        for rep in reps.values():
+            shutil.rmtree(rep["root"], ignore_errors=True)
     return out
 
 

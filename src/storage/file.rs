@@ -10,6 +10,9 @@
 //!   are renamed into place once whole; other temporary files are made by
 //!   [`fsutil::create_fresh`], which unlinks a leftover of the same name instead of
 //!   truncating it). Across file systems, or where links are refused, the bytes are copied.
+//!   The price: until staging drops the file, an in-place write to the object (an operator,
+//!   `rsync --inplace`) changes the staged copy too, and the object keeps the staged file's
+//!   group and ACL rather than the replica directory's defaults.
 
 use std::fs::{self, File};
 use std::io::{Seek, SeekFrom};
@@ -135,18 +138,22 @@ impl FileClient {
             }
         })?;
         let mtime = UNIX_EPOCH + Duration::from_millis(timestamp_ms.max(0) as u64);
-        File::options()
+        let published = File::options()
             .write(true)
             .open(&tmp)
             .and_then(|f| f.set_modified(mtime))
-            .map_err(io)?;
-        fsutil::publish_new(&tmp, &dest).map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => StorageError::Conflict {
-                op: "put",
-                key: dest.display().to_string(),
-            },
-            _ => io(e),
-        })?;
+            .and_then(|()| fsutil::publish_new(&tmp, &dest));
+        if let Err(e) = published {
+            // A linked leftover would keep the staged file's blocks after staging drops it.
+            let _ = fs::remove_file(&tmp);
+            return Err(match e.kind() {
+                std::io::ErrorKind::AlreadyExists => StorageError::Conflict {
+                    op: "put",
+                    key: dest.display().to_string(),
+                },
+                _ => io(e),
+            });
+        }
         Ok(LtxFileInfo {
             level,
             min_txid: min,

@@ -329,7 +329,11 @@ async fn periodic_verify_reports_a_corrupted_replica() {
     let mut bytes = std::fs::read(&path).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
-    std::fs::write(&path, bytes).unwrap();
+    // A damaged object replaced whole: the replica's file may share its inode with the
+    // staged segment (a directory replica links it), which an in-place write would damage too.
+    let damaged = path.with_extension("damaged");
+    std::fs::write(&damaged, bytes).unwrap();
+    std::fs::rename(&damaged, &path).unwrap();
     let before = counters.verify_txid.get();
     writer.commit_txn();
     wait_until("verify of the new tip", || {

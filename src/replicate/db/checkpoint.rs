@@ -122,7 +122,7 @@ impl Db {
                 written += self.leapfrog(&mut barrier)?;
                 self.checkpointed(false);
                 barrier.busy_timeout(Duration::from_millis(10))?;
-                written += self.restart_wal(&barrier, shrink)?;
+                written += self.own_segments(|d| d.restart_wal(&barrier, shrink))?;
                 return Ok(written);
             }
             // A writer that outran every pass would hold the barrier for its whole backlog:
@@ -205,15 +205,14 @@ impl Db {
                 Some(f) => read_wal_header(f)?,
                 None => None,
             };
-            written += usize::from(self.write_full(
-                f.as_ref(),
-                h,
-                "checkpoint boundary after TRUNCATE",
-            )?);
+            written += self.own_segments(|d| {
+                d.write_full(f.as_ref(), h, "checkpoint boundary after TRUNCATE")
+                    .map(usize::from)
+            })?;
             // The full segment is not new application data.
             self.dirty_since_checkpoint = false;
         } else if complete {
-            written += self.restart_wal(&barrier, shrink)?;
+            written += self.own_segments(|d| d.restart_wal(&barrier, shrink))?;
         }
         Ok(written)
     }
@@ -234,6 +233,18 @@ impl Db {
     /// shrinks back to one frame (journal_size_limit=0, when `shrink`) and the idle fast path
     /// applies again. A busy write lock is no error: the whole WAL is in the database file
     /// and sealed, so the writer that holds the lock restarts the WAL itself.
+    /// Runs `write`, a step of the checkpoint that writes segments of its own (the restart
+    /// write, the full segment after a TRUNCATE), and counts them in `checkpoint_segments`.
+    /// The seals before it count as the application's: they carry its commits.
+    fn own_segments(
+        &mut self,
+        write: impl FnOnce(&mut Self) -> Result<usize, DbError>,
+    ) -> Result<usize, DbError> {
+        let n = write(self)?;
+        self.checkpoint_segments += n;
+        Ok(n)
+    }
+
     fn restart_wal(&mut self, barrier: &Connection, shrink: bool) -> Result<usize, DbError> {
         let restarting = Instant::now();
         // The generation our seal ended in: a WAL that shows another one after our write was

@@ -289,8 +289,9 @@ pub struct Db {
     /// When a shrink of an oversized WAL was last tried (an application reader holding an
     /// old snapshot can make it fail; it is then retried once per checkpoint interval).
     shrink_tried: Option<Instant>,
-    /// Segments the last sync's checkpoint wrote (its seals and its restart write): ours, not
-    /// a commit the application is waiting on, so they do not pace the next sync.
+    /// Segments the last sync's checkpoint wrote for itself (its restart write, the full
+    /// segment after a TRUNCATE): not a commit the application is waiting on, so they do not
+    /// pace the next sync. Its seals of the application's frames are not counted here.
     checkpoint_segments: usize,
     poisoned: Option<String>,
     /// Start of the current run of idle ticks.

@@ -67,14 +67,13 @@ impl Db {
         }
         self.last_full_verify = Instant::now();
         if allow_checkpoint && self.checkpoint_due(Instant::now()) {
-            self.checkpoint_segments = self.checkpoint(false)?;
+            written += self.checkpoint(false)?;
         } else if allow_checkpoint && written == 0 && self.shrink_due(Instant::now()) {
             // Quiet since an earlier empty sync too (`shrink_due`): one empty sync alone can
             // fall between two commits of a busy writer.
             self.shrink_tried = Some(Instant::now());
-            self.checkpoint_segments = self.checkpoint(true)?;
+            written += self.checkpoint(true)?;
         }
-        written += self.checkpoint_segments;
         self.refresh_fast_cache();
         self.stats.idle.store(written == 0, Ordering::Relaxed);
         let now = Instant::now();

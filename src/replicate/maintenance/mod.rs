@@ -270,7 +270,7 @@ async fn build(
     let min = min_override.unwrap_or(inputs[0].min_txid);
     let max = inputs[inputs.len() - 1].max_txid;
     let name = format!("{level}-{}", ltx::format_filename(min, max));
-    let tmp = fsutil::tmp_path(&m.tmp_dir.join(name));
+    let tmp = fsutil::unique_tmp_path(&m.tmp_dir.join(name));
     let tmp_dir = m.tmp_dir.clone();
     let codec = m.codec;
     let out_path = tmp.clone();

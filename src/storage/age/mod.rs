@@ -468,14 +468,19 @@ impl ReplicaClient for AgeClient {
         let keys = self.keys.clone();
         let (from, to) = (src.to_path_buf(), tmp.clone());
         let started = std::time::Instant::now();
-        tokio::task::spawn_blocking(move || keys.encrypt_file(&from, &to))
+        let sealed = tokio::task::spawn_blocking(move || keys.encrypt_file(&from, &to))
             .await
             .map_err(|e| StorageError::Transient {
                 op: "encrypt",
                 key: src.display().to_string(),
                 reason: e.to_string(),
-            })?
-            .map_err(|e| StorageError::from_io("encrypt", src, e))?;
+            })
+            .and_then(|r| r.map_err(|e| StorageError::from_io("encrypt", src, e)));
+        if let Err(e) = sealed {
+            // Each attempt has its own name: a failed one must not stay behind.
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(e);
+        }
         tracing::trace!(elapsed = ?started.elapsed(), "encrypted segment");
         let put = self
             .put_view(true, level, min, max, &tmp, timestamp_ms)
