@@ -5,8 +5,9 @@
 //!
 //! A write to the WAL seen by inotify ([`crate::replicate::walwatch`]) brings the next tick
 //! forward to [`COALESCE`] from now, but never sooner than `min-sync-interval` after the last
-//! tick that shipped an application commit (our own checkpoint's segments do not count), nor [`PARTIAL_PAUSE`] after one that found only part of a
-//! transaction (a long write is not read again at every frame). The tick still goes through
+//! tick that shipped an application commit (our own checkpoint's segments do not count), nor
+//! [`PARTIAL_PAUSE`] after one that found only part of a transaction (a long write is not read
+//! again at every frame). The tick still goes through
 //! the idle fast path: our own checkpoint's truncation costs one `statx`.
 
 use std::sync::Arc;
