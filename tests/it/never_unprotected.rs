@@ -84,7 +84,8 @@ fn ready(port: u16) -> bool {
 }
 
 /// Waits until the daemon has staged everything (ready) and `replica` holds the database's
-/// TXID as `/status` reports it.
+/// TXID as `/status` reports it, and the daemon has counted that upload: every replica's
+/// `remote_txid` has reached it too (a file is visible before its metrics are updated).
 fn wait_caught_up(dir: &TestDir, port: u16, replica: &Path) {
     wait_until(dir, "the replica to hold the database's TXID", || {
         let (code, body) = get(port, "/status");
@@ -93,7 +94,10 @@ fn wait_caught_up(dir: &TestDir, port: u16, replica: &Path) {
         }
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         let txid = v["databases"][0]["txid"].as_u64().unwrap_or(0);
-        txid > 0 && ready(port) && max_replica_txid(replica) >= txid
+        let counted = v["databases"][0]["replicas"]
+            .as_array()
+            .is_some_and(|rs| rs.iter().all(|r| r["remote_txid"].as_u64() >= Some(txid)));
+        txid > 0 && counted && ready(port) && max_replica_txid(replica) >= txid
     });
 }
 

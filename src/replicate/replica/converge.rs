@@ -170,10 +170,12 @@ impl Replica {
             .record(Phase::Upload, bytes, started.elapsed());
         self.stats.counters.observe(0, started, &put);
         let info = put.map_err(RoundError::Storage)?;
-        tracing::info!(db = %self.db, replica = %self.name, txid = %seed.txid, bytes, elapsed = ?started.elapsed(), reason = reason.label(), "replica re-seeded");
         self.wiped = false;
+        // Counted before the log line: a slow log write must not leave the object visible
+        // and uncounted.
         self.stats.counters.reseeds[reason as usize].inc();
         self.stats.reseeds.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(db = %self.db, replica = %self.name, txid = %seed.txid, bytes, elapsed = ?started.elapsed(), reason = reason.label(), "replica re-seeded");
         self.stored(info, seed.timestamp_ms);
         Ok(())
     }
