@@ -239,7 +239,11 @@ class Verifier:
             uri = f"file:{path}?immutable=1" if not sidecars.get("-wal") else f"file:{path}"
             con = sqlite3.connect(uri, uri=True)
             integ = "; ".join(r[0] for r in con.execute("PRAGMA integrity_check").fetchall())
-            rows = con.execute("SELECT count(*) FROM customers").fetchone()[0]
+            # The one-table database, or its rows spread over customers_0.. (several tables).
+            tables = [t for (t,) in con.execute(
+                "SELECT name FROM sqlite_schema WHERE type = 'table' "
+                "AND (name = 'customers' OR name GLOB 'customers_[0-9]*')")]
+            rows = sum(con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables)
             con.close()
             res.update(integrity=integ, rows=rows, verified_by="integrity_check+count")
             if digest:

@@ -328,6 +328,54 @@ def ensure_db(size_mib):
     return path, meta
 
 
+def ensure_split_db(source, meta, parts=4):
+    """The rows of `source` spread over `parts` tables (customers_0.., row id modulo parts),
+    each with its email index: the same bytes as the one-table database, in the shape of an
+    application with several tables. Cached beside the source while that is unchanged."""
+    path = source.replace(".db", f"-{parts}tables.db")
+    meta_path = path + ".json"
+    want = {"from_bytes": meta["bytes"], "from_gen_version": meta["gen_version"], "parts": parts}
+    if os.path.exists(path) and os.path.exists(meta_path):
+        with open(meta_path) as f:
+            m = json.load(f)
+        if all(m.get(k) == v for k, v in want.items()) and m.get("bytes") == os.path.getsize(path):
+            return path, m
+    log(f"generating {path} ({parts} tables from {source}) ...")
+    t0 = time.monotonic()
+    if os.path.exists(meta_path):
+        os.remove(meta_path)
+    tmp = path + ".tmp"
+    for p in (tmp, tmp + "-wal", tmp + "-shm", tmp + "-journal"):
+        if os.path.exists(p):
+            os.remove(p)
+    con = sqlite3.connect(tmp, isolation_level=None)
+    for pragma in ("page_size=4096", "journal_mode=OFF", "synchronous=OFF",
+                   "cache_size=-1000000", "locking_mode=EXCLUSIVE", "temp_store=MEMORY"):
+        con.execute("PRAGMA " + pragma)
+    con.execute("ATTACH ? AS src", (source,))
+    sql = con.execute("SELECT sql FROM src.sqlite_schema WHERE name = 'customers'").fetchone()[0]
+    for k in range(parts):
+        con.execute(sql.replace("customers(", f"customers_{k}(", 1))
+        con.execute("BEGIN")
+        con.execute(f"INSERT INTO customers_{k} SELECT * FROM src.customers WHERE id % {parts} = {k}")
+        con.execute("COMMIT")
+        con.execute(f"CREATE INDEX customers_{k}_email ON customers_{k}(email)")
+    con.execute("DETACH src")
+    con.execute("PRAGMA locking_mode=NORMAL")
+    mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    assert mode == "wal", mode
+    rows = sum(con.execute(f"SELECT count(*) FROM customers_{k}").fetchone()[0]
+               for k in range(parts))
+    con.close()
+    os.replace(tmp, path)
+    m = dict(want, bytes=os.path.getsize(path), rows=rows, page_size=4096, journal_mode="wal",
+             gen_version=meta["gen_version"], generate_s=round(time.monotonic() - t0, 1))
+    with open(meta_path, "w") as f:
+        json.dump(m, f)
+    log(f"database {path}: {m['bytes']} bytes, {rows} rows, {m['generate_s']} s")
+    return path, m
+
+
 # ----------------------------------------------------------------------------- S3 server
 
 def free_port():

@@ -262,22 +262,3 @@ pub(super) fn verify_checksum_chain(
     }
     Ok(())
 }
-
-/// Runs `PRAGMA integrity_check` on a database file without creating a WAL or SHM beside it.
-pub fn integrity_check(path: &Path) -> Result<(), RestoreError> {
-    let uri = format!("file:{}?immutable=1", path.display());
-    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI;
-    let conn = rusqlite::Connection::open_with_flags(&uri, flags)
-        .map_err(|e| RestoreError::Integrity(format!("cannot open: {e}")))?;
-    let mut stmt = conn
-        .prepare("PRAGMA integrity_check")
-        .map_err(|e| RestoreError::Integrity(e.to_string()))?;
-    let rows: Vec<String> = stmt
-        .query_map([], |r| r.get::<_, String>(0))
-        .and_then(|rows| rows.collect())
-        .map_err(|e| RestoreError::Integrity(e.to_string()))?;
-    if rows != ["ok"] {
-        return Err(RestoreError::Integrity(rows.join("; ")));
-    }
-    Ok(())
-}

@@ -42,10 +42,11 @@ use crate::util::fsutil;
 use crate::util::phase::{Phase, PhaseStats};
 
 mod apply;
+mod check;
 mod plan;
 pub mod points;
-pub use apply::integrity_check;
 use apply::{apply_blocking, file_label};
+pub use check::integrity_check;
 pub use plan::{calc_plan, plan};
 
 /// What state to restore.

@@ -1,0 +1,338 @@
+//! The integrity check of a restored database, on every core: `PRAGMA quick_check` beside
+//! `PRAGMA integrity_check(T)` for each table whose full check does more than the quick one.
+//! SQLite's own check runs on one core and is most of a checked restore's time.
+//!
+//! Invariant: the union of these checks is what `PRAGMA integrity_check` checks. In SQLite's
+//! `pragma.c` (3.54), the quick check leaves out only each row's index entries (and UNIQUE
+//! keys), the key order of WITHOUT ROWID tables and the full check of virtual tables; the
+//! check of one table leaves out only the freelist and whether every page is used once, which
+//! the quick check does. So a table gets its own check when it has an index, has no rowid or
+//! is virtual. A check that SQLite refuses to run (a module it lacks, say) falls back to the
+//! plain `PRAGMA integrity_check`, which skips what it cannot check, as before.
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rusqlite::{Connection, OpenFlags};
+
+use super::RestoreError;
+
+/// Connections checking at once, at most: each holds its own page cache.
+const MAX_WORKERS: usize = 8;
+
+/// The tables whose `integrity_check(T)` checks more than `quick_check` does (see the module
+/// doc), in schema order.
+const FULL_CHECK_TABLES: &str = "SELECT name FROM pragma_table_list \
+     WHERE schema = 'main' AND (type = 'virtual' OR wr \
+     OR name IN (SELECT tbl_name FROM sqlite_schema WHERE type = 'index'))";
+
+/// One statement of the check; each returns `ok` or the problems it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Task {
+    Quick,
+    Table(String),
+}
+
+impl Task {
+    fn sql(&self) -> String {
+        match self {
+            Task::Quick => "PRAGMA quick_check".into(),
+            // A string argument is a table name (an unquoted number would be an error limit).
+            Task::Table(t) => format!("PRAGMA integrity_check('{}')", t.replace('\'', "''")),
+        }
+    }
+}
+
+/// Why a check did not say `ok`: SQLite refused the statement, or ran it and found damage.
+enum Outcome {
+    Refused(String),
+    Damaged(Vec<String>),
+}
+
+/// Runs the equivalent of `PRAGMA integrity_check` on a database file, without creating a WAL
+/// or SHM beside it, on up to one connection per core.
+pub fn integrity_check(path: &Path) -> Result<(), RestoreError> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    check_on(path, cores)
+}
+
+/// [`integrity_check`] on up to `cores` connections.
+fn check_on(path: &Path, cores: usize) -> Result<(), RestoreError> {
+    let conn = open(path)?;
+    let tasks = if cores > 1 {
+        plan(&conn).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let workers = cores.min(tasks.len()).min(MAX_WORKERS);
+    if workers < 2 {
+        return full(&conn);
+    }
+    match parallel(path, conn, &tasks, workers)? {
+        None => Ok(()),
+        Some(Outcome::Damaged(rows)) => Err(RestoreError::Integrity(rows.join("; "))),
+        Some(Outcome::Refused(why)) => {
+            tracing::debug!(reason = %why, "a split integrity check was refused; running the whole check on one connection");
+            full(&open(path)?)
+        }
+    }
+}
+
+fn open(path: &Path) -> Result<Connection, RestoreError> {
+    let uri = format!("file:{}?immutable=1", path.display());
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI;
+    Connection::open_with_flags(&uri, flags)
+        .map_err(|e| RestoreError::Integrity(format!("cannot open: {e}")))
+}
+
+/// SQLite's whole check on one connection.
+fn full(conn: &Connection) -> Result<(), RestoreError> {
+    match run(conn, "PRAGMA integrity_check") {
+        None => Ok(()),
+        Some(Outcome::Refused(why)) => Err(RestoreError::Integrity(why)),
+        Some(Outcome::Damaged(rows)) => Err(RestoreError::Integrity(rows.join("; "))),
+    }
+}
+
+/// The quick check first, then one task per table that needs its own; none when the database
+/// has no such table (the whole check is then no more than the quick one, on one core).
+fn plan(conn: &Connection) -> rusqlite::Result<Vec<Task>> {
+    let mut stmt = conn.prepare(FULL_CHECK_TABLES)?;
+    let tables = stmt
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    if tables.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(std::iter::once(Task::Quick)
+        .chain(tables.into_iter().map(Task::Table))
+        .collect())
+}
+
+/// Runs `sql` to the end: `None` when it says `ok`.
+fn run(conn: &Connection, sql: &str) -> Option<Outcome> {
+    let rows = conn.prepare(sql).and_then(|mut stmt| {
+        stmt.query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<String>>>()
+    });
+    match rows {
+        Err(e) => Some(Outcome::Refused(e.to_string())),
+        Ok(rows) if rows == ["ok"] => None,
+        Ok(rows) => Some(Outcome::Damaged(rows)),
+    }
+}
+
+/// Runs `tasks` on `workers` connections (`first` is one of them), each taking the next task
+/// when it is done. Damage found by any task is reported with every other task's; a refusal
+/// stops the others at their next task.
+fn parallel(
+    path: &Path,
+    first: Connection,
+    tasks: &[Task],
+    workers: usize,
+) -> Result<Option<Outcome>, RestoreError> {
+    let next = AtomicUsize::new(0);
+    let damage: Mutex<Vec<String>> = Mutex::default();
+    let refused: Mutex<Option<String>> = Mutex::default();
+    let work = |conn: Connection| {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(task) = tasks.get(i) else { break };
+            if lock(&refused).is_some() {
+                break;
+            }
+            match run(&conn, &task.sql()) {
+                None => {}
+                Some(Outcome::Damaged(rows)) => lock(&damage).extend(rows),
+                Some(Outcome::Refused(why)) => {
+                    lock(&refused).get_or_insert(format!("{}: {why}", task.sql()));
+                }
+            }
+        }
+    };
+    let mut conns = vec![first];
+    for _ in 1..workers {
+        conns.push(open(path)?);
+    }
+    let work = &work;
+    std::thread::scope(|s| {
+        for conn in conns {
+            s.spawn(move || work(conn));
+        }
+    });
+    let refused = refused.into_inner().unwrap_or_else(|p| p.into_inner());
+    let damage = damage.into_inner().unwrap_or_else(|p| p.into_inner());
+    Ok(match (refused, damage.is_empty()) {
+        (_, false) => Some(Outcome::Damaged(damage)),
+        (Some(why), true) => Some(Outcome::Refused(why)),
+        (None, true) => None,
+    })
+}
+
+/// A poisoned lock only means another checker panicked; its data is still whole.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db(dir: &Path, name: &str, sql: &str) -> std::path::PathBuf {
+        let p = dir.join(name);
+        let c = Connection::open(&p).expect("open");
+        c.execute_batch(sql).expect("schema and rows");
+        p
+    }
+
+    fn pragma(p: &Path, sql: &str) -> Vec<String> {
+        let c = open(p).expect("open");
+        let mut stmt = c.prepare(sql).expect("prepare");
+        stmt.query_map([], |r| r.get::<_, String>(0))
+            .expect("query")
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .expect("rows")
+    }
+
+    /// Edits `sqlite_schema` directly, as a damaged file could have it.
+    fn edit_schema(p: &Path, sql: &str) {
+        let c = Connection::open(p).expect("open");
+        c.execute_batch(&format!("PRAGMA writable_schema=ON; {sql}"))
+            .expect("schema edit");
+    }
+
+    const ROWS: &str = "PRAGMA journal_mode=DELETE;
+        CREATE TABLE t(id INTEGER PRIMARY KEY, a TEXT);
+        CREATE INDEX t_a ON t(a);
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500)
+        INSERT INTO t(a) SELECT 'row-' || i FROM n;";
+
+    #[test]
+    fn every_kind_of_table_that_needs_it_gets_its_own_check_and_a_sound_file_passes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(
+            dir.path(),
+            "kinds.db",
+            &format!(
+                "{ROWS}
+                CREATE TABLE plain(x);
+                INSERT INTO plain VALUES (1), (2);
+                CREATE TABLE wr(k TEXT PRIMARY KEY, v) WITHOUT ROWID;
+                INSERT INTO wr VALUES ('a', 1), ('b', 2);
+                CREATE TABLE \"it's\"(x UNIQUE);
+                INSERT INTO \"it's\" VALUES (1);
+                CREATE TABLE \"100\"(x UNIQUE);
+                INSERT INTO \"100\" VALUES (1);
+                CREATE VIRTUAL TABLE docs USING fts5(body);
+                INSERT INTO docs VALUES ('the quick brown fox');"
+            ),
+        );
+        let tasks = plan(&open(&p).expect("open")).expect("plan");
+        assert_eq!(tasks[0], Task::Quick);
+        for name in ["t", "wr", "it's", "100", "docs"] {
+            assert!(
+                tasks.contains(&Task::Table(name.into())),
+                "{name}: {tasks:?}"
+            );
+        }
+        assert!(!tasks.contains(&Task::Table("plain".into())), "{tasks:?}");
+        assert_eq!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
+        check_on(&p, 2).expect("a sound file passes on two connections");
+        check_on(&p, 1).expect("and on one");
+    }
+
+    /// An index that misses a row's new value: the quick check passes it, SQLite's whole
+    /// check and the split one do not.
+    #[test]
+    fn a_stale_index_passes_the_quick_check_and_fails_the_split_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(dir.path(), "stale.db", ROWS);
+        let c = open(&p).expect("open");
+        let (root, sql): (i64, String) = c
+            .query_row(
+                "SELECT rootpage, sql FROM sqlite_schema WHERE name = 't_a'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("the index's row");
+        drop(c);
+        edit_schema(&p, "DELETE FROM sqlite_schema WHERE name = 't_a';");
+        let c = Connection::open(&p).expect("open");
+        c.execute("UPDATE t SET a = 'changed' WHERE id = 5", [])
+            .expect("update without the index");
+        drop(c);
+        edit_schema(
+            &p,
+            &format!(
+                "INSERT INTO sqlite_schema(type, name, tbl_name, rootpage, sql) \
+                 VALUES ('index', 't_a', 't', {root}, '{}');",
+                sql.replace('\'', "''")
+            ),
+        );
+        assert_eq!(pragma(&p, "PRAGMA quick_check"), ["ok"]);
+        assert_ne!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
+        let err = check_on(&p, 2)
+            .expect_err("the stale index is found")
+            .to_string();
+        assert!(err.contains("t_a"), "{err}");
+        assert!(check_on(&p, 1).is_err());
+    }
+
+    /// Pages no table uses: only the quick check (of the whole file) can see them.
+    #[test]
+    fn pages_no_table_uses_fail_the_split_check() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(
+            dir.path(),
+            "orphans.db",
+            &format!(
+                "{ROWS}
+                CREATE TABLE junk(x);
+                INSERT INTO junk SELECT randomblob(3000) FROM t LIMIT 20;"
+            ),
+        );
+        edit_schema(&p, "DELETE FROM sqlite_schema WHERE name = 'junk';");
+        assert_eq!(pragma(&p, "PRAGMA integrity_check('t')"), ["ok"]);
+        let err = check_on(&p, 2)
+            .expect_err("orphan pages are found")
+            .to_string();
+        assert!(err.contains("never used"), "{err}");
+    }
+
+    /// A virtual table whose module this SQLite lacks: SQLite's whole check skips it, and so
+    /// does the split one.
+    #[test]
+    fn a_virtual_table_of_a_missing_module_is_checked_as_sqlite_checks_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(dir.path(), "module.db", ROWS);
+        edit_schema(
+            &p,
+            "INSERT INTO sqlite_schema(type, name, tbl_name, rootpage, sql) \
+             VALUES ('table', 'v', 'v', 0, 'CREATE VIRTUAL TABLE v USING no_such_module(x)');",
+        );
+        assert_eq!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
+        check_on(&p, 2).expect("the check SQLite runs passes");
+    }
+
+    /// A task SQLite refuses is reported as refused (the caller then runs the whole check),
+    /// unless another task found damage, which is the verdict.
+    #[test]
+    fn a_refused_task_is_told_apart_from_damage() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(dir.path(), "refused.db", ROWS);
+        let tasks = [Task::Quick, Task::Table("no_such_table".into())];
+        let got = parallel(&p, open(&p).expect("open"), &tasks, 2).expect("runs");
+        assert!(
+            matches!(&got, Some(Outcome::Refused(why)) if why.contains("no_such_table")),
+            "{}",
+            got.is_some()
+        );
+        edit_schema(
+            &p,
+            "CREATE TABLE junk(x); DELETE FROM sqlite_schema WHERE name = 'junk';",
+        );
+        let got = parallel(&p, open(&p).expect("open"), &tasks, 2).expect("runs");
+        assert!(matches!(got, Some(Outcome::Damaged(_))));
+    }
+}
