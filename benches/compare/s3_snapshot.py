@@ -330,9 +330,9 @@ def ensure_db(size_mib):
 
 def ensure_split_db(source, meta, parts=4):
     """The rows of `source` spread over `parts` tables (customers_0.., row id modulo parts),
-    each with its email index: the same bytes as the one-table database, in the shape of an
-    application with several tables. Cached beside the source while that is unchanged."""
-    path = source.replace(".db", f"-{parts}tables.db")
+    each with its email index: the same rows as the one-table database (and about its size),
+    in the shape of an application with several tables. Cached beside the source while that is unchanged."""
+    path = os.path.splitext(source)[0] + f"-{parts}tables.db"
     meta_path = path + ".json"
     want = {"from_bytes": meta["bytes"], "from_gen_version": meta["gen_version"], "parts": parts}
     if os.path.exists(path) and os.path.exists(meta_path):
@@ -366,6 +366,7 @@ def ensure_split_db(source, meta, parts=4):
     assert mode == "wal", mode
     rows = sum(con.execute(f"SELECT count(*) FROM customers_{k}").fetchone()[0]
                for k in range(parts))
+    assert rows == meta["rows"], (rows, meta["rows"])
     con.close()
     os.replace(tmp, path)
     m = dict(want, bytes=os.path.getsize(path), rows=rows, page_size=4096, journal_mode="wal",

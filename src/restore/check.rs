@@ -5,10 +5,13 @@
 //! Invariant: the union of these checks is what `PRAGMA integrity_check` checks. In SQLite's
 //! `pragma.c` (3.54), the quick check leaves out only each row's index entries (and UNIQUE
 //! keys), the key order of WITHOUT ROWID tables and the full check of virtual tables; the
-//! check of one table leaves out only the freelist and whether every page is used once, which
-//! the quick check does. So a table gets its own check when it has an index, has no rowid or
-//! is virtual. A check that SQLite refuses to run (a module it lacks, say) falls back to the
-//! plain `PRAGMA integrity_check`, which skips what it cannot check, as before.
+//! check of one table leaves out only what concerns the whole file (the freelist, pages no
+//! b-tree uses, the auto-vacuum root and pointer-map checks), which the quick check does. So a
+//! table gets its own check when SQLite's parsed schema gives it an index (a WITHOUT ROWID
+//! table's key is one) or it is virtual: the list comes from `pragma_index_list`, not from
+//! the columns of `sqlite_schema`. A check that SQLite refuses to run (a module it lacks, say), or a second
+//! connection that cannot be opened, falls back to the plain `PRAGMA integrity_check`, which
+//! skips what it cannot check, as before.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -23,9 +26,9 @@ const MAX_WORKERS: usize = 8;
 
 /// The tables whose `integrity_check(T)` checks more than `quick_check` does (see the module
 /// doc), in schema order.
-const FULL_CHECK_TABLES: &str = "SELECT name FROM pragma_table_list \
-     WHERE schema = 'main' AND (type = 'virtual' OR wr \
-     OR name IN (SELECT tbl_name FROM sqlite_schema WHERE type = 'index'))";
+const FULL_CHECK_TABLES: &str = "SELECT l.name FROM pragma_table_list l \
+     WHERE l.schema = 'main' AND (l.type = 'virtual' OR l.wr \
+     OR EXISTS (SELECT 1 FROM pragma_index_list(l.name, l.schema)))";
 
 /// One statement of the check; each returns `ok` or the problems it found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,10 +69,18 @@ fn check_on(path: &Path, cores: usize) -> Result<(), RestoreError> {
         Vec::new()
     };
     let workers = cores.min(tasks.len()).min(MAX_WORKERS);
-    if workers < 2 {
-        return full(&conn);
+    let mut conns = vec![conn];
+    // Too many open files, say: as many as open, and the whole check on one if that is all.
+    while conns.len() < workers {
+        match open(path) {
+            Ok(c) => conns.push(c),
+            Err(_) => break,
+        }
     }
-    match parallel(path, conn, &tasks, workers)? {
+    if conns.len() < 2 {
+        return full(&conns[0]);
+    }
+    match parallel(conns, &tasks) {
         None => Ok(()),
         Some(Outcome::Damaged(rows)) => Err(RestoreError::Integrity(rows.join("; "))),
         Some(Outcome::Refused(why)) => {
@@ -123,15 +134,10 @@ fn run(conn: &Connection, sql: &str) -> Option<Outcome> {
     }
 }
 
-/// Runs `tasks` on `workers` connections (`first` is one of them), each taking the next task
-/// when it is done. Damage found by any task is reported with every other task's; a refusal
-/// stops the others at their next task.
-fn parallel(
-    path: &Path,
-    first: Connection,
-    tasks: &[Task],
-    workers: usize,
-) -> Result<Option<Outcome>, RestoreError> {
+/// Runs `tasks` on the connections, one thread each, each taking the next task when it is
+/// done. Damage found by any task is reported with every other task's; a refusal stops the
+/// tables not started yet (the caller then runs the whole check), never the quick check.
+fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> Option<Outcome> {
     let next = AtomicUsize::new(0);
     let damage: Mutex<Vec<String>> = Mutex::default();
     let refused: Mutex<Option<String>> = Mutex::default();
@@ -139,7 +145,7 @@ fn parallel(
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(task) = tasks.get(i) else { break };
-            if lock(&refused).is_some() {
+            if *task != Task::Quick && lock(&refused).is_some() {
                 break;
             }
             match run(&conn, &task.sql()) {
@@ -151,10 +157,6 @@ fn parallel(
             }
         }
     };
-    let mut conns = vec![first];
-    for _ in 1..workers {
-        conns.push(open(path)?);
-    }
     let work = &work;
     std::thread::scope(|s| {
         for conn in conns {
@@ -163,14 +165,15 @@ fn parallel(
     });
     let refused = refused.into_inner().unwrap_or_else(|p| p.into_inner());
     let damage = damage.into_inner().unwrap_or_else(|p| p.into_inner());
-    Ok(match (refused, damage.is_empty()) {
+    match (refused, damage.is_empty()) {
         (_, false) => Some(Outcome::Damaged(damage)),
         (Some(why), true) => Some(Outcome::Refused(why)),
         (None, true) => None,
-    })
+    }
 }
 
-/// A poisoned lock only means another checker panicked; its data is still whole.
+/// Each guarded change is one push or one set, never left half done: a poisoned lock's data
+/// is whole.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -193,6 +196,16 @@ mod tests {
             .expect("query")
             .collect::<rusqlite::Result<Vec<_>>>()
             .expect("rows")
+    }
+
+    fn two(p: &Path) -> Vec<Connection> {
+        vec![open(p).expect("open"), open(p).expect("open")]
+    }
+
+    /// The split check itself (no fallback to the whole one): its verdict on `p`.
+    fn split(p: &Path) -> Option<Outcome> {
+        let tasks = plan(&open(p).expect("open")).expect("plan");
+        parallel(two(p), &tasks)
     }
 
     /// Edits `sqlite_schema` directly, as a damaged file could have it.
@@ -238,6 +251,7 @@ mod tests {
         }
         assert!(!tasks.contains(&Task::Table("plain".into())), "{tasks:?}");
         assert_eq!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
+        assert!(split(&p).is_none(), "no task refused or found damage");
         check_on(&p, 2).expect("a sound file passes on two connections");
         check_on(&p, 1).expect("and on one");
     }
@@ -246,6 +260,13 @@ mod tests {
     /// check and the split one do not.
     #[test]
     fn a_stale_index_passes_the_quick_check_and_fails_the_split_one() {
+        // A wrong `tbl_name` must not hide the index from the check.
+        for tbl_name in ["t", "elsewhere"] {
+            stale_index(tbl_name);
+        }
+    }
+
+    fn stale_index(tbl_name: &str) {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = db(dir.path(), "stale.db", ROWS);
         let c = open(&p).expect("open");
@@ -266,12 +287,22 @@ mod tests {
             &p,
             &format!(
                 "INSERT INTO sqlite_schema(type, name, tbl_name, rootpage, sql) \
-                 VALUES ('index', 't_a', 't', {root}, '{}');",
+                 VALUES ('index', 't_a', '{tbl_name}', {root}, '{}');",
                 sql.replace('\'', "''")
             ),
         );
+        if tbl_name != "t" {
+            // SQLite 3.54 calls such a schema malformed: every check refuses the file.
+            let err = check_on(&p, 2).expect_err("a malformed schema").to_string();
+            assert!(err.contains("malformed"), "{err}");
+            return;
+        }
         assert_eq!(pragma(&p, "PRAGMA quick_check"), ["ok"]);
         assert_ne!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
+        assert!(
+            matches!(split(&p), Some(Outcome::Damaged(rows)) if rows.iter().any(|r| r.contains("t_a"))),
+            "the table's own check finds it"
+        );
         let err = check_on(&p, 2)
             .expect_err("the stale index is found")
             .to_string();
@@ -322,7 +353,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = db(dir.path(), "refused.db", ROWS);
         let tasks = [Task::Quick, Task::Table("no_such_table".into())];
-        let got = parallel(&p, open(&p).expect("open"), &tasks, 2).expect("runs");
+        let got = parallel(two(&p), &tasks);
         assert!(
             matches!(&got, Some(Outcome::Refused(why)) if why.contains("no_such_table")),
             "{}",
@@ -332,7 +363,8 @@ mod tests {
             &p,
             "CREATE TABLE junk(x); DELETE FROM sqlite_schema WHERE name = 'junk';",
         );
-        let got = parallel(&p, open(&p).expect("open"), &tasks, 2).expect("runs");
+        // The quick check runs even when the refusal comes first.
+        let got = parallel(two(&p), &tasks);
         assert!(matches!(got, Some(Outcome::Damaged(_))));
     }
 }
