@@ -698,11 +698,15 @@ def dir_run(source, meta, s3):
         out["snapshot"][f"{tool}-{codec}"] = res
     cases = (("replicad", "replicad-zstd:3", True), ("litestream", "litestream-lz4", False),
              ("replicad", "replicad-zstd:3", False))
-    try:
-        for idx, (tool, key, check) in enumerate(cases, start=1):
-            res = rst.run_case(1, idx, "dir", tool, reps[key], check, s3, verifier)
+
+    def restores(case, first, reps, into):
+        for idx, (tool, key, check) in enumerate(cases, start=first):
+            res = rst.run_case(1, idx, case, tool, reps[key], check, s3, verifier)
             res.pop("progress", None)
-            out["restore"][f"{tool}-{'check' if check else 'nocheck'}"] = res
+            into[f"{tool}-{'check' if check else 'nocheck'}"] = res
+
+    try:
+        restores("dir", 1, reps, out["restore"])
     finally:
         for rep in reps.values():
             shutil.rmtree(rep["root"], ignore_errors=True)
@@ -714,10 +718,7 @@ def dir_run(source, meta, s3):
         for tool, codec in (("litestream", "lz4"), ("replicad", "zstd:3")):
             reps[f"{tool}-{codec}"] = rst.make_replica(
                 f"dir4-{tool}-{codec.replace(':', '')}", tool, codec, "dir", split, split_meta, s3)
-        for idx, (tool, key, check) in enumerate(cases, start=4):
-            res = rst.run_case(1, idx, "dir4", tool, reps[key], check, s3, verifier)
-            res.pop("progress", None)
-            out["restore_4_tables"][f"{tool}-{'check' if check else 'nocheck'}"] = res
+        restores("dir4", 4, reps, out["restore_4_tables"])
     finally:
         for rep in reps.values():
             shutil.rmtree(rep["root"], ignore_errors=True)

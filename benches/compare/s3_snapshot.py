@@ -261,13 +261,7 @@ def generate_db(path, target_bytes, seed=42):
     chunk = max(500, min(5000, target_bytes // 450 // 200))
 
     tmp = path + ".tmp"
-    for p in (tmp, tmp + "-wal", tmp + "-shm", tmp + "-journal"):
-        if os.path.exists(p):
-            os.remove(p)
-    con = sqlite3.connect(tmp, isolation_level=None)
-    for pragma in ("page_size=4096", "journal_mode=OFF", "synchronous=OFF",
-                   "cache_size=-1000000", "locking_mode=EXCLUSIVE", "temp_store=MEMORY"):
-        con.execute("PRAGMA " + pragma)
+    con = bulk_connect(tmp)
     con.execute("""CREATE TABLE customers(
         id INTEGER PRIMARY KEY, first TEXT, last TEXT, email TEXT, city TEXT, status TEXT,
         balance REAL, visits INTEGER, created TEXT, token TEXT, notes TEXT, user_agent TEXT,
@@ -300,16 +294,38 @@ def generate_db(path, target_bytes, seed=42):
     return rows
 
 
+def cached_meta(path, want):
+    """The metadata saved beside a generated database, if it matches `want` and the file."""
+    meta_path = path + ".json"
+    if not (os.path.exists(path) and os.path.exists(meta_path)):
+        return None
+    with open(meta_path) as f:
+        meta = json.load(f)
+    if all(meta.get(k) == v for k, v in want.items()) and meta.get("bytes") == os.path.getsize(path):
+        return meta
+    return None
+
+
+def bulk_connect(tmp):
+    """A fresh file at `tmp` opened for a bulk load: no journal, no sync, a large cache."""
+    for p in (tmp, tmp + "-wal", tmp + "-shm", tmp + "-journal"):
+        if os.path.exists(p):
+            os.remove(p)
+    con = sqlite3.connect(tmp, isolation_level=None)
+    for pragma in ("page_size=4096", "journal_mode=OFF", "synchronous=OFF",
+                   "cache_size=-1000000", "locking_mode=EXCLUSIVE", "temp_store=MEMORY"):
+        con.execute("PRAGMA " + pragma)
+    return con
+
+
 def ensure_db(size_mib):
     os.makedirs(DATA, exist_ok=True)
     path = os.path.join(DATA, f"source-{size_mib}mib.db")
     meta_path = path + ".json"
     want = {"gen_version": GEN_VERSION, "target_bytes": size_mib * 2**20}
-    if os.path.exists(path) and os.path.exists(meta_path):
-        with open(meta_path) as f:
-            meta = json.load(f)
-        if all(meta.get(k) == v for k, v in want.items()) and meta.get("bytes") == os.path.getsize(path):
-            return path, meta
+    meta = cached_meta(path, want)
+    if meta:
+        return path, meta
     log(f"generating {path} ({size_mib} MiB) ...")
     t0 = time.monotonic()
     # Into a temporary file, then renamed over the old one: a run still reading the old
@@ -331,27 +347,20 @@ def ensure_db(size_mib):
 def ensure_split_db(source, meta, parts=4):
     """The rows of `source` spread over `parts` tables (customers_0.., row id modulo parts),
     each with its email index: the same rows as the one-table database (and about its size),
-    in the shape of an application with several tables. Cached beside the source while that is unchanged."""
+    in the shape of an application with several tables. Cached beside the source while that
+    is unchanged."""
     path = os.path.splitext(source)[0] + f"-{parts}tables.db"
     meta_path = path + ".json"
     want = {"from_bytes": meta["bytes"], "from_gen_version": meta["gen_version"], "parts": parts}
-    if os.path.exists(path) and os.path.exists(meta_path):
-        with open(meta_path) as f:
-            m = json.load(f)
-        if all(m.get(k) == v for k, v in want.items()) and m.get("bytes") == os.path.getsize(path):
-            return path, m
+    m = cached_meta(path, want)
+    if m:
+        return path, m
     log(f"generating {path} ({parts} tables from {source}) ...")
     t0 = time.monotonic()
     if os.path.exists(meta_path):
         os.remove(meta_path)
     tmp = path + ".tmp"
-    for p in (tmp, tmp + "-wal", tmp + "-shm", tmp + "-journal"):
-        if os.path.exists(p):
-            os.remove(p)
-    con = sqlite3.connect(tmp, isolation_level=None)
-    for pragma in ("page_size=4096", "journal_mode=OFF", "synchronous=OFF",
-                   "cache_size=-1000000", "locking_mode=EXCLUSIVE", "temp_store=MEMORY"):
-        con.execute("PRAGMA " + pragma)
+    con = bulk_connect(tmp)
     con.execute("ATTACH ? AS src", (source,))
     sql = con.execute("SELECT sql FROM src.sqlite_schema WHERE name = 'customers'").fetchone()[0]
     for k in range(parts):
