@@ -663,7 +663,9 @@ fn back_to_back_commits_through_checkpoints_restore_exactly() {
         in_place >= 1,
         "no restart in place under the busy writer:\n{logs}"
     );
-    assert!(shrunk >= 1, "the WAL was never shrunk:\n{logs}");
+    // A TRUNCATE (the barrier did not get in before truncate-page-n) also leaves it empty.
+    let truncated = logs.matches("mode=\"TRUNCATE\"").count();
+    assert!(shrunk + truncated >= 1, "the WAL was never shrunk:\n{logs}");
     let checkpoints = logs.matches("checkpoint db=").count();
     // A full segment after a TRUNCATE (the barrier did not get in for a while) recaptures
     // the whole database, and would hide an earlier loss; most runs have none.

@@ -7,7 +7,8 @@
 //! - A seed holds exactly the state at the Db's position: the pages of the WAL frames up to
 //!   the position's mark over the database file, read under our read transaction (the same
 //!   reasoning as a full segment, `Db::write_full`), and the WAL's salts are checked again
-//!   after the pages. With checksums on, its post-apply checksum must equal the position's.
+//!   after the pages. After an application's checkpoint emptied the WAL with nothing
+//!   committed since (`next_gen_follows`), the mark's frames are all in the file: it alone. With checksums on, its post-apply checksum must equal the position's.
 //! - Building a seed changes nothing of the chain: no TXID, no staging file, no checkpoint,
 //!   and it takes no SQLite lock beyond the read transaction already held.
 //! - The file lives as long as someone holds its [`SeedSnapshot`]; the last holder removes it.
@@ -94,13 +95,19 @@ impl Db {
         // The frames up to our mark, when the WAL holds any: the state at the position.
         let scan = match (self.mark, wal_file.as_ref()) {
             (Some(m), Some(f)) if m.offset > WAL_HEADER_SIZE => {
-                let s = wal::scan(f, WAL_HEADER_SIZE, m.offset - WAL_HEADER_SIZE)?
-                    .filter(|s| {
-                        (s.header.salt1, s.header.salt2) == (m.salt1, m.salt2)
-                            && s.end_offset == m.offset
-                    })
-                    .ok_or(DbError::WalRestartedDuringRead)?;
-                Some(s)
+                let s = wal::scan(f, WAL_HEADER_SIZE, m.offset - WAL_HEADER_SIZE)?.filter(|s| {
+                    (s.header.salt1, s.header.salt2) == (m.salt1, m.salt2)
+                        && s.end_offset == m.offset
+                });
+                match s {
+                    Some(s) => Some(s),
+                    // An application's checkpoint copied every frame up to the mark into the
+                    // database file and restarted the WAL right after it, with no commit since
+                    // (proven by the yield); the mark stays until a commit, and our read keeps
+                    // any later frame out of the file: the file alone is the state.
+                    None if self.next_gen_follows => None,
+                    None => return Err(DbError::WalRestartedDuringRead),
+                }
             }
             _ => None,
         };

@@ -187,3 +187,55 @@ fn a_sync_reports_which_of_its_segments_its_checkpoint_wrote() {
     assert_eq!(written - ours, 1, "one application commit");
     assert_eq!((db.sync(true).unwrap(), db.checkpoint_segments()), (0, 0));
 }
+
+/// An application's TRUNCATE checkpoint, let through by a yield, empties the WAL while our
+/// mark stays on the old generation until the next commit: a seed must still be built from
+/// the database file (it failed with "the WAL was restarted while it was read" at every
+/// request until the application committed again, found by the 50-takeover test).
+#[test]
+fn a_seed_is_built_after_the_application_truncated_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, app) = wal_app(dir.path());
+    for i in 0..20 {
+        app.execute("INSERT INTO t VALUES (?1)", [format!("row-{i}")])
+            .unwrap();
+    }
+    let mut db = synced_db(dir.path(), &path);
+    // Another process (SQLite's locks are per process): the sqlite3 shell, as CI installs it.
+    let mut truncate = std::process::Command::new("sqlite3")
+        .args([
+            path.to_str().unwrap(),
+            ".timeout 20000",
+            "PRAGMA wal_checkpoint(TRUNCATE);",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the sqlite3 shell");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while truncate.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        db.sync(true).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = truncate.wait_with_output().unwrap();
+    let busy = String::from_utf8_lossy(&out.stdout);
+    assert!(busy.starts_with("0|"), "the TRUNCATE was busy: {busy}");
+    assert!(db.stats().checkpoint_yields.load(Ordering::Relaxed) >= 1);
+    assert_eq!(
+        std::fs::metadata(dir.path().join("app.db-wal"))
+            .unwrap()
+            .len(),
+        0
+    );
+    db.sync(true).unwrap();
+    let seed = db.build_seed().expect("a seed from the database file");
+    assert_eq!(seed.txid, db.pos);
+    let mut f = File::open(&seed.path).unwrap();
+    let mut dec = crate::ltx::Decoder::new(&mut f).unwrap();
+    let mut page = vec![0u8; dec.header().page_size as usize];
+    let mut pages = 0;
+    while dec.next_page(&mut page).unwrap().is_some() {
+        pages += 1;
+    }
+    assert_eq!(pages, dec.header().commit);
+    dec.finish().unwrap();
+}

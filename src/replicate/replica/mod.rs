@@ -590,11 +590,15 @@ impl Replica {
             }
             // While retrying, the backoff alone paces requests (a failed refresh leaves the
             // lease due, which must not turn into a busy loop).
+            // Maintenance runs only after a successful round: a deadline it has passed must
+            // not shorten the backoff to nothing.
             let wait = match retry {
                 Some(delay) => delay,
-                None => self.heartbeat.min(self.lease.refresh_in()),
-            }
-            .min(schedule.until_next(Instant::now()));
+                None => self
+                    .heartbeat
+                    .min(self.lease.refresh_in())
+                    .min(schedule.until_next(Instant::now())),
+            };
             tokio::select! {
                 _ = abort.cancelled() => return,
                 _ = pos_rx.changed(), if retry.is_none() && !closed => {}
