@@ -9,9 +9,9 @@
 //! b-tree uses, the auto-vacuum root and pointer-map checks), which the quick check does. So a
 //! table gets its own check when SQLite's parsed schema gives it an index (a WITHOUT ROWID
 //! table's key is one) or it is virtual: the list comes from `pragma_index_list`, not from
-//! the columns of `sqlite_schema`. A check that SQLite refuses to run (a module it lacks, say), or a second
-//! connection that cannot be opened, falls back to the plain `PRAGMA integrity_check`, which
-//! skips what it cannot check, as before.
+//! the columns of `sqlite_schema`. A check that SQLite refuses to run (a module it lacks,
+//! say), or a second connection that cannot be opened, falls back to the plain
+//! `PRAGMA integrity_check`, which skips what it cannot check, as before.
 
 use std::path::Path;
 use std::sync::Mutex;

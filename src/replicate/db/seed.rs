@@ -8,7 +8,8 @@
 //!   the position's mark over the database file, read under our read transaction (the same
 //!   reasoning as a full segment, `Db::write_full`), and the WAL's salts are checked again
 //!   after the pages. After an application's checkpoint emptied the WAL with nothing
-//!   committed since (`next_gen_follows`), the mark's frames are all in the file: it alone. With checksums on, its post-apply checksum must equal the position's.
+//!   committed since (`next_gen_follows`), the mark's frames are all in the file: it
+//!   alone. With checksums on, its post-apply checksum must equal the position's.
 //! - Building a seed changes nothing of the chain: no TXID, no staging file, no checkpoint,
 //!   and it takes no SQLite lock beyond the read transaction already held.
 //! - The file lives as long as someone holds its [`SeedSnapshot`]; the last holder removes it.

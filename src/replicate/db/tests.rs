@@ -204,6 +204,9 @@ fn a_seed_is_built_after_the_application_truncated_the_wal() {
     // Another process (SQLite's locks are per process): the sqlite3 shell, as CI installs it.
     let mut truncate = std::process::Command::new("sqlite3")
         .args([
+            "-batch",
+            "-init",
+            "/dev/null",
             path.to_str().unwrap(),
             ".timeout 20000",
             "PRAGMA wal_checkpoint(TRUNCATE);",
@@ -227,6 +230,8 @@ fn a_seed_is_built_after_the_application_truncated_the_wal() {
         0
     );
     db.sync(true).unwrap();
+    // The route under test: the yield proved the restart, and the mark waits for a commit.
+    assert!(db.next_gen_follows);
     let seed = db.build_seed().expect("a seed from the database file");
     assert_eq!(seed.txid, db.pos);
     let mut f = File::open(&seed.path).unwrap();
