@@ -53,6 +53,15 @@ enum Outcome {
     Damaged(Vec<String>),
 }
 
+impl From<Outcome> for RestoreError {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Refused(why) => RestoreError::Integrity(why),
+            Outcome::Damaged(rows) => RestoreError::Integrity(rows.join("; ")),
+        }
+    }
+}
+
 /// Runs the equivalent of `PRAGMA integrity_check` on a database file, without creating a WAL
 /// or SHM beside it, on up to one connection per core.
 pub fn integrity_check(path: &Path) -> Result<(), RestoreError> {
@@ -81,12 +90,11 @@ fn check_on(path: &Path, cores: usize) -> Result<(), RestoreError> {
         return full(&conns[0]);
     }
     match parallel(conns, &tasks) {
-        None => Ok(()),
-        Some(Outcome::Damaged(rows)) => Err(RestoreError::Integrity(rows.join("; "))),
         Some(Outcome::Refused(why)) => {
             tracing::debug!(reason = %why, "a split integrity check was refused; running the whole check on one connection");
             full(&open(path)?)
         }
+        verdict => verdict.map_or(Ok(()), |o| Err(o.into())),
     }
 }
 
@@ -99,11 +107,7 @@ fn open(path: &Path) -> Result<Connection, RestoreError> {
 
 /// SQLite's whole check on one connection.
 fn full(conn: &Connection) -> Result<(), RestoreError> {
-    match run(conn, "PRAGMA integrity_check") {
-        None => Ok(()),
-        Some(Outcome::Refused(why)) => Err(RestoreError::Integrity(why)),
-        Some(Outcome::Damaged(rows)) => Err(RestoreError::Integrity(rows.join("; "))),
-    }
+    run(conn, "PRAGMA integrity_check").map_or(Ok(()), |o| Err(o.into()))
 }
 
 /// The quick check first, then one task per table that needs its own; none when the database
