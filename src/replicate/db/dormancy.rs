@@ -372,3 +372,20 @@ impl Db {
         Ok(())
     }
 }
+
+#[cfg(test)]
+impl DormantProbe {
+    /// The probe of a database at `path` that has no WAL, stamped as it is now (the watch's
+    /// tests).
+    pub(crate) fn of_file(path: &Path) -> DormantProbe {
+        DormantProbe {
+            path: path.to_path_buf(),
+            wal_path: PathBuf::from(format!("{}-wal", path.display())),
+            stamps: Dormant {
+                db: FileStamp::of(path).expect("the test created the file"),
+                wal: None,
+            },
+            stats: Arc::default(),
+        }
+    }
+}
