@@ -243,11 +243,12 @@ pub(super) async fn monitor(
                     next = next.min(tokio::time::Instant::now() + COALESCE);
                 }
                 opened = true;
-                trigger.done(tick);
                 if let Some((since, n)) = failing.take() {
                     tracing::info!(failures = n, after = ?since.elapsed(), "sync recovered: the database is protected again");
                 }
                 stats.health.recover();
+                // After the health: whoever waited for this sync sees it protected.
+                trigger.done(tick);
                 backoff.reset();
             }
             Err(e) => {

@@ -506,7 +506,7 @@ impl Ping {
             }
             let dbs = self.registry.snapshot();
             if let Err(reasons) = crate::ops::http::readiness(&dbs, self.max_lag, self.since_ms) {
-                self.pings.with_label_values(&["withheld"]).inc();
+                // Logged before it is counted: whoever sees the count finds the line.
                 if !withheld {
                     tracing::warn!(
                         reason = %reasons.first().map(String::as_str).unwrap_or(""),
@@ -514,6 +514,7 @@ impl Ping {
                     );
                     withheld = true;
                 }
+                self.pings.with_label_values(&["withheld"]).inc();
                 continue;
             }
             if withheld {

@@ -101,6 +101,15 @@ fn dir_max(replica: &Path) -> u64 {
 }
 
 /// Polls until `f` holds a value that stays the same for 300 ms.
+/// Waits until `f` returns more than `than`.
+fn wait_above(what: &str, mut f: impl FnMut() -> u64, than: u64) {
+    let deadline = Instant::now() + common::WAIT;
+    while f() <= than {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn wait_stable(what: &str, mut f: impl FnMut() -> u64, min: u64) -> u64 {
     let deadline = Instant::now() + common::WAIT;
     let (mut last, mut since) = (f(), Instant::now());
@@ -196,8 +205,10 @@ async fn encrypted_s3_replica_hides_the_data_and_restores_only_with_the_identity
     let daemon = spawn_replicate(dir.path(), &["--config", s(&config)]);
     wait_stable("the initial snapshot", || dir_max(&backup), 1);
     for batch in 1..4 {
+        // One TXID per batch: the next batch waits for this one to ship.
+        let shipped = dir_max(&backup);
         insert(&conn, batch * 200, 200);
-        tokio::time::sleep(Duration::from_millis(120)).await;
+        wait_above("the batch", || dir_max(&backup), shipped);
     }
     let txid = wait_stable("the file replica", || dir_max(&backup), 4);
     let raw = raw_s3(&server, prefix);
@@ -449,8 +460,9 @@ fn switching_a_replica_from_plain_to_encrypted_starts_a_chain_with_a_snapshot() 
     insert(&conn, 0, 100);
     let daemon = spawn_replicate(dir.path(), &["--config", s(&plain_cfg)]);
     wait_stable("the initial snapshot", || dir_max(&backup), 1);
+    let shipped = dir_max(&backup);
     insert(&conn, 100, 50);
-    std::thread::sleep(Duration::from_millis(150));
+    wait_above("the first batch", || dir_max(&backup), shipped);
     insert(&conn, 150, 50);
     wait_stable("plain replication", || dir_max(&backup), 3);
     daemon.stop_ok();

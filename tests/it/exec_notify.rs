@@ -268,7 +268,13 @@ fn logging_json_from_the_config_file() {
         (vec!["--log-level", "info", "-config", s(&config)], true),
     ] {
         let d = spawn_replicate(t.path(), &args);
-        std::thread::sleep(Duration::from_millis(300));
+        // Its lease (the last run's was released): the daemon started, and handles SIGTERM.
+        let lease = t.join("replica").join("replicad.lease");
+        let deadline = Instant::now() + WAIT;
+        while !lease.exists() {
+            assert!(Instant::now() < deadline, "{args:?}: never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let log = d.log.clone();
         d.stop_ok();
         let text = std::fs::read_to_string(log).unwrap();

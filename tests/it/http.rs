@@ -219,17 +219,24 @@ async fn lag_grows_while_a_replica_fails_and_returns_to_zero() {
 
     faults.set_fail_rate(1.0);
     for i in 0..5 {
+        let txid = h.stats.txid.load(Ordering::Relaxed);
         conn.execute("INSERT INTO t(v) VALUES (?1)", [format!("row {i}")])
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        // One TXID per insert (a slow sync would otherwise ship two in one segment).
+        wait_until("the insert synced", async || {
+            h.stats.txid.load(Ordering::Relaxed) > txid
+        })
+        .await;
     }
     let dbl = format!("db=\"{}\"", db.display());
     let bad_l = format!("{dbl},replica=\"bad\"");
     let good_l = format!("{dbl},replica=\"good\"");
     let mut m = String::new();
+    // In one scrape: the good replica stores the last segment a little after it is staged.
     wait_until("bad replica lags by the 5 new txids", async || {
         m = get(a, "/metrics").await.1;
         sample(&m, "replicad_replica_lag_txids", &bad_l) == Some(5.0)
+            && sample(&m, "replicad_replica_lag_txids", &good_l) == Some(0.0)
     })
     .await;
     let secs = sample(&m, "replicad_replica_lag_seconds", &bad_l).unwrap();
@@ -264,6 +271,55 @@ async fn lag_grows_while_a_replica_fails_and_returns_to_zero() {
 
     srv.stop().await;
     store.shutdown(std::future::pending()).await;
+}
+
+/// A failing replica's retries are paced by its backoff (1 s, doubling) even once a
+/// maintenance deadline has passed: maintenance runs only after a successful round, and a
+/// passed deadline once cut every retry's wait to nothing (a busy loop of requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_replica_retries_at_its_backoff_past_a_maintenance_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let conn = make_db(&db);
+    let replica = dir.path().join("replica");
+    let settings = DbSettings {
+        levels: vec![Duration::from_millis(200)],
+        ..settings(Duration::from_millis(20))
+    };
+    let config = Config::single(db.clone(), &[replica.display().to_string()], settings).unwrap();
+    let faults = Faults::new();
+    let f = faults.clone();
+    let wrap: ClientWrapper = Arc::new(move |_db: &str, _name: &str, client: AnyClient| {
+        AnyClient::Faulty(Box::new(FaultyClient::new(client, f.clone())))
+    });
+    let store = Store::open_with(&config, Some(wrap)).await.unwrap();
+    let h = store.dbs()[0].clone();
+    wait_until("caught up", async || caught_up(&h)).await;
+
+    faults.set_fail_rate(1.0);
+    let before = faults.injected();
+    conn.execute("INSERT INTO t(v) VALUES ('while failing')", [])
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let failed = faults.injected() - before;
+    // Rounds at about 0, 1 and 3 s, each ended by its first failed call (a busy loop made
+    // hundreds); at least two show the faults were met.
+    assert!(
+        (2..=8).contains(&failed),
+        "{failed} failed client calls in 4 s"
+    );
+
+    faults.set_fail_rate(0.0);
+    wait_until("caught up after the faults", async || caught_up(&h)).await;
+    store.shutdown(std::future::pending()).await;
+    let restored = dir.path().join("restored.db");
+    common::restore_ok(common::s(&replica), &restored, None);
+    assert_eq!(
+        common::strings(&restored, "SELECT v FROM t ORDER BY id")
+            .last()
+            .map(String::as_str),
+        Some("while failing")
+    );
 }
 
 /// Blocking `GET path` for the binary test.

@@ -175,11 +175,8 @@ fn an_idle_database_with_lost_staging_seeds_an_empty_replica() {
     let port = free_port();
     let cfg = config(&dir, &db, &[&a, &b], port, "");
     let d = spawn_replicate(dir.path(), &["--config", s(&cfg)]);
-    wait_until(
-        &dir,
-        "the emptied replica to be seeded without a write",
-        || max_replica_txid(&b) > 0 && ready(port),
-    );
+    // `/status` counts the seed only after its log line (the file is visible before).
+    wait_caught_up(&dir, port, &b);
     let log = d.log_text();
     d.stop_ok();
     assert!(log.contains("replica re-seeded"), "{log}");
@@ -207,7 +204,7 @@ fn a_replica_wiped_while_running_is_seeded_again() {
         !dir.join(".app.db-replicad/ltx/0/0000000000000001-0000000000000001.ltx")
             .exists()
     });
-    fs::remove_dir_all(&a).unwrap();
+    wipe_dir(&a);
     // The next commit's upload round finds the lease gone, lists the replica, and re-seeds.
     insert(&c, 20, "after-wipe");
     // A heartbeat may re-seed the replica before the daemon sees the commit: the status
@@ -559,11 +556,12 @@ fn a_wal_whose_restart_a_reader_blocked_goes_back_to_the_idle_fast_path() {
         let logical = sample(m, "replicad_db_wal_size_bytes", &label).unwrap_or(0.0) as u64;
         fs::metadata(&wal).map_or(0, |m| m.len()) > logical
     };
+    // The header alone: the restart must be seen well within the quiet shrink's 500 ms.
     let salt1 = || {
-        fs::read(&wal).ok().and_then(|b| {
-            b.get(16..20)
-                .map(|s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
-        })
+        let mut h = [0u8; 20];
+        let mut f = fs::File::open(&wal).ok()?;
+        f.read_exact(&mut h).ok()?;
+        Some(u32::from_be_bytes([h[16], h[17], h[18], h[19]]))
     };
     let before = salt1();
     // A large write: its checkpoint (by page count) restarts the WAL in place, leaving the
@@ -594,14 +592,21 @@ fn a_wal_whose_restart_a_reader_blocked_goes_back_to_the_idle_fast_path() {
         fs::metadata(&wal).map(|m| m.len()),
         sample(&m1, "replicad_db_wal_size_bytes", &label)
     );
+    // 2 s of 50 ms ticks (longer when a loaded machine lost some): all but a shrink retry
+    // or two answered by the fast path.
+    let delta = |m2: &str, name: &str| {
+        sample(m2, name, &label).unwrap() - sample(&m1, name, &label).unwrap()
+    };
     sleep(Duration::from_secs(2));
-    let m2 = get(port, "/metrics").1;
+    let mut m2 = get(port, "/metrics").1;
+    let deadline = Instant::now() + WAIT;
+    while delta(&m2, "replicad_db_sync_skipped_total") < 20.0 {
+        assert!(Instant::now() < deadline, "{m2}");
+        sleep(Duration::from_millis(100));
+        m2 = get(port, "/metrics").1;
+    }
     assert!(tail(&m2), "{m2}");
-    let delta =
-        |name: &str| sample(&m2, name, &label).unwrap() - sample(&m1, name, &label).unwrap();
-    // 2 s of 50 ms ticks: all but a shrink retry or two answered by the fast path.
-    assert!(delta("replicad_db_syncs_total") <= 2.0, "{m2}");
-    assert!(delta("replicad_db_sync_skipped_total") >= 20.0, "{m2}");
+    assert!(delta(&m2, "replicad_db_syncs_total") <= 2.0, "{m2}");
     // A commit inside the long file is still seen at once.
     insert(&c, 3, "inside-the-tail");
     wait_caught_up(&dir, port, &a);

@@ -67,8 +67,9 @@ fn the_readme_session_runs_verbatim_and_its_restores_hold_what_it_wrote() {
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let o = Command::new("bash")
-        .arg("readme.sh")
+    // The session waits on files with `until` loops: a broken build must fail, not hang.
+    let o = Command::new("timeout")
+        .args(["300", "bash", "readme.sh"])
         .current_dir(dir.path())
         .env("PATH", path)
         .env_remove("RUST_LOG")

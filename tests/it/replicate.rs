@@ -195,8 +195,14 @@ fn kill9_at_random_points_then_restart() {
             sleep(Duration::from_millis(rng.random_range(0..300)));
         }
     }
+    let m = max_replica_txid(&t.replica);
     let mut d = t.spawn(&[]);
-    sleep(Duration::from_millis(300));
+    // Started (and past its signal handlers) once it shipped the writer's next commit.
+    assert!(
+        wait_for_txid(&t.replica, m + 1, WAIT),
+        "the last daemon made no progress; {}",
+        t.context()
+    );
     stop.store(true, Ordering::Relaxed);
     let w = writer.join().expect("writer thread panicked");
     println!("writer committed {} transactions", w.commits);

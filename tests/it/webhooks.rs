@@ -293,7 +293,7 @@ fn webhooks_and_heartbeat_follow_a_replica_failing_and_recovering() {
         !dir.join(".app.db-replicad/ltx/0/0000000000000001-0000000000000001.ltx")
             .exists()
     });
-    std::fs::remove_dir_all(&replica).unwrap();
+    common::wipe_dir(&replica);
     insert(&c, "after-wipe");
     wait_until(&dir, "the reseed event", || hook.event("reseed").is_some());
     assert_eq!(hook.event("reseed").unwrap()["replica"], "r0");

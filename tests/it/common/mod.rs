@@ -371,6 +371,24 @@ pub fn wait_stable_txid(
     }
 }
 
+/// Removes a replica directory the daemon is writing to (as an operator wiping it would):
+/// a compaction may create a file in it during the removal, so it is tried again.
+pub fn wipe_dir(path: &Path) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match std::fs::remove_dir_all(path) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "removing {}: {e}",
+                path.display()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A recursive listing (path and size) of a directory, for failure messages.
 pub fn listing(dir: &Path) -> String {
     fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
