@@ -161,11 +161,14 @@ async fn checkpoints_complete(
     common::restore_ok(common::s(&replica), &out, None);
     common::assert_same_content(&db, &out, name);
     assert!(common::integrity_ok(&out));
+    // A RESTART or TRUNCATE always meets our read transaction; a FULL that lands right
+    // after a sync, before the writer's next commit, finds our snapshot current and needs
+    // no yield.
+    let blocking = modes.iter().filter(|m| **m != "FULL").count();
     assert!(
-        c.yields >= modes.len() as f64,
-        "{} yields for {} blocking checkpoints",
-        c.yields,
-        modes.len()
+        c.yields >= blocking as f64,
+        "{} yields for {blocking} blocking checkpoints",
+        c.yields
     );
     c
 }

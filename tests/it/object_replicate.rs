@@ -297,7 +297,16 @@ async fn litestream_and_replicad_read_each_others_replicas_on_each_backend() {
             .spawn()
             .unwrap();
         steps(&mut w2, 20).await;
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        tokio::task::block_in_place(|| {
+            common::wait_restores(&dir, &db2, "Litestream's replica", |out| {
+                run(
+                    &emu,
+                    &["restore", "--to", common::s(out), &emu.url("interop/b.db")],
+                )
+                .status
+                .success()
+            })
+        });
         common::sigterm(&ls_child);
         let st =
             common::wait_timeout(&mut ls_child, Duration::from_secs(30)).expect("litestream stop");

@@ -263,3 +263,66 @@ fn usage_errors_exit_2() {
         );
     }
 }
+
+/// A replica of a damaged database (an index that missed an update, as a failing primary
+/// could leave it): the chain is whole and its checksums hold, so only the integrity check
+/// can refuse it, and the output is not written; `--no-integrity-check` restores it as it is.
+#[test]
+fn a_replica_of_a_damaged_database_fails_the_integrity_check_and_writes_nothing() {
+    let f = Fixture {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let db = f.dir.path().join("app.db");
+    let index_row: (i64, String) = {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch(
+            "CREATE TABLE t(id INTEGER PRIMARY KEY, a TEXT); CREATE INDEX t_a ON t(a);
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500)
+             INSERT INTO t(a) SELECT 'row-' || i FROM n;",
+        )
+        .unwrap();
+        let row = c
+            .query_row(
+                "SELECT rootpage, sql FROM sqlite_schema WHERE name = 't_a'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        c.execute_batch("PRAGMA writable_schema=ON; DELETE FROM sqlite_schema WHERE name = 't_a';")
+            .unwrap();
+        row
+    };
+    // A new connection reads the schema without the index: the update leaves it stale.
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute("UPDATE t SET a = 'changed' WHERE id = 5", [])
+        .unwrap();
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(&format!(
+            "PRAGMA writable_schema=ON; INSERT INTO sqlite_schema(type, name, tbl_name, rootpage, sql) \
+             VALUES ('index', 't_a', 't', {}, '{}');",
+            index_row.0,
+            index_row.1.replace('\'', "''")
+        ))
+        .unwrap();
+    assert!(!common::integrity_ok(&db), "the source is not damaged");
+
+    let replica = f.dir.path().join("replica");
+    let d = common::spawn_replicate(f.dir.path(), &[common::s(&db), common::s(&replica)]);
+    assert!(
+        common::wait_for_txid(&replica, 1, common::WAIT),
+        "nothing replicated"
+    );
+    d.stop_ok();
+
+    let o = f.restore(&[]);
+    f.assert_failed_cleanly(&o, "fails PRAGMA integrity_check");
+    let o = f.restore(&["--no-integrity-check"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!common::integrity_ok(&f.out()));
+    assert_eq!(
+        common::strings(&f.out(), "SELECT a FROM t NOT INDEXED WHERE id = 5"),
+        ["changed"]
+    );
+}

@@ -516,7 +516,16 @@ async fn litestream_and_replicad_read_each_others_buckets() {
         writer2.step();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::task::block_in_place(|| {
+        common::wait_restores(&dir, &db2, "Litestream's bucket", |out| {
+            Command::new(common::bin())
+                .args(["restore", "--to", common::s(out), &url2])
+                .env("AWS_ACCESS_KEY_ID", &server.access_key)
+                .env("AWS_SECRET_ACCESS_KEY", &server.secret_key)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+    });
     stop(&mut ls_child);
     drop(writer2);
     let out2 = dir.join("b-by-replicad.db");

@@ -284,7 +284,12 @@ async fn litestream_and_replicad_read_each_others_sftp_replicas() {
         .spawn()
         .unwrap();
     steps(&mut w2, 20).await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let cfg_b = config(dir.path(), "replicad-b.yml", &db2, "", &yaml("b"));
+    tokio::task::block_in_place(|| {
+        common::wait_restores(&dir, &db2, "Litestream's replica", |out| {
+            restore(dir.path(), &cfg_b, out, &db2).status.success()
+        })
+    });
     common::sigterm(&ls_child);
     let st = common::wait_timeout(&mut ls_child, Duration::from_secs(30)).expect("stop");
     assert!(
@@ -293,7 +298,6 @@ async fn litestream_and_replicad_read_each_others_sftp_replicas() {
         std::fs::read_to_string(dir.join("litestream.log")).unwrap_or_default()
     );
     drop(w2);
-    let cfg_b = config(dir.path(), "replicad-b.yml", &db2, "", &yaml("b"));
     let out2 = dir.join("b-by-replicad.db");
     let o = restore(dir.path(), &cfg_b, &out2, &db2);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -371,6 +371,30 @@ pub fn wait_stable_txid(
     }
 }
 
+/// Waits until `restore(out)` succeeds and `out` holds what `source` holds: another tool's
+/// upload of its last commit takes a sync interval or two, longer on a loaded machine.
+pub fn wait_restores(
+    dir: &TestDir,
+    source: &Path,
+    what: &str,
+    mut restore: impl FnMut(&Path) -> bool,
+) {
+    let want = content_hash(source);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for attempt in 0.. {
+        let out = dir.join(&format!("probe-{attempt}.db"));
+        if restore(&out) && content_hash(&out) == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} never restored the source:\n{}",
+            dir.logs()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 /// Removes a replica directory the daemon is writing to (as an operator wiping it would):
 /// a compaction may create a file in it during the removal, so it is tried again.
 pub fn wipe_dir(path: &Path) {
