@@ -282,10 +282,11 @@ pub(super) async fn monitor(
     if let Some((back, result)) = run_blocking(db, |d| d.final_sync()).await {
         match result {
             Ok(_) => {
-                trigger.done(tick);
                 if stats.health.recover().is_some() {
                     tracing::info!("final sync succeeded: the database is protected again");
                 }
+                // After the health, as for every sync.
+                trigger.done(tick);
             }
             Err(e) => {
                 stats.health.fail(format!("final sync failed: {e}"));

@@ -100,7 +100,6 @@ fn dir_max(replica: &Path) -> u64 {
     dir_files(replica).iter().map(|f| f.2).max().unwrap_or(0)
 }
 
-/// Polls until `f` holds a value that stays the same for 300 ms.
 /// Waits until `f` returns more than `than`.
 fn wait_above(what: &str, mut f: impl FnMut() -> u64, than: u64) {
     let deadline = Instant::now() + common::WAIT;
@@ -110,6 +109,7 @@ fn wait_above(what: &str, mut f: impl FnMut() -> u64, than: u64) {
     }
 }
 
+/// Polls until `f` holds a value that stays the same for 300 ms.
 fn wait_stable(what: &str, mut f: impl FnMut() -> u64, min: u64) -> u64 {
     let deadline = Instant::now() + common::WAIT;
     let (mut last, mut since) = (f(), Instant::now());

@@ -69,7 +69,7 @@ fn the_readme_session_runs_verbatim_and_its_restores_hold_what_it_wrote() {
     );
     // The session waits on files with `until` loops: a broken build must fail, not hang.
     let o = Command::new("timeout")
-        .args(["300", "bash", "readme.sh"])
+        .args(["-k", "10", "300", "bash", "readme.sh"])
         .current_dir(dir.path())
         .env("PATH", path)
         .env_remove("RUST_LOG")

@@ -197,7 +197,7 @@ fn kill9_at_random_points_then_restart() {
     }
     let m = max_replica_txid(&t.replica);
     let mut d = t.spawn(&[]);
-    // Started (and past its signal handlers) once it shipped the writer's next commit.
+    // Started (and past its signal handlers) once the replica moved on.
     assert!(
         wait_for_txid(&t.replica, m + 1, WAIT),
         "the last daemon made no progress; {}",

@@ -369,21 +369,9 @@ fn kill9_is_taken_over_after_the_ttl(dir: &TestDir, target: &Target) {
     wb.run(10);
     // The takeover happened in the background, after the TTL: the replica, ahead of b's own
     // chain, was seeded past its tip. Wait for it to hold b's database.
-    let deadline = Instant::now() + WAIT;
-    for attempt in 0.. {
-        let out = dir.join(&format!("caught-up-{attempt}.db"));
-        if restore_quietly(target, &out)
-            && common::content_hash(&out) == common::content_hash(&b_db)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never caught up:\n{}",
-            dir.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    common::wait_restores(dir, &b_db, "the replica after the takeover", |out| {
+        restore_quietly(target, out)
+    });
     b.stop_ok();
     let m = target.max_txid();
     assert!(m > n, "the new holder uploaded nothing");
