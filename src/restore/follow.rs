@@ -1,7 +1,9 @@
 //! `restore --follow`: a read replica, kept up to date in place.
 //!
 //! The first run restores the newest state (through [`restore::plan`] and [`restore::apply`],
-//! with all their checks) and records its TXID in `<db>-txid` (16 hex digits and a newline).
+//! with all their checks) into `<db>.restoring`, locks it and sets page 1 to rollback-journal
+//! mode, renames it to `<db>` (so a reader never opens the file before it is final), and
+//! records its TXID in `<db>-txid` (16 hex digits and a newline).
 //! Then, every interval until SIGINT or SIGTERM, the replica is listed and every LTX file that
 //! extends the chain past that TXID ([`extend_chain`]: level 0, bridged from levels 1..8 when
 //! level-0 files were retired, a snapshot as the last resort) is applied to the database file
@@ -218,17 +220,22 @@ fn start_mode(opts: &FollowOptions) -> Result<Start, RestoreError> {
     Ok(Start::Resume(txid))
 }
 
-/// The initial restore of the newest state; returns its TXID.
-async fn initial_restore(client: &AnyClient, opts: &FollowOptions) -> Result<TxId, RestoreError> {
+/// The initial restore of the newest state into `staged`; returns its TXID.
+async fn initial_restore(
+    client: &AnyClient,
+    opts: &FollowOptions,
+    staged: &Path,
+) -> Result<TxId, RestoreError> {
     let plan = restore::plan(client, Target::Latest).await?;
     let txid = plan
         .last()
         .map(|f| f.max_txid)
         .ok_or_else(|| RestoreError::Inconsistent("empty restore plan".into()))?;
     let ropts = RestoreOptions {
-        to: opts.to.clone(),
+        to: staged.to_path_buf(),
         target: Target::Latest,
-        force: opts.force,
+        // Ours alone: whatever an interrupted start left there goes.
+        force: true,
         integrity_check: opts.integrity_check,
         phases: Default::default(),
     };
@@ -263,24 +270,39 @@ impl Follower {
     /// locks it: [`run`]'s start without its retries.
     pub async fn open(client: &AnyClient, opts: &FollowOptions) -> Result<Follower, RestoreError> {
         let mode = start_mode(opts)?;
-        let txid = match mode {
-            Start::Resume(t) => t,
-            Start::Restore => initial_restore(client, opts).await?,
+        let (txid, staged) = match mode {
+            Start::Resume(t) => (t, None),
+            Start::Restore => {
+                let staged = sibling(&opts.to, ".restoring");
+                (initial_restore(client, opts, &staged).await?, Some(staged))
+            }
         };
-        Follower::attach(client, opts, mode, txid).await
+        Follower::attach(client, opts, mode, txid, staged).await
     }
 
-    /// Locks the database (restored, or resumed at `txid`) and records its TXID.
+    /// Locks the database (restored into `staged`, then moved into place; or resumed at
+    /// `txid`) and records its TXID.
     async fn attach(
         client: &AnyClient,
         opts: &FollowOptions,
         mode: Start,
         txid: TxId,
+        staged: Option<PathBuf>,
     ) -> Result<Follower, RestoreError> {
-        let to = opts.to.clone();
-        let (db, page_size) = tokio::task::spawn_blocking(move || attach_file(&to))
-            .await
-            .map_err(|e| RestoreError::Inconsistent(format!("follow task failed: {e}")))??;
+        let (to, force) = (opts.to.clone(), opts.force);
+        let (db, page_size) = tokio::task::spawn_blocking(move || match staged {
+            Some(staged) => {
+                let attached =
+                    attach_file(&staged).and_then(|a| place(&staged, &to, force).map(|()| a));
+                if attached.is_err() {
+                    let _ = fs::remove_file(&staged);
+                }
+                attached
+            }
+            None => attach_file(&to),
+        })
+        .await
+        .map_err(|e| RestoreError::Inconsistent(format!("follow task failed: {e}")))??;
         let txid_path = txid_path(&opts.to);
         match mode {
             Start::Restore => write_txid(&txid_path, txid).map_err(io_err("write", &txid_path))?,
@@ -480,6 +502,26 @@ fn attach_file(to: &Path) -> Result<(File, u32), RestoreError> {
         db.sync_all().map_err(io_err("fsync", to))?;
     }
     Ok((db, page_size))
+}
+
+/// Moves a restored, locked and patched database to `to`: over an existing one only with
+/// `force`, and then without its `-wal` and `-shm` (SQLite would read the old WAL).
+fn place(staged: &Path, to: &Path, force: bool) -> Result<(), RestoreError> {
+    if !force {
+        return fsutil::publish_new(staged, to).map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => RestoreError::Exists(to.to_path_buf()),
+            _ => io_err("publish", to)(e),
+        });
+    }
+    for suffix in ["-wal", "-shm"] {
+        let p = sibling(to, suffix);
+        match fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("remove", &p)(e)),
+        }
+    }
+    fsutil::publish(staged, to).map_err(io_err("publish", to))
 }
 
 /// Page size from a database header, if the header is SQLite's.
@@ -724,10 +766,12 @@ async fn follow(
 ) -> Result<(), RestoreError> {
     let mut streak = ErrorStreak::default();
     let mode = start_mode(opts)?;
-    let txid = match mode {
-        Start::Resume(t) => t,
-        Start::Restore => loop {
-            match initial_restore(client, opts).await {
+    let staged = (mode == Start::Restore).then(|| sibling(&opts.to, ".restoring"));
+    let txid = match (mode, &staged) {
+        (Start::Resume(t), _) => t,
+        (Start::Restore, staged) => loop {
+            let staged = staged.as_deref().expect("set for a restore just above");
+            match initial_restore(client, opts, staged).await {
                 Ok(t) => break t,
                 Err(e @ RestoreError::Exists(_)) => return Err(e),
                 Err(e) => streak.fail("initial restore", &e),
@@ -737,7 +781,7 @@ async fn follow(
             }
         },
     };
-    let mut follower = Follower::attach(client, opts, mode, txid).await?;
+    let mut follower = Follower::attach(client, opts, mode, txid, staged).await?;
     streak.ok();
     while !stop.is_cancelled() {
         match follower.poll(stop).await {

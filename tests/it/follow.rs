@@ -60,6 +60,11 @@ impl Setup {
 
     /// Starts `replicad restore --follow --follow-interval 100ms --to FOLLOWER REPLICA`.
     fn follow(&self, replica: &Path) -> Daemon {
+        self.follow_with(replica, &[])
+    }
+
+    /// [`Setup::follow`] with `extra` flags.
+    fn follow_with(&self, replica: &Path, extra: &[&str]) -> Daemon {
         let logs = self.dir.join("logs");
         fs::create_dir_all(&logs).unwrap();
         let n = fs::read_dir(&logs).unwrap().count();
@@ -67,7 +72,9 @@ impl Setup {
         let out = File::create(&log).unwrap();
         let err = out.try_clone().unwrap();
         let child = Command::new(bin())
-            .args(["restore", "--follow", "--follow-interval", "100ms", "--to"])
+            .args(["restore", "--follow", "--follow-interval", "100ms"])
+            .args(extra)
+            .arg("--to")
             .arg(&self.follower)
             .arg(replica)
             .env("NO_COLOR", "1")
@@ -418,4 +425,80 @@ fn gap_is_refused_until_bridged_from_level_1() {
     assert!(recovered, "no recovery logged:\n{log}");
     assert_same_content(&t.src, &t.follower, "follow across a bridged hole");
     stop_follower(f, &t);
+}
+
+/// A follower's database appears only in its final form: a reader that opens it the moment
+/// it exists finds rollback-journal mode (page 1 is set on `<db>.restoring`, before the
+/// rename; set after it, a reader in between would open the source's WAL mode).
+#[test]
+fn a_follower_database_appears_only_in_its_final_form() {
+    let t = Setup::new("follow-appears");
+    let mut w = Writer::open(
+        &t.src,
+        seed("a_follower_database_appears_only_in_its_final_form"),
+    );
+    let rep = t.replicate();
+    w.run(5);
+    assert!(
+        wait_for_txid(&t.replica, 1, WAIT),
+        "nothing replicated; {}",
+        t.context()
+    );
+    stop_replicate(rep);
+    let restoring = t.follower.with_extension("db.restoring");
+    for round in 0..5 {
+        let _ = fs::remove_file(&t.follower);
+        let _ = fs::remove_file(t.follower.with_extension("db-txid"));
+        let mut f = t.follow(&t.replica);
+        let deadline = Instant::now() + WAIT;
+        // Read the header as soon as the file is there.
+        let hdr = loop {
+            if let Ok(b) = fs::read(&t.follower) {
+                break b;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no follower database; {}",
+                t.context()
+            );
+            std::thread::sleep(Duration::from_micros(100));
+        };
+        assert_eq!(
+            (hdr[18], hdr[19]),
+            (1, 1),
+            "round {round}: the follower's database appeared in WAL mode"
+        );
+        t.wait_follower(&mut f, max_replica_txid(&t.replica));
+        assert!(!restoring.exists(), "{} left behind", restoring.display());
+        stop_follower(f, &t);
+    }
+
+    // A database without `-txid` is not the follower's: kept without --force; replaced with
+    // it, and the stray WAL beside it removed (SQLite would read it).
+    fs::remove_file(t.follower.with_extension("db-txid")).unwrap();
+    let kept = fs::read(&t.follower).unwrap();
+    let wal = t.follower.with_extension("db-wal");
+    fs::write(&wal, b"not ours").unwrap();
+    let o = Command::new(bin())
+        .args(["restore", "--follow", "--to"])
+        .arg(&t.follower)
+        .arg(&t.replica)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        fs::read(&t.follower).unwrap(),
+        kept,
+        "replaced without --force"
+    );
+    let mut f = t.follow_with(&t.replica, &["--force"]);
+    t.wait_follower(&mut f, max_replica_txid(&t.replica));
+    assert!(!wal.exists(), "the stray WAL was kept");
+    stop_follower(f, &t);
+    assert_same_content(&t.src, &t.follower, "follow --force");
 }
