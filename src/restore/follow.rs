@@ -68,6 +68,11 @@ pub fn txid_path(db: &Path) -> PathBuf {
     sibling(db, "-txid")
 }
 
+/// Where the first restore is made ready before it is moved to `db`.
+fn restoring_path(db: &Path) -> PathBuf {
+    sibling(db, ".restoring")
+}
+
 fn sibling(db: &Path, suffix: &str) -> PathBuf {
     let mut s = db.as_os_str().to_owned();
     s.push(suffix);
@@ -270,13 +275,12 @@ impl Follower {
     /// locks it: [`run`]'s start without its retries.
     pub async fn open(client: &AnyClient, opts: &FollowOptions) -> Result<Follower, RestoreError> {
         let mode = start_mode(opts)?;
-        let (txid, staged) = match mode {
-            Start::Resume(t) => (t, None),
-            Start::Restore => {
-                let staged = sibling(&opts.to, ".restoring");
-                (initial_restore(client, opts, &staged).await?, Some(staged))
-            }
+        let staged = restoring_path(&opts.to);
+        let txid = match mode {
+            Start::Resume(t) => t,
+            Start::Restore => initial_restore(client, opts, &staged).await?,
         };
+        let staged = (mode == Start::Restore).then_some(staged);
         Follower::attach(client, opts, mode, txid, staged).await
     }
 
@@ -766,12 +770,11 @@ async fn follow(
 ) -> Result<(), RestoreError> {
     let mut streak = ErrorStreak::default();
     let mode = start_mode(opts)?;
-    let staged = (mode == Start::Restore).then(|| sibling(&opts.to, ".restoring"));
-    let txid = match (mode, &staged) {
-        (Start::Resume(t), _) => t,
-        (Start::Restore, staged) => loop {
-            let staged = staged.as_deref().expect("set for a restore just above");
-            match initial_restore(client, opts, staged).await {
+    let staged = restoring_path(&opts.to);
+    let txid = match mode {
+        Start::Resume(t) => t,
+        Start::Restore => loop {
+            match initial_restore(client, opts, &staged).await {
                 Ok(t) => break t,
                 Err(e @ RestoreError::Exists(_)) => return Err(e),
                 Err(e) => streak.fail("initial restore", &e),
@@ -781,6 +784,7 @@ async fn follow(
             }
         },
     };
+    let staged = (mode == Start::Restore).then_some(staged);
     let mut follower = Follower::attach(client, opts, mode, txid, staged).await?;
     streak.ok();
     while !stop.is_cancelled() {

@@ -625,21 +625,12 @@ async fn s3_conditional_writes_keep_one_chain_through_50_takeovers() {
             };
             writers[c].run(rng.random_range(1..4));
             // The replica restores to the new holder's database once it has caught up.
-            let deadline = Instant::now() + WAIT;
-            for attempt in 0.. {
-                let out = dir.join(&format!("round-{round}-{attempt}.db"));
-                if restore_quietly(&target, &out)
-                    && common::content_hash(&out) == common::content_hash(&dbs[c])
-                {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "round {round}: the replica never restored to the new holder's database\n{}",
-                    dir.logs()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            common::wait_restores(
+                &dir,
+                &dbs[c],
+                &format!("round {round}: the replica (the new holder's database)"),
+                |out| restore_quietly(&target, out),
+            );
             restores += 1;
             // The frozen one wakes in the middle of whatever it was doing: it must not write.
             signal(&holder, "-CONT");

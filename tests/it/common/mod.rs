@@ -395,7 +395,7 @@ pub fn wait_restores(
             "{what} never restored the source:\n{}",
             dir.logs()
         );
-        std::thread::sleep(Duration::from_millis(250));
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
