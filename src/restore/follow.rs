@@ -45,7 +45,7 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::ltx::{self, Decoder, Header, TxId};
-use crate::restore::{self, RestoreError, RestoreOptions, Target};
+use crate::restore::{self, RestoreError, RestoreOptions, Target, sidecar};
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::util::fsutil;
 
@@ -65,18 +65,12 @@ pub struct FollowOptions {
 
 /// `<db>-txid`: the TXID the database file holds.
 pub fn txid_path(db: &Path) -> PathBuf {
-    sibling(db, "-txid")
+    sidecar(db, "-txid")
 }
 
 /// Where the first restore is made ready before it is moved to `db`.
 fn restoring_path(db: &Path) -> PathBuf {
-    sibling(db, ".restoring")
-}
-
-fn sibling(db: &Path, suffix: &str) -> PathBuf {
-    let mut s = db.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
+    sidecar(db, ".restoring")
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> RestoreError {
@@ -203,7 +197,7 @@ fn start_mode(opts: &FollowOptions) -> Result<Start, RestoreError> {
     };
     // SQLite would read through a WAL, or roll a hot journal back into what we write.
     for suffix in ["-wal", "-journal"] {
-        let p = sibling(to, suffix);
+        let p = sidecar(to, suffix);
         if !p.exists() {
             continue;
         }
@@ -214,7 +208,7 @@ fn start_mode(opts: &FollowOptions) -> Result<Start, RestoreError> {
             )));
         }
         for s in [suffix, "-shm"] {
-            let p = sibling(to, s);
+            let p = sidecar(to, s);
             match fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -317,7 +311,7 @@ impl Follower {
                 "resuming follow"
             ),
         }
-        let incoming = sibling(&opts.to, ".incoming");
+        let incoming = sidecar(&opts.to, ".incoming");
         let _ = fs::remove_file(&incoming);
         Ok(Follower {
             client: client.clone(),
@@ -518,7 +512,7 @@ fn place(staged: &Path, to: &Path, force: bool) -> Result<(), RestoreError> {
         });
     }
     for suffix in ["-wal", "-shm"] {
-        let p = sibling(to, suffix);
+        let p = sidecar(to, suffix);
         match fs::remove_file(&p) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -416,6 +416,7 @@ pub fn check_output(to: &Path, force: bool) -> Result<(), RestoreError> {
     Ok(())
 }
 
+/// `db` with `suffix` appended (`-wal`, `-txid`, ...).
 fn sidecar(db: &Path, suffix: &str) -> PathBuf {
     let mut s = db.as_os_str().to_owned();
     s.push(suffix);
