@@ -33,6 +33,9 @@ pub struct ReplicateArgs {
     /// How often each database's WAL is checked (e.g. 1s, 100ms).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub monitor_interval: Option<Duration>,
+    /// Ship a busy database at most this often (0s: every commit at once).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub min_sync_interval: Option<Duration>,
     /// Checkpoint after new data at least this often (0 disables).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub checkpoint_interval: Option<Duration>,
@@ -67,6 +70,9 @@ impl ReplicateArgs {
     fn overrides(&self, s: &mut DbSettings) {
         if let Some(v) = self.monitor_interval {
             s.monitor_interval = v;
+        }
+        if let Some(v) = self.min_sync_interval {
+            s.min_sync_interval = v;
         }
         if let Some(v) = self.checkpoint_interval {
             s.checkpoint_interval = v;

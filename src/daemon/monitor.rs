@@ -9,6 +9,10 @@
 //! [`PARTIAL_PAUSE`] after one that found only part of a transaction (a long write is not read
 //! again at every frame). The tick still goes through
 //! the idle fast path: our own checkpoint's truncation costs one `statx`.
+//!
+//! Invariant: only a forced tick (a sync request, a replica's seed request) starts a sync
+//! sooner than that; a poll tick that comes earlier waits for it. So a busy database ships at
+//! most once per `min-sync-interval`, whether its commits are seen by inotify or by polling.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,6 +84,11 @@ impl Events {
             Some(w) => w.changed().await,
             None => std::future::pending().await,
         }
+    }
+
+    /// When a tick due at `now` must wait: until `earliest`, if that is later.
+    fn held(&self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        (now < self.earliest).then_some(self.earliest)
     }
 
     /// After a sync that started at `at` and wrote `segments` segments, `ours` of them for our
@@ -175,6 +184,12 @@ pub(super) async fn monitor(
             }
         };
         parked = None;
+        // A poll tick keeps to `min-sync-interval` as an event's tick does (and to a partial
+        // pause or a backoff): a busy database would otherwise ship at every poll.
+        if let Some(at) = events.held(tokio::time::Instant::now()).filter(|_| !forced) {
+            next = at;
+            continue;
+        }
         events.due = false;
         events.consume();
         let tick = trigger.begin();
@@ -387,5 +402,22 @@ mod tests {
         assert_eq!(e.partial, PARTIAL_PAUSE * 2);
         e.synced(at, 1, 1);
         assert_eq!(e.partial, PARTIAL_PAUSE);
+    }
+
+    #[test]
+    fn a_tick_after_a_shipping_sync_waits_for_min_sync_interval() {
+        let at = tokio::time::Instant::now();
+        let soon = at + Duration::from_millis(100);
+        let mut e = events(Duration::from_secs(2));
+        assert_eq!(e.held(soon), None, "nothing shipped yet");
+        e.synced(at, 1, 1);
+        assert_eq!(e.held(soon), None, "only our checkpoint's segment shipped");
+        e.synced(at, 3, 1);
+        let until = at + Duration::from_secs(2);
+        assert_eq!(e.held(soon), Some(until));
+        assert_eq!(e.held(until), None);
+        let mut e = events(Duration::ZERO);
+        e.synced(at, 3, 0);
+        assert_eq!(e.held(soon), None, "0s ships every commit at once");
     }
 }

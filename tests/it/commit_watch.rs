@@ -167,3 +167,74 @@ async fn without_a_watch_commits_are_polled() {
     );
     d.stop_ok();
 }
+
+/// `min-sync-interval: 2s` with a 100 ms monitor interval, beside a writer committing every
+/// 20 ms: the poll ticks keep to the interval as the event ticks do, so a busy database ships
+/// about one file per 2 s (a poll that shipped at every tick made about 20), whether its
+/// commits are seen by inotify (`a`) or only by polling (`b`, past the watch cap). Every
+/// commit still reaches the replica while the daemon runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_database_ships_at_most_once_per_min_sync_interval() {
+    let dir = TestDir::new("commit-busy-min-sync");
+    let (a, b) = (dir.join("a/app.db"), dir.join("b/app.db"));
+    std::fs::create_dir_all(dir.join("a")).unwrap();
+    std::fs::create_dir_all(dir.join("b")).unwrap();
+    drop((make_db(&a), make_db(&b)));
+    let (ra, rb) = (dir.join("ra"), dir.join("rb"));
+    let yml = format!(
+        "monitor-interval: 100ms\nmin-sync-interval: 2s\ncheckpoint-interval: 0s\ndbs:\n{}{}",
+        entry(&a, &ra),
+        entry(&b, &rb)
+    );
+    let d = start(
+        dir.path(),
+        &yml,
+        &[(replicad::replicate::walwatch::MAX_WATCHES_ENV, "1")],
+    );
+    for r in [&ra, &rb] {
+        assert!(
+            common::wait_for_txid(r, 1, Duration::from_secs(30)),
+            "{}",
+            d.log_text()
+        );
+    }
+    let began = std::time::Instant::now();
+    let writers: Vec<_> = [a.clone(), b.clone()]
+        .into_iter()
+        .map(|db| {
+            std::thread::spawn(move || {
+                let conn = rusqlite::Connection::open(&db).unwrap();
+                conn.busy_timeout(Duration::from_secs(10)).unwrap();
+                for i in 0..250 {
+                    conn.execute("INSERT INTO t(v) VALUES (?1)", [format!("busy {i}")])
+                        .unwrap();
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    for (db, r) in [(&a, &ra), (&b, &rb)] {
+        common::wait_restores(&dir, db, "the busy database's replica", |out| {
+            common::restore(common::s(r), out, None).status.success()
+        });
+    }
+    let elapsed = began.elapsed().as_secs_f64();
+    // The syncs that shipped the writer's commits: one level-0 file each after the snapshot.
+    let bound = (elapsed / 2.0).ceil() as usize + 2;
+    for r in [&ra, &rb] {
+        let shipped = common::l0_ranges(r)
+            .iter()
+            .filter(|(min, _)| *min > 1)
+            .count();
+        assert!(
+            (1..=bound).contains(&shipped),
+            "{}: {shipped} files in {elapsed:.1} s with min-sync-interval 2s (at most {bound}): {}",
+            r.display(),
+            d.log_text()
+        );
+    }
+    d.stop_ok();
+}

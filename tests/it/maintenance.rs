@@ -19,6 +19,8 @@ use replicad::storage::AnyClient;
 fn fast(codec: Codec) -> DbSettings {
     DbSettings {
         monitor_interval: Duration::from_millis(40),
+        // Ship at every poll, as these tests were written for.
+        min_sync_interval: Duration::from_millis(40),
         heartbeat_interval: Duration::from_millis(100),
         levels: vec![Duration::from_millis(300), Duration::from_millis(900)],
         snapshot_interval: Duration::from_millis(1500),

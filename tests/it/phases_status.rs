@@ -47,6 +47,8 @@ async fn phase_metrics_and_status_endpoint() {
         &[replica.display().to_string()],
         DbSettings {
             monitor_interval: Duration::from_millis(20),
+            // Ship at every poll, as these tests were written for.
+            min_sync_interval: Duration::from_millis(20),
             heartbeat_interval: Duration::from_millis(50),
             ..DbSettings::default()
         },
@@ -68,7 +70,11 @@ async fn phase_metrics_and_status_endpoint() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    wait_until("caught up after writes", async || caught_up(&h)).await;
+    // The writes moved the database past its first TXID (a commit can wait a poll to ship).
+    wait_until("caught up after writes", async || {
+        h.stats.txid.load(Ordering::Relaxed) > 1 && caught_up(&h)
+    })
+    .await;
 
     // Sync and upload phases are counted and exported by the Store's registry.
     let (code, m) = get(a, "/metrics").await;

@@ -36,7 +36,15 @@ impl Setup {
     }
 
     fn spawn(&self, extra: &[&str]) -> Daemon {
-        let mut args = vec![s(&self.db), s(&self.replica), "--monitor-interval", "50ms"];
+        // A busy database ships at every poll, as these tests were written for.
+        let mut args = vec![
+            s(&self.db),
+            s(&self.replica),
+            "--monitor-interval",
+            "50ms",
+            "--min-sync-interval",
+            "50ms",
+        ];
         args.extend_from_slice(extra);
         spawn_replicate(self.dir.path(), &args)
     }
