@@ -301,8 +301,9 @@ pub struct DbSettings {
     /// frames.
     pub monitor_interval: Duration,
     /// Key `min-sync-interval` (default 1s; `0s` = ship every commit at once): a commit
-    /// seen by inotify is synced at once, but no sooner than this after the previous sync that
-    /// shipped a segment. Each such sync costs one upload per replica, so this bounds a busy
+    /// seen by inotify or by a poll is synced at once, but no sooner than this after the
+    /// previous sync that shipped a segment (unless an application's checkpoint waits for us
+    /// or the WAL nears `truncate-page-n`). Each such sync costs one upload per replica, so this bounds a busy
     /// database's requests (one per second per replica, Litestream's rate) while a database
     /// that commits now and then ships each commit within milliseconds.
     pub min_sync_interval: Duration,

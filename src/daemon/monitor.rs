@@ -10,9 +10,11 @@
 //! again at every frame). The tick still goes through
 //! the idle fast path: our own checkpoint's truncation costs one `statx`.
 //!
-//! Invariant: only a forced tick (a sync request, a replica's seed request) starts a sync
-//! sooner than that; a poll tick that comes earlier waits for it. So a busy database ships at
-//! most once per `min-sync-interval`, whether its commits are seen by inotify or by polling.
+//! Invariant: a sync starts sooner than that only when it is forced (a sync request, a
+//! replica's seed request) or urgent ([`Db::sync_urgent`]: an application's checkpoint waits
+//! for our read lock, or the WAL nears `truncate-page-n`); a poll tick that finds the WAL
+//! changed earlier waits for it. So a busy database ships at most once per
+//! `min-sync-interval`, whether its commits are seen by inotify or by polling.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -184,12 +186,6 @@ pub(super) async fn monitor(
             }
         };
         parked = None;
-        // A poll tick keeps to `min-sync-interval` as an event's tick does (and to a partial
-        // pause or a backoff): a busy database would otherwise ship at every poll.
-        if let Some(at) = events.held(tokio::time::Instant::now()).filter(|_| !forced) {
-            next = at;
-            continue;
-        }
         events.due = false;
         events.consume();
         let tick = trigger.begin();
@@ -204,6 +200,18 @@ pub(super) async fn monitor(
                     .dormant_probe()
                     .map(|probe| watch.park(grid.slot(), probe));
             }
+            continue;
+        }
+        // Something to ship: a poll tick keeps to `min-sync-interval` as an event's tick does
+        // (and to a partial pause or a backoff), or a busy database would ship at every poll.
+        // The polls go on meanwhile: each looks again whether the sync has become urgent.
+        if !forced
+            && wanted.is_empty()
+            && let Some(at) = events.held(tokio::time::Instant::now())
+            && !db.sync_urgent()
+        {
+            next = next.min(at);
+            prune(&db, &acks, &mut pruned);
             continue;
         }
         let permit = if opened {

@@ -10,7 +10,8 @@
 //! Invariants:
 //! - An event only brings a tick forward; the monitor's jittered poll stays the safety net. A
 //!   missed event (a full queue, a lost watch, a filesystem whose writes inotify does not see,
-//!   such as NFS written from another host) costs at most one `monitor-interval`.
+//!   such as NFS written from another host) costs at most one `monitor-interval` beyond
+//!   `min-sync-interval`, which poll ticks keep to as event ticks do.
 //! - A queue overflow wakes every registered database; a watch the kernel drops (its
 //!   directory removed or unmounted) marks its databases lost, and their monitors ask again.
 //! - When inotify is unavailable or its watches run out (`fs.inotify.max_user_watches`), the

@@ -187,7 +187,7 @@ async fn encrypted_s3_replica_hides_the_data_and_restores_only_with_the_identity
     write_file(
         &config,
         &format!(
-            "dbs:\n  - path: {db}\n    monitor-interval: 50ms\n    replicas:\n      - path: {backup}\n      - name: s3\n        type: s3\n        bucket: {bucket}\n        path: {path}\n        endpoint: {endpoint}\n        region: {region}\n        access-key-id: {key}\n        secret-access-key: {secret}\n        age:\n          recipients: [{recipients}]\n          identities:\n            - {identity}\n",
+            "min-sync-interval: 50ms\ndbs:\n  - path: {db}\n    monitor-interval: 50ms\n    replicas:\n      - path: {backup}\n      - name: s3\n        type: s3\n        bucket: {bucket}\n        path: {path}\n        endpoint: {endpoint}\n        region: {region}\n        access-key-id: {key}\n        secret-access-key: {secret}\n        age:\n          recipients: [{recipients}]\n          identities:\n            - {identity}\n",
             db = db.display(),
             backup = backup.display(),
             bucket = server.bucket,

@@ -50,6 +50,7 @@ async fn checkpoints_complete(
     codec: &str,
     modes: &[&str],
     index_proof: bool,
+    min_sync: &str,
 ) -> Counts {
     let dir = TestDir::new(name);
     let db = dir.join("app.db");
@@ -70,7 +71,8 @@ async fn checkpoints_complete(
     std::fs::write(
         &config,
         format!(
-            "addr: \"127.0.0.1:{port}\"\nsocket: {{enabled: true, path: {}}}\ndbs:\n  - path: {}\n    \
+            "addr: \"127.0.0.1:{port}\"\nsocket: {{enabled: true, path: {}}}\n\
+             min-sync-interval: {min_sync}\ndbs:\n  - path: {}\n    \
              compression: {codec}\n    replica:\n      url: {}\n",
             socket.display(),
             db.display(),
@@ -179,7 +181,7 @@ const MODES: [&str; 6] = ["FULL", "RESTART", "TRUNCATE", "TRUNCATE", "RESTART", 
 /// except after a yield it could not prove.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_restart_and_truncate_complete_and_the_chain_goes_on() {
-    let c = checkpoints_complete("app-checkpoint-index", "zstd", &MODES, true).await;
+    let c = checkpoints_complete("app-checkpoint-index", "zstd", &MODES, true, "1s").await;
     assert!(c.index_proofs >= 1.0, "no yield was proven by the index");
     // A yield the index cannot prove (a commit of the writer slipped in while the checkpoint
     // waited for the write lock: rare, timing) may cost one; nothing else may.
@@ -195,7 +197,7 @@ async fn full_restart_and_truncate_complete_and_the_chain_goes_on() {
 /// Without the index proof, zstd's page checksums prove each restart from the database file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_database_file_proves_a_restart_when_the_index_cannot() {
-    let c = checkpoints_complete("app-checkpoint-file", "zstd", &MODES, false).await;
+    let c = checkpoints_complete("app-checkpoint-file", "zstd", &MODES, false, "1s").await;
     assert_eq!(c.index_proofs, 0.0);
     assert!(
         c.rebases >= 1.0,
@@ -219,6 +221,7 @@ async fn without_any_proof_a_restart_costs_a_full_segment() {
         "lz4",
         &["TRUNCATE", "FULL", "RESTART"],
         false,
+        "1s",
     )
     .await;
     assert_eq!(c.rebases, 0.0, "a restart proven without checksums");
@@ -227,4 +230,20 @@ async fn without_any_proof_a_restart_costs_a_full_segment() {
         "a TRUNCATE restarts the WAL: {} full segments",
         c.full
     );
+}
+
+/// `min-sync-interval: 30s`: the writer's commits wait up to 30 s to ship, but an application's
+/// checkpoint waiting for our read lock does not (a poll held to the interval would leave it
+/// busy after its 20 s timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_does_not_wait_for_min_sync_interval() {
+    let c = checkpoints_complete(
+        "app-checkpoint-min-sync",
+        "zstd",
+        &["RESTART", "TRUNCATE"],
+        true,
+        "30s",
+    )
+    .await;
+    assert!(c.yields >= 2.0, "{} yields", c.yields);
 }

@@ -238,3 +238,41 @@ async fn a_busy_database_ships_at_most_once_per_min_sync_interval() {
     }
     d.stop_ok();
 }
+
+/// `min-sync-interval: 1h` with `truncate-page-n: 400`: a small commit waits for the interval,
+/// but a transaction that takes the WAL past a quarter of `truncate-page-n` ships at the next
+/// poll, so that the checkpoint after it keeps the WAL bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wal_nearing_truncate_page_n_ships_before_min_sync_interval() {
+    let dir = TestDir::new("commit-wal-urgent");
+    let db = dir.join("app.db");
+    let conn = make_db(&db);
+    let replica = dir.join("replica");
+    let yml = format!(
+        "monitor-interval: 100ms\nmin-sync-interval: 1h\ncheckpoint-interval: 0s\n\
+         min-checkpoint-page-count: 100\ntruncate-page-n: 400\ndbs:\n{}",
+        entry(&db, &replica)
+    );
+    let d = start(dir.path(), &yml, &[]);
+    assert!(common::wait_for_txid(&replica, 1, Duration::from_secs(30)));
+    conn.execute("INSERT INTO t(v) VALUES ('small')", [])
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        common::max_replica_txid(&replica),
+        1,
+        "a small commit shipped before min-sync-interval: {}",
+        d.log_text()
+    );
+    conn.execute_batch(
+        "BEGIN; WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) \
+         INSERT INTO t(v) SELECT hex(randomblob(2000)) FROM n; COMMIT;",
+    )
+    .unwrap();
+    assert!(
+        common::wait_for_txid(&replica, 2, Duration::from_secs(30)),
+        "a WAL past a quarter of truncate-page-n waited for min-sync-interval: {}",
+        d.log_text()
+    );
+    stop_and_restore(d, &dir, &db, &replica, "restored after an urgent sync");
+}

@@ -20,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 fn settings(monitor: Duration) -> DbSettings {
     DbSettings {
         monitor_interval: monitor,
+        // Ship at every poll, as these tests were written for.
+        min_sync_interval: monitor,
         heartbeat_interval: Duration::from_millis(50),
         ..DbSettings::default()
     }

@@ -256,7 +256,7 @@ fn kill9_during_compaction_and_snapshots_leaves_no_partial_object() {
     std::fs::write(
         &cfg,
         format!(
-            "monitor-interval: 20ms\nlevels:\n  - interval: 100ms\n  - interval: 250ms\nsnapshot:\n  interval: 400ms\n  retention: 1s\nl0-retention: 300ms\nl0-retention-check-interval: 100ms\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
+            "monitor-interval: 20ms\nmin-sync-interval: 20ms\nlevels:\n  - interval: 100ms\n  - interval: 250ms\nsnapshot:\n  interval: 400ms\n  retention: 1s\nl0-retention: 300ms\nl0-retention-check-interval: 100ms\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
             db.display(),
             replica.display()
         ),

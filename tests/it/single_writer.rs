@@ -155,7 +155,7 @@ fn config(dir: &TestDir, name: &str, db: &Path, target: &Target, ttl: &str) -> P
     std::fs::write(
         &path,
         format!(
-            "monitor-interval: 50ms\nlease-ttl: {ttl}\ndbs:\n  - path: {}\n    replica:\n{}",
+            "monitor-interval: 50ms\nmin-sync-interval: 50ms\nlease-ttl: {ttl}\ndbs:\n  - path: {}\n    replica:\n{}",
             db.display(),
             target.replica_yaml()
         ),

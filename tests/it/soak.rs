@@ -382,6 +382,18 @@ fn has_tmp(dir: &Path) -> bool {
 }
 
 /// The highest TXID of any `<min>-<max>.ltx` file under `dir` (any depth); 0 if none.
+/// The lowest max TXID of the snapshots in `level9` (`u64::MAX` when there is none).
+fn oldest_snapshot(level9: &Path) -> u64 {
+    fs::read_dir(level9)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(parse_ltx_name))
+        .map(|(_, max)| max)
+        .min()
+        .unwrap_or(u64::MAX)
+}
+
 fn max_txid_under(dir: &Path) -> u64 {
     let Ok(rd) = fs::read_dir(dir) else { return 0 };
     let mut max = 0;
@@ -767,13 +779,28 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
     points.sort();
     points.dedup();
     let mut replicas = vec![
-        ("file", s(&c.file_replica).to_string(), valid_from[0]),
-        ("s3", c.s3_url.clone(), valid_from[1]),
+        (
+            "file",
+            s(&c.file_replica).to_string(),
+            c.file_replica.clone(),
+            valid_from[0],
+        ),
+        ("s3", c.s3_url.clone(), c.s3_dir.clone(), valid_from[1]),
     ];
     if file2_on {
-        replicas.push(("file2", s(&c.file2_replica).to_string(), valid_from[2]));
+        replicas.push((
+            "file2",
+            s(&c.file2_replica).to_string(),
+            c.file2_replica.clone(),
+            valid_from[2],
+        ));
     }
-    for (name, replica, from) in replicas {
+    for (name, replica, files, from) in replicas {
+        // A re-seeded replica's chain starts at its seed, a level-9 snapshot: a point before
+        // it is not on the replica, and once the 3 s snapshot retention removed the seed, nor
+        // is a point before the oldest snapshot left.
+        let seeded = seeded_up_to(&c.dir.logs_all(), name);
+        let oldest_base = oldest_snapshot(&files.join("ltx").join("9"));
         // Points from before a wipe (or before the replica was added) are not on it.
         let valid: Vec<u64> = recorded[from..].iter().map(|(t, _)| *t).collect();
         let targets = std::iter::once((None, final_hash.clone())).chain(
@@ -793,9 +820,7 @@ fn cycle(rt: &tokio::runtime::Runtime, server: &mut S3Server, seed: u64, n: u64,
                 String::from_utf8_lossy(&o.stdout),
                 String::from_utf8_lossy(&o.stderr)
             );
-            // A point at or before a seed of this replica was restorable only through the
-            // seed snapshot, which the 3 s snapshot retention may have removed since.
-            let before_seed = txid.is_some_and(|t| t <= seeded_up_to(&c.dir.logs_all(), name));
+            let before_seed = txid.is_some_and(|t| seeded > 0 && (t <= seeded || t < oldest_base));
             if !o.status.success()
                 && (short_l0 || before_seed)
                 && txid.is_some_and(|t| t < final_txid)

@@ -57,6 +57,20 @@ impl Db {
         wal::WAL_FRAME_HEADER_SIZE + u64::from(self.page_size())
     }
 
+    /// A sync must not wait for `min-sync-interval`: an application's checkpoint waits for
+    /// our read lock (its busy timeout runs meanwhile), or the WAL holds more than a quarter of
+    /// `truncate-page-n` frames (waiting longer would bring the TRUNCATE that stalls the
+    /// application). The frames are the wal-index's count (the file keeps its length after a
+    /// restart), ours when the index is being written. Two reads; called when the WAL changed.
+    pub fn sync_urgent(&self) -> bool {
+        let frames = self
+            .shm
+            .as_ref()
+            .and_then(ShmProbe::index_header)
+            .map_or_else(|| self.wal_pages(), |h| u64::from(h.max_frame));
+        self.checkpoint_maybe_waiting() || frames >= u64::from(self.settings.truncate_page_n / 4)
+    }
+
     pub(super) fn wal_pages(&self) -> u64 {
         // A mark kept on an older generation after a proven restart holds no current frame.
         if self.next_gen_follows {
