@@ -3,7 +3,7 @@
 //! (as a full `fs.inotify.max_user_watches` would), the database beyond the cap is polled,
 //! the log says so once and `replicad_db_commit_watched` tells which database polls.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -51,6 +51,70 @@ async fn watched(port: u16, db: &Path) -> Option<f64> {
         "replicad_db_commit_watched",
         &format!("db=\"{}\"", db.display()),
     )
+}
+
+/// Two databases, `a/app.db` and `b/app.db`, replicated to `ra` and `rb` by one daemon whose
+/// inotify watches are capped at one directory (as a full `fs.inotify.max_user_watches`
+/// would), so one database is watched and the other polled; `settings` go before `dbs:`.
+struct OneWatched {
+    a: PathBuf,
+    b: PathBuf,
+    ra: PathBuf,
+    rb: PathBuf,
+    ca: rusqlite::Connection,
+    cb: rusqlite::Connection,
+    port: u16,
+    d: Daemon,
+}
+
+/// Starts [`OneWatched`] and waits for both initial snapshots.
+fn one_watched(dir: &TestDir, settings: &str) -> OneWatched {
+    let (a, b) = (dir.join("a/app.db"), dir.join("b/app.db"));
+    for sub in ["a", "b"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    let (ca, cb) = (make_db(&a), make_db(&b));
+    let (ra, rb) = (dir.join("ra"), dir.join("rb"));
+    let port = free_port();
+    let yml = format!(
+        "addr: \"127.0.0.1:{port}\"\n{settings}dbs:\n{}{}",
+        entry(&a, &ra),
+        entry(&b, &rb)
+    );
+    let d = start(
+        dir.path(),
+        &yml,
+        &[(replicad::replicate::walwatch::MAX_WATCHES_ENV, "1")],
+    );
+    for r in [&ra, &rb] {
+        assert!(
+            common::wait_for_txid(r, 1, Duration::from_secs(30)),
+            "{}",
+            d.log_text()
+        );
+    }
+    OneWatched {
+        a,
+        b,
+        ra,
+        rb,
+        ca,
+        cb,
+        port,
+        d,
+    }
+}
+
+impl OneWatched {
+    /// `replicad_db_commit_watched` says one database is watched and the other polled.
+    async fn assert_one_polled(&self) {
+        let mut flags = [
+            watched(self.port, &self.a).await,
+            watched(self.port, &self.b).await,
+        ];
+        flags.sort_by(|x, y| x.partial_cmp(y).unwrap());
+        assert_eq!(flags, [Some(0.0), Some(1.0)], "one watched, one polled");
+    }
 }
 
 /// Monitor interval 1h: after the initial snapshot (the first tick runs at once), only a WAL
@@ -120,52 +184,27 @@ async fn a_commit_held_back_by_min_sync_interval_still_ships() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_watch_commits_are_polled() {
     let dir = TestDir::new("commit-poll");
-    let (a, b) = (dir.join("a/app.db"), dir.join("b/app.db"));
-    std::fs::create_dir_all(dir.join("a")).unwrap();
-    std::fs::create_dir_all(dir.join("b")).unwrap();
-    let (ca, cb) = (make_db(&a), make_db(&b));
-    let (ra, rb) = (dir.join("ra"), dir.join("rb"));
-    let port = free_port();
-    let yml = format!(
-        "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 1s\ndbs:\n{}{}",
-        entry(&a, &ra),
-        entry(&b, &rb)
-    );
-    let d = start(
-        dir.path(),
-        &yml,
-        &[(replicad::replicate::walwatch::MAX_WATCHES_ENV, "1")],
-    );
-    for r in [&ra, &rb] {
-        assert!(
-            common::wait_for_txid(r, 1, Duration::from_secs(30)),
-            "{}",
-            d.log_text()
-        );
-    }
-    for c in [&ca, &cb] {
+    let t = one_watched(&dir, "monitor-interval: 1s\n");
+    for c in [&t.ca, &t.cb] {
         c.execute("INSERT INTO t(v) VALUES ('more')", []).unwrap();
     }
-    for r in [&ra, &rb] {
+    for r in [&t.ra, &t.rb] {
         assert!(
             common::wait_for_txid(r, 2, Duration::from_secs(30)),
             "{}: {}",
             r.display(),
-            d.log_text()
+            t.d.log_text()
         );
     }
-    let flags = [watched(port, &a).await, watched(port, &b).await];
-    let mut sorted = flags;
-    sorted.sort_by(|x, y| x.partial_cmp(y).unwrap());
-    assert_eq!(sorted, [Some(0.0), Some(1.0)], "one watched, one polled");
-    let log = d.log_text();
+    t.assert_one_polled().await;
+    let log = t.d.log_text();
     assert_eq!(
         log.matches("found by polling every monitor-interval")
             .count(),
         1,
         "said once: {log}"
     );
-    d.stop_ok();
+    t.d.stop_ok();
 }
 
 /// `min-sync-interval: 2s` with a 100 ms monitor interval, beside a writer committing every
@@ -176,28 +215,14 @@ async fn without_a_watch_commits_are_polled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_database_ships_at_most_once_per_min_sync_interval() {
     let dir = TestDir::new("commit-busy-min-sync");
-    let (a, b) = (dir.join("a/app.db"), dir.join("b/app.db"));
-    std::fs::create_dir_all(dir.join("a")).unwrap();
-    std::fs::create_dir_all(dir.join("b")).unwrap();
-    drop((make_db(&a), make_db(&b)));
-    let (ra, rb) = (dir.join("ra"), dir.join("rb"));
-    let yml = format!(
-        "monitor-interval: 100ms\nmin-sync-interval: 2s\ncheckpoint-interval: 0s\ndbs:\n{}{}",
-        entry(&a, &ra),
-        entry(&b, &rb)
+    let t = one_watched(
+        &dir,
+        "monitor-interval: 100ms\nmin-sync-interval: 2s\ncheckpoint-interval: 0s\n",
     );
-    let d = start(
-        dir.path(),
-        &yml,
-        &[(replicad::replicate::walwatch::MAX_WATCHES_ENV, "1")],
-    );
-    for r in [&ra, &rb] {
-        assert!(
-            common::wait_for_txid(r, 1, Duration::from_secs(30)),
-            "{}",
-            d.log_text()
-        );
-    }
+    t.assert_one_polled().await;
+    let OneWatched {
+        a, b, ra, rb, d, ..
+    } = t;
     let began = std::time::Instant::now();
     let writers: Vec<_> = [a.clone(), b.clone()]
         .into_iter()
