@@ -176,7 +176,7 @@ fn check_output(to: &Path, gzip: bool, force: bool) -> Result<(), CliError> {
     }
     let mut paths = vec![to.to_path_buf()];
     if !gzip {
-        paths.push(sidecar(to, "-wal"));
+        paths.push(restore::sidecar(to, "-wal"));
     }
     for p in paths {
         if p.symlink_metadata().is_ok() {
@@ -187,12 +187,6 @@ fn check_output(to: &Path, gzip: bool, force: bool) -> Result<(), CliError> {
         }
     }
     Ok(())
-}
-
-fn sidecar(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
 }
 
 /// Moves the restored `work` file to `to`, gzip-compressing it on the way for `.gz`.
@@ -206,14 +200,7 @@ fn publish(work: &Path, to: &Path, gzip: bool, force: bool) -> anyhow::Result<()
         result?;
     } else {
         if force {
-            for suffix in ["-wal", "-shm"] {
-                let p = sidecar(to, suffix);
-                match fs::remove_file(&p) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e).with_context(|| format!("remove {}", p.display())),
-                }
-            }
+            restore::remove_wal_files(to)?;
         }
         place(work, to, force)?;
     }

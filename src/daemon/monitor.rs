@@ -189,8 +189,9 @@ pub(super) async fn monitor(
         events.due = false;
         events.consume();
         let tick = trigger.begin();
+        let now = tokio::time::Instant::now();
         if !forced {
-            next = grid.after(tokio::time::Instant::now());
+            next = grid.after(now);
         }
         if !forced && wanted.is_empty() && db.fast_path_skip(Instant::now()) {
             prune(&db, &acks, &mut pruned);
@@ -207,7 +208,7 @@ pub(super) async fn monitor(
         // The polls go on meanwhile: each looks again whether the sync has become urgent.
         if !forced
             && wanted.is_empty()
-            && let Some(at) = events.held(tokio::time::Instant::now())
+            && let Some(at) = events.held(now)
             && !db.sync_urgent()
         {
             next = next.min(at);

@@ -44,20 +44,7 @@ pub(super) fn apply_blocking(
         }
     };
     if opts.force {
-        for suffix in ["-wal", "-shm"] {
-            let p = sidecar(&opts.to, suffix);
-            match fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(RestoreError::Io {
-                        op: "remove",
-                        path: p,
-                        source: e,
-                    });
-                }
-            }
-        }
+        remove_wal_files(&opts.to)?;
     }
     fsutil::publish(&tmp, &opts.to).map_err(RestoreError::io("publish", &opts.to))?;
     Ok(RestoreReport {

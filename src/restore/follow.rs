@@ -73,11 +73,6 @@ fn restoring_path(db: &Path) -> PathBuf {
     sidecar(db, ".restoring")
 }
 
-fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> RestoreError {
-    let path = path.to_path_buf();
-    move |source| RestoreError::Io { op, path, source }
-}
-
 /// Reads `<db>-txid`; `None` if it does not exist.
 pub fn read_txid(path: &Path) -> Result<Option<TxId>, RestoreError> {
     match fs::read_to_string(path) {
@@ -87,7 +82,7 @@ pub fn read_txid(path: &Path) -> Result<Option<TxId>, RestoreError> {
             .map(Some)
             .map_err(|e| RestoreError::Inconsistent(format!("{}: {e}", path.display()))),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io_err("read", path)(e)),
+        Err(e) => Err(RestoreError::io("read", path)(e)),
     }
 }
 
@@ -212,7 +207,7 @@ fn start_mode(opts: &FollowOptions) -> Result<Start, RestoreError> {
             match fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err("remove", &p)(e)),
+                Err(e) => return Err(RestoreError::io("remove", &p)(e)),
             }
         }
     }
@@ -303,7 +298,9 @@ impl Follower {
         .map_err(|e| RestoreError::Inconsistent(format!("follow task failed: {e}")))??;
         let txid_path = txid_path(&opts.to);
         match mode {
-            Start::Restore => write_txid(&txid_path, txid).map_err(io_err("write", &txid_path))?,
+            Start::Restore => {
+                write_txid(&txid_path, txid).map_err(RestoreError::io("write", &txid_path))?
+            }
             Start::Resume(_) => tracing::info!(
                 db = %opts.to.display(),
                 txid = %txid,
@@ -416,7 +413,7 @@ impl Follower {
         let path = &self.incoming;
         let mut out = tokio::fs::File::create(path)
             .await
-            .map_err(io_err("create", path))?;
+            .map_err(RestoreError::io("create", path))?;
         tokio::io::copy(&mut reader, &mut out).await.map_err(|e| {
             RestoreError::Storage(StorageError::Transient {
                 op: "download",
@@ -424,7 +421,7 @@ impl Follower {
                 reason: e.to_string(),
             })
         })?;
-        out.flush().await.map_err(io_err("write", path))?;
+        out.flush().await.map_err(RestoreError::io("write", path))?;
         Ok(())
     }
 
@@ -465,7 +462,7 @@ fn attach_file(to: &Path) -> Result<(File, u32), RestoreError> {
         .read(true)
         .write(true)
         .open(to)
-        .map_err(io_err("open", to))?;
+        .map_err(RestoreError::io("open", to))?;
     match db.try_lock() {
         Ok(()) => {}
         Err(fs::TryLockError::WouldBlock) => {
@@ -474,7 +471,7 @@ fn attach_file(to: &Path) -> Result<(File, u32), RestoreError> {
                 to.display()
             )));
         }
-        Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", to)(e)),
+        Err(fs::TryLockError::Error(e)) => return Err(RestoreError::io("lock", to)(e)),
     }
     let mut hdr = [0u8; 100];
     db.read_exact_at(&mut hdr, 0).map_err(|e| {
@@ -486,7 +483,7 @@ fn attach_file(to: &Path) -> Result<(File, u32), RestoreError> {
             to.display()
         ))
     })?;
-    let len = db.metadata().map_err(io_err("stat", to))?.len();
+    let len = db.metadata().map_err(RestoreError::io("stat", to))?.len();
     if len % u64::from(page_size) != 0 {
         return Err(RestoreError::Inconsistent(format!(
             "{} is {len} bytes, not a whole number of {page_size}-byte pages",
@@ -496,8 +493,9 @@ fn attach_file(to: &Path) -> Result<(File, u32), RestoreError> {
     if hdr[18] != 1 || hdr[19] != 1 {
         let counter = change_counter(&hdr).wrapping_add(1);
         patch_page1(&mut hdr, counter);
-        db.write_all_at(&hdr, 0).map_err(io_err("write", to))?;
-        db.sync_all().map_err(io_err("fsync", to))?;
+        db.write_all_at(&hdr, 0)
+            .map_err(RestoreError::io("write", to))?;
+        db.sync_all().map_err(RestoreError::io("fsync", to))?;
     }
     Ok((db, page_size))
 }
@@ -508,18 +506,11 @@ fn place(staged: &Path, to: &Path, force: bool) -> Result<(), RestoreError> {
     if !force {
         return fsutil::publish_new(staged, to).map_err(|e| match e.kind() {
             io::ErrorKind::AlreadyExists => RestoreError::Exists(to.to_path_buf()),
-            _ => io_err("publish", to)(e),
+            _ => RestoreError::io("publish", to)(e),
         });
     }
-    for suffix in ["-wal", "-shm"] {
-        let p = sidecar(to, suffix);
-        match fs::remove_file(&p) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err("remove", &p)(e)),
-        }
-    }
-    fsutil::publish(staged, to).map_err(io_err("publish", to))
+    restore::remove_wal_files(to)?;
+    fsutil::publish(staged, to).map_err(RestoreError::io("publish", to))
 }
 
 /// Page size from a database header, if the header is SQLite's.
@@ -594,7 +585,7 @@ impl ApplyJob {
     }
 
     fn decoder(&self) -> Result<Decoder<File>, RestoreError> {
-        let f = File::open(&self.incoming).map_err(io_err("open", &self.incoming))?;
+        let f = File::open(&self.incoming).map_err(RestoreError::io("open", &self.incoming))?;
         Decoder::new(f).map_err(self.ltx_err())
     }
 
@@ -604,7 +595,8 @@ impl ApplyJob {
             .and_then(|h| self.write(&h).map(|written| (h, written)));
         let _ = fs::remove_file(&self.incoming);
         let (h, (pages, post)) = result?;
-        write_txid(&self.txid_path, h.max_txid).map_err(io_err("write", &self.txid_path))?;
+        write_txid(&self.txid_path, h.max_txid)
+            .map_err(RestoreError::io("write", &self.txid_path))?;
         Ok(AppliedFile {
             level: self.info.level,
             min_txid: h.min_txid,
@@ -671,7 +663,8 @@ impl ApplyJob {
         let ps = u64::from(self.page_size);
         let lock = SqliteLock::acquire(to)?;
         let mut hdr = [0u8; 100];
-        db.read_exact_at(&mut hdr, 0).map_err(io_err("read", to))?;
+        db.read_exact_at(&mut hdr, 0)
+            .map_err(RestoreError::io("read", to))?;
         let counter = change_counter(&hdr).wrapping_add(1);
         let mut dec = self.decoder()?;
         let mut buf = vec![0u8; self.page_size as usize];
@@ -682,17 +675,18 @@ impl ApplyJob {
                 page1 = true;
             }
             db.write_all_at(&buf, u64::from(pgno - 1) * ps)
-                .map_err(io_err("write", to))?;
+                .map_err(RestoreError::io("write", to))?;
         }
         let pages = dec.page_count();
         let trailer = dec.finish().map_err(self.ltx_err())?;
         db.set_len(u64::from(h.commit) * ps)
-            .map_err(io_err("truncate", to))?;
+            .map_err(RestoreError::io("truncate", to))?;
         if !page1 {
             patch_page1(&mut hdr, counter);
-            db.write_all_at(&hdr, 0).map_err(io_err("write", to))?;
+            db.write_all_at(&hdr, 0)
+                .map_err(RestoreError::io("write", to))?;
         }
-        db.sync_all().map_err(io_err("fsync", to))?;
+        db.sync_all().map_err(RestoreError::io("fsync", to))?;
         drop(lock);
         let post = h.has_checksums().then_some(trailer.post_apply_checksum);
         Ok((pages, post))

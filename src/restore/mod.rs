@@ -416,8 +416,22 @@ pub fn check_output(to: &Path, force: bool) -> Result<(), RestoreError> {
     Ok(())
 }
 
+/// Removes `db`'s `-wal` and `-shm`, if any: a database file replaced under them must not
+/// meet its predecessor's WAL.
+pub fn remove_wal_files(db: &Path) -> Result<(), RestoreError> {
+    for suffix in ["-wal", "-shm"] {
+        let p = sidecar(db, suffix);
+        match fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(RestoreError::io("remove", &p)(e)),
+        }
+    }
+    Ok(())
+}
+
 /// `db` with `suffix` appended (`-wal`, `-txid`, ...).
-fn sidecar(db: &Path, suffix: &str) -> PathBuf {
+pub fn sidecar(db: &Path, suffix: &str) -> PathBuf {
     let mut s = db.as_os_str().to_owned();
     s.push(suffix);
     PathBuf::from(s)

@@ -68,7 +68,13 @@ impl Db {
             .as_ref()
             .and_then(ShmProbe::index_header)
             .map_or_else(|| self.wal_pages(), |h| u64::from(h.max_frame));
-        self.checkpoint_maybe_waiting() || frames >= u64::from(self.settings.truncate_page_n / 4)
+        self.checkpoint_maybe_waiting() || frames >= self.insist_pages()
+    }
+
+    /// A quarter of `truncate-page-n`: past it a checkpoint insists on the write lock, and a
+    /// sync no longer waits for `min-sync-interval`.
+    fn insist_pages(&self) -> u64 {
+        u64::from(self.settings.truncate_page_n / 4)
     }
 
     pub(super) fn wal_pages(&self) -> u64 {
@@ -158,7 +164,7 @@ impl Db {
         // later tick, without holding up the monitor. Insistently past a quarter of the
         // TRUNCATE threshold, so that a writer that never pauses gets one short stall of a
         // PASSIVE checkpoint instead of a TRUNCATE's long one followed by a full segment.
-        let insist = pages >= u64::from(self.settings.truncate_page_n / 4);
+        let insist = pages >= self.insist_pages();
         if insist {
             barrier.busy_handler(Some(barrier_busy))?;
         } else {

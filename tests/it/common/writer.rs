@@ -123,35 +123,28 @@ impl Writer {
         self.seq
     }
 
-    /// User tables (t<N>).
-    pub fn tables(&self) -> Vec<String> {
+    /// The first column of every row of `sql`.
+    fn names(&self, sql: &str) -> Vec<String> {
         self.conn
-            .prepare("SELECT name FROM sqlite_master WHERE type='table' AND name GLOB 't[0-9]*' ORDER BY name")
+            .prepare(sql)
             .unwrap()
             .query_map([], |r| r.get(0))
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap()
+    }
+
+    /// User tables (t<N>).
+    pub fn tables(&self) -> Vec<String> {
+        self.names("SELECT name FROM sqlite_master WHERE type='table' AND name GLOB 't[0-9]*' ORDER BY name")
     }
 
     fn indexes(&self) -> Vec<String> {
-        self.conn
-            .prepare("SELECT name FROM sqlite_master WHERE type='index' AND name GLOB 'i[0-9]*' ORDER BY name")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap()
+        self.names("SELECT name FROM sqlite_master WHERE type='index' AND name GLOB 'i[0-9]*' ORDER BY name")
     }
 
     fn columns(&self, table: &str) -> Vec<String> {
-        self.conn
-            .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap()
+        self.names(&format!("SELECT name FROM pragma_table_info('{table}')"))
     }
 
     fn pick<T: Clone>(&mut self, v: &[T]) -> T {
