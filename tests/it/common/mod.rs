@@ -635,8 +635,12 @@ pub fn row_counts(db: &Path) -> String {
 
 /// The first column of every row `sql` returns from `db` (opened read-only), as text.
 pub fn strings(db: &Path, sql: &str) -> Vec<String> {
-    open_ro(db)
-        .prepare(sql)
+    column0(&open_ro(db), sql)
+}
+
+/// The first column of every row `sql` returns on `conn`, as text.
+pub fn column0(conn: &Connection, sql: &str) -> Vec<String> {
+    conn.prepare(sql)
         .unwrap()
         .query_map([], |r| r.get(0))
         .unwrap()

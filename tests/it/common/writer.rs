@@ -123,15 +123,8 @@ impl Writer {
         self.seq
     }
 
-    /// The first column of every row of `sql`.
     fn names(&self, sql: &str) -> Vec<String> {
-        self.conn
-            .prepare(sql)
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap()
+        super::column0(&self.conn, sql)
     }
 
     /// User tables (t<N>).
