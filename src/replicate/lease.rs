@@ -21,8 +21,14 @@
 //!   take it, and the S3 client puts objects with `If-None-Match: *`. Elsewhere (directory
 //!   replicas, stores without conditions) a write is followed by a read-back: when two
 //!   instances start together, the last writer wins and the other sees it and refuses.
-//! - **Check**, before each upload round: read the lease (one GET) and stop if it is not ours.
-//!   An idle replica sends nothing for this.
+//! - **Check**, before an upload round: read the lease (one GET) and stop if it is not ours.
+//!   On a remote store a round skips it while the last read that found the lease ours began
+//!   less than [`Lease::recheck`] (TTL/60, 10 s by default) ago and no refresh is due: a
+//!   takeover needs our lease unchanged for a whole TTL, and we rewrite it every TTL/2, so a
+//!   lease checked that recently is still ours. The re-read bounds how long a replica keeps
+//!   writing after its lease vanished (a wipe) or was replaced by hand. A busy database so
+//!   pays one GET per `recheck`, not one per round. A directory replica, where a read costs
+//!   no request, checks every round. An idle replica sends nothing for this.
 //! - **Refresh**, when the lease is older than half its TTL (on the upload path or on an idle
 //!   wake-up): check, then rewrite it (conditionally on our last version). So an idle replica
 //!   costs two requests per TTL/2 (default 10 min: two requests every 5 min).
@@ -35,7 +41,10 @@
 //! atomic; an instance paused for longer than the TTL between its check and its PUT can still
 //! write one round after a takeover (the next check stops it). With conditional writes that
 //! round's objects are refused, since the new holder's objects already hold those TXIDs or
-//! will be refused in turn (see `Replica::diverged`).
+//! will be refused in turn (see `Replica::diverged`). Two instances that start together
+//! without conditional writes can both read back their own write when the other's write
+//! lands after it: until a read begun `recheck` after our acquiring write finds the lease
+//! ours, every round checks, so the loser stops at its next round as before.
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -218,6 +227,11 @@ pub struct Lease {
     ttl: Duration,
     /// When our lease was last written (monotonic).
     written_at: Option<Instant>,
+    /// When the last read (or compare-and-swap) that found the lease ours began.
+    confirmed_at: Option<Instant>,
+    /// Without conditional writes: a racing acquirer's write may land until then, so only a
+    /// read begun after it lets rounds skip their check.
+    settled_from: Option<Instant>,
     /// The version (ETag) of our last write, where the backend has versions.
     version: Option<String>,
     /// Whether the backend honours conditional writes (learnt by the probe at acquire).
@@ -264,6 +278,8 @@ impl Lease {
             },
             ttl,
             written_at: None,
+            confirmed_at: None,
+            settled_from: None,
             version: None,
             mode: Mode::Unknown,
         }
@@ -412,14 +428,23 @@ impl Lease {
             }) => false,
             r => r.map(|()| true)?,
         };
+        let written_at = self.written_at;
         if self.mode == Mode::Conditional && written {
             // The compare-and-swap went through: nobody else can have written since.
+            self.confirmed_at = written_at;
+            self.settled_from = None;
             tracing::info!(replica = %replica, ttl = ?self.ttl, mode = self.mode.label(), "single-writer lease acquired");
             return Ok(());
         }
+        let read_at = Instant::now();
         match self.read_versioned(counters).await? {
             Some((held, v)) if self.is_mine(&held) => {
                 self.version = v;
+                self.confirmed_at = Some(read_at);
+                self.settled_from = match self.mode {
+                    Mode::Conditional => None,
+                    _ => written_at.map(|w| w + self.recheck()),
+                };
                 tracing::info!(replica = %replica, ttl = ?self.ttl, mode = self.mode.label(), "single-writer lease acquired");
                 Ok(())
             }
@@ -496,8 +521,41 @@ impl Lease {
         }
     }
 
+    /// How long a read that found the lease ours lets upload rounds skip their check: TTL/60
+    /// (10 s with the default TTL), far inside the TTL a takeover has to wait. Zero on a
+    /// directory replica, where a read is no billed request: every round checks there.
+    pub fn recheck(&self) -> Duration {
+        if self.client.is_local() {
+            Duration::ZERO
+        } else {
+            self.ttl / 60
+        }
+    }
+
+    /// Whether an upload round must read the lease first (see the module docs).
+    pub fn check_due(&self, now: Instant) -> bool {
+        let Some(confirmed) = self.confirmed_at else {
+            return true;
+        };
+        self.refresh_in().is_zero()
+            || now.saturating_duration_since(confirmed) >= self.recheck()
+            || self.settled_from.is_some_and(|from| confirmed < from)
+    }
+
+    /// [`Lease::check`] when [`Lease::check_due`]; otherwise sends nothing.
+    pub async fn check_if_due(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        if self.check_due(Instant::now()) {
+            self.check(counters).await
+        } else {
+            Ok(())
+        }
+    }
+
     /// Checks that the lease is still ours (one GET), and refreshes it when due.
     pub async fn check(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
+        let read_at = Instant::now();
+        // Until this read says otherwise: a failed or lost check must be repeated next round.
+        self.confirmed_at = None;
         let version = match self.read_versioned(counters).await? {
             Some((held, v)) if self.is_mine(&held) => v,
             Some((other, _)) => {
@@ -512,6 +570,7 @@ impl Lease {
                 });
             }
         };
+        self.confirmed_at = Some(read_at);
         // The version just read is ours (a refresh whose answer was lost moved it on).
         if version.is_some() {
             self.version = version;

@@ -214,9 +214,10 @@ async fn idle_database_makes_zero_requests_and_metrics_count_operations() {
             l.starts_with("replicad_replica_operations_total{") && l.contains("operation=\"get\"")
         })
         .unwrap();
-    // GETs: the lease at start and before the segment's round, the tip's trailer and header
-    // when there is one; no read-back of the lease, which was written conditionally.
-    assert!(get_line.ends_with(" 2"), "{get_line}");
+    // GETs: the lease at start, the tip's trailer and header when there is one; no read-back
+    // of the lease, which was written conditionally, and no check before the segment's round,
+    // which comes less than `recheck` (10 s) after that compare-and-swap.
+    assert!(get_line.ends_with(" 1"), "{get_line}");
     let list_line = text
         .lines()
         .find(|l| {
@@ -226,6 +227,89 @@ async fn idle_database_makes_zero_requests_and_metrics_count_operations() {
     assert!(
         list_line.ends_with(" 1"),
         "one listing of every level at start: {list_line}"
+    );
+    store.shutdown(std::future::pending()).await;
+}
+
+/// On a remote store an upload round re-reads the single-writer lease only once `recheck`
+/// (TTL/60) has passed since a read found it ours: a burst of commits costs one PUT each and
+/// no GET. A lease replaced meanwhile (as after this host was paused past the TTL) still stops
+/// the first round after `recheck`, before its upload, and `/readyz` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_reread_the_lease_once_per_recheck_and_stop_when_it_was_taken() {
+    let server = S3Server::start().await;
+    if !server.counts_requests() {
+        eprintln!("skipped: needs the in-process S3 server");
+        return;
+    }
+    let dir = TestDir::new("s3-recheck");
+    let db = dir.join("app.db");
+    let c = rusqlite::Connection::open(&db).unwrap();
+    c.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(x); INSERT INTO t VALUES (0);")
+        .unwrap();
+    let url = server.url("recheck/app.db");
+    let recheck = Duration::from_secs(5);
+    let settings = DbSettings {
+        lease_ttl: recheck * 60,
+        ..settings()
+    };
+    let (store, h) = open_store(&server, &db, &url, settings).await;
+    wait_until("first upload", Duration::from_secs(20), || caught_up(&h, 0)).await;
+    let commit = |v: i64| {
+        let h = &h;
+        let before = h.stats.txid.load(Ordering::Relaxed);
+        c.execute("INSERT INTO t VALUES (?1)", [v]).unwrap();
+        wait_until("the commit uploaded", Duration::from_secs(20), move || {
+            h.stats.txid.load(Ordering::Relaxed) > before && caught_up(h, 0)
+        })
+    };
+    // Past any read-back race window: this round reads the lease.
+    tokio::time::sleep(recheck).await;
+    let gets = server.op_count("GetObject");
+    commit(1).await;
+    assert_eq!(
+        server.op_count("GetObject"),
+        gets + 1,
+        "a check due was skipped"
+    );
+
+    let (gets, puts) = (server.op_count("GetObject"), server.op_count("PutObject"));
+    let burst = Instant::now();
+    for v in 2..7 {
+        commit(v).await;
+    }
+    let took = burst.elapsed();
+    assert!(server.op_count("PutObject") >= puts + 5);
+    // One GET per round would be 5; the burst may cross one `recheck` boundary, and one
+    // more per `recheck` it lasts.
+    let allowed = took.as_secs() / recheck.as_secs() + 1;
+    assert!(
+        server.op_count("GetObject") - gets <= allowed,
+        "{} lease GETs for 5 rounds in {took:?}",
+        server.op_count("GetObject") - gets
+    );
+
+    let foreign = r#"{"instance":"other","host":"elsewhere","pid":4242,"db":"/other/app.db","ttl_ms":600000,"refreshed_ms":0,"version":"x"}"#;
+    common::s3::plant_file(&server, "recheck/app.db/replicad.lease", foreign.as_bytes());
+    tokio::time::sleep(recheck).await;
+    let uploaded = server.list_keys("recheck/app.db/").await;
+    c.execute("INSERT INTO t VALUES (7)", []).unwrap();
+    let stats = h.replicas[0].1.clone();
+    wait_until("the taken lease noticed", Duration::from_secs(20), || {
+        stats.lease_lost.load(Ordering::Relaxed)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        server.list_keys("recheck/app.db/").await,
+        uploaded,
+        "uploaded after the lease was taken"
+    );
+    let reasons =
+        replicad::ops::http::readiness(&store.dbs(), Duration::from_secs(60), 0).unwrap_err();
+    assert!(
+        reasons.iter().any(|r| r.contains("single-writer lease")),
+        "{reasons:?}"
     );
     store.shutdown(std::future::pending()).await;
 }
