@@ -331,8 +331,9 @@ pub struct DbSettings {
     pub heartbeat_interval: Duration,
     /// Key `lease-ttl` (default 10m, at least 1s): how long the single-writer lease on each
     /// replica stays valid without a refresh ([`crate::replicate::lease`]); it is refreshed every half
-    /// of it. Another instance takes over a replica whose lease is older than this. Upload
-    /// rounds to a remote store re-read it at most every 1/60 of it (10 s by default).
+    /// of it. Another instance takes over a replica whose lease is older than this. With
+    /// conditional writes, an upload round skips re-reading it for 1/60 of this after a read
+    /// found it ours (10 s by default).
     pub lease_ttl: Duration,
     /// Key `dormant-after` (default 30s; `0s` = never): a database whose WAL has not changed
     /// for this long releases its SQLite connection (and its read transaction, descriptors

@@ -22,13 +22,17 @@
 //!   replicas, stores without conditions) a write is followed by a read-back: when two
 //!   instances start together, the last writer wins and the other sees it and refuses.
 //! - **Check**, before an upload round: read the lease (one GET) and stop if it is not ours.
-//!   On a remote store a round skips it while the last read that found the lease ours began
-//!   less than [`Lease::recheck`] (TTL/60, 10 s by default) ago and no refresh is due: a
-//!   takeover needs our lease unchanged for a whole TTL, and we rewrite it every TTL/2, so a
-//!   lease checked that recently is still ours. The re-read bounds how long a replica keeps
-//!   writing after its lease vanished (a wipe) or was replaced by hand. A busy database so
-//!   pays one GET per `recheck`, not one per round. A directory replica, where a read costs
-//!   no request, checks every round. An idle replica sends nothing for this.
+//!   In conditional mode a round skips it while a read (or our compare-and-swap) found the
+//!   lease ours less than [`Lease::reread_after`] ago (TTL/60, 10 s by default, on the boot
+//!   clock, so a host that slept counts its sleep) and no refresh is due. A takeover normally
+//!   waits for our lease to stay unchanged for a TTL, and we rewrite it every TTL/2; one that
+//!   does not wait (the lease vanished, a predecessor on the same host) is seen at the next
+//!   read, and what we write until then is what a paused holder's round can write anyway:
+//!   objects put with `If-None-Match: *`, which never replace the new holder's and which it
+//!   continues after with a seed (`Replica::diverged`). Without conditional writes a late
+//!   write could replace an object, so every round reads the lease (a directory replica's
+//!   read is no request). A busy database on S3 so pays one GET per 10 s, not one per
+//!   upload. An idle replica sends nothing for this.
 //! - **Refresh**, when the lease is older than half its TTL (on the upload path or on an idle
 //!   wake-up): check, then rewrite it (conditionally on our last version). So an idle replica
 //!   costs two requests per TTL/2 (default 10 min: two requests every 5 min).
@@ -41,10 +45,7 @@
 //! atomic; an instance paused for longer than the TTL between its check and its PUT can still
 //! write one round after a takeover (the next check stops it). With conditional writes that
 //! round's objects are refused, since the new holder's objects already hold those TXIDs or
-//! will be refused in turn (see `Replica::diverged`). Two instances that start together
-//! without conditional writes can both read back their own write when the other's write
-//! lands after it: until a read begun `recheck` after our acquiring write finds the lease
-//! ours, every round checks, so the loser stops at its next round as before.
+//! will be refused in turn (see `Replica::diverged`).
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -54,6 +55,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::replicate::counters::ReplicaCounters;
 use crate::storage::{AnyClient, PROBE_VERSION, ReplicaClient, StorageError, WriteIf};
+use crate::util::clock::since_boot;
 
 /// Name of the lease object at the replica root.
 pub const LEASE_NAME: &str = "replicad.lease";
@@ -227,11 +229,9 @@ pub struct Lease {
     ttl: Duration,
     /// When our lease was last written (monotonic).
     written_at: Option<Instant>,
-    /// When the last read (or compare-and-swap) that found the lease ours began.
-    confirmed_at: Option<Instant>,
-    /// Without conditional writes: a racing acquirer's write may land until then, so only a
-    /// read begun after it lets rounds skip their check.
-    settled_from: Option<Instant>,
+    /// When the last read or compare-and-swap that found the lease ours began, on the boot
+    /// clock ([`since_boot`]); `None` until one succeeds after the last failure.
+    confirmed_at: Option<Duration>,
     /// The version (ETag) of our last write, where the backend has versions.
     version: Option<String>,
     /// Whether the backend honours conditional writes (learnt by the probe at acquire).
@@ -279,7 +279,6 @@ impl Lease {
             ttl,
             written_at: None,
             confirmed_at: None,
-            settled_from: None,
             version: None,
             mode: Mode::Unknown,
         }
@@ -389,6 +388,7 @@ impl Lease {
         watch: bool,
     ) -> Result<(), LeaseError> {
         let replica = self.client.location();
+        self.confirmed_at = None;
         let mut version = None;
         if let Some((held, v)) = self.read_versioned(counters).await? {
             version = v;
@@ -420,6 +420,7 @@ impl Lease {
             self.probe(counters).await?;
         }
         let cond = Self::replacing(version);
+        let wrote_at = since_boot();
         let written = match self.write(counters, cond).await {
             // Another writer got there between our read and our write: the read-back says who.
             Err(LeaseError::Storage {
@@ -428,23 +429,17 @@ impl Lease {
             }) => false,
             r => r.map(|()| true)?,
         };
-        let written_at = self.written_at;
         if self.mode == Mode::Conditional && written {
             // The compare-and-swap went through: nobody else can have written since.
-            self.confirmed_at = written_at;
-            self.settled_from = None;
+            self.confirmed_at = Some(wrote_at);
             tracing::info!(replica = %replica, ttl = ?self.ttl, mode = self.mode.label(), "single-writer lease acquired");
             return Ok(());
         }
-        let read_at = Instant::now();
+        let read_at = since_boot();
         match self.read_versioned(counters).await? {
             Some((held, v)) if self.is_mine(&held) => {
                 self.version = v;
                 self.confirmed_at = Some(read_at);
-                self.settled_from = match self.mode {
-                    Mode::Conditional => None,
-                    _ => written_at.map(|w| w + self.recheck()),
-                };
                 tracing::info!(replica = %replica, ttl = ?self.ttl, mode = self.mode.label(), "single-writer lease acquired");
                 Ok(())
             }
@@ -521,30 +516,27 @@ impl Lease {
         }
     }
 
-    /// How long a read that found the lease ours lets upload rounds skip their check: TTL/60
-    /// (10 s with the default TTL), far inside the TTL a takeover has to wait. Zero on a
-    /// directory replica, where a read is no billed request: every round checks there.
-    pub fn recheck(&self) -> Duration {
-        if self.client.is_local() {
-            Duration::ZERO
-        } else {
-            self.ttl / 60
+    /// How long a read that found the lease ours spares upload rounds their own: TTL/60 (10 s
+    /// with the default TTL) in conditional mode, far inside the TTL a takeover waits for;
+    /// zero otherwise (see the module docs).
+    pub fn reread_after(&self) -> Duration {
+        match self.mode {
+            Mode::Conditional => self.ttl / 60,
+            Mode::Unknown | Mode::ReadCheck => Duration::ZERO,
         }
     }
 
     /// Whether an upload round must read the lease first (see the module docs).
-    pub fn check_due(&self, now: Instant) -> bool {
+    pub fn check_due(&self) -> bool {
         let Some(confirmed) = self.confirmed_at else {
             return true;
         };
-        self.refresh_in().is_zero()
-            || now.saturating_duration_since(confirmed) >= self.recheck()
-            || self.settled_from.is_some_and(|from| confirmed < from)
+        self.refresh_in().is_zero() || since_boot().saturating_sub(confirmed) >= self.reread_after()
     }
 
     /// [`Lease::check`] when [`Lease::check_due`]; otherwise sends nothing.
     pub async fn check_if_due(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
-        if self.check_due(Instant::now()) {
+        if self.check_due() {
             self.check(counters).await
         } else {
             Ok(())
@@ -553,8 +545,8 @@ impl Lease {
 
     /// Checks that the lease is still ours (one GET), and refreshes it when due.
     pub async fn check(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
-        let read_at = Instant::now();
-        // Until this read says otherwise: a failed or lost check must be repeated next round.
+        let read_at = since_boot();
+        // Set again only once this check has succeeded: a failed one is repeated next round.
         self.confirmed_at = None;
         let version = match self.read_versioned(counters).await? {
             Some((held, v)) if self.is_mine(&held) => v,
@@ -570,7 +562,6 @@ impl Lease {
                 });
             }
         };
-        self.confirmed_at = Some(read_at);
         // The version just read is ours (a refresh whose answer was lost moved it on).
         if version.is_some() {
             self.version = version;
@@ -583,14 +574,18 @@ impl Lease {
                     ..
                 }) => {
                     // Changed between our read and our write: ours still (adopt its
-                    // version), or another instance's.
+                    // version), another instance's, or deleted (a wipe, handled as one).
                     match self.read_versioned(counters).await? {
                         Some((held, v)) if self.is_mine(&held) => self.version = v,
-                        other => {
+                        Some((other, _)) => {
                             return Err(LeaseError::Lost {
                                 replica: self.client.location(),
-                                holder: other
-                                    .map_or_else(|| "nobody".to_string(), |(h, _)| h.to_string()),
+                                holder: other.to_string(),
+                            });
+                        }
+                        None => {
+                            return Err(LeaseError::Vanished {
+                                replica: self.client.location(),
                             });
                         }
                     }
@@ -598,6 +593,7 @@ impl Lease {
                 r => r?,
             }
         }
+        self.confirmed_at = Some(read_at);
         Ok(())
     }
 

@@ -110,7 +110,8 @@ async fn idle_case(close_app_first: bool) {
     assert!(h.stats.idle.load(Ordering::Relaxed));
 
     // One commit costs exactly one PUT, plus the single-writer lease check of the upload
-    // round (one GET; the lease refresh is due only after half of `lease-ttl`, 5 min).
+    // round (one GET: a directory replica has no conditional writes, so every round reads
+    // the lease; the refresh is due only after half of `lease-ttl`, 5 min).
     conn.execute("INSERT INTO t(v) VALUES ('one more')", [])
         .unwrap();
     let before = h.stats.txid.load(Ordering::Relaxed);

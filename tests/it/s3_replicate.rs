@@ -216,7 +216,7 @@ async fn idle_database_makes_zero_requests_and_metrics_count_operations() {
         .unwrap();
     // GETs: the lease at start, the tip's trailer and header when there is one; no read-back
     // of the lease, which was written conditionally, and no check before the segment's round,
-    // which comes less than `recheck` (10 s) after that compare-and-swap.
+    // which comes less than `reread_after` (10 s) after that compare-and-swap.
     assert!(get_line.ends_with(" 1"), "{get_line}");
     let list_line = text
         .lines()
@@ -231,12 +231,12 @@ async fn idle_database_makes_zero_requests_and_metrics_count_operations() {
     store.shutdown(std::future::pending()).await;
 }
 
-/// On a remote store an upload round re-reads the single-writer lease only once `recheck`
-/// (TTL/60) has passed since a read found it ours: a burst of commits costs one PUT each and
-/// no GET. A lease replaced meanwhile (as after this host was paused past the TTL) still stops
-/// the first round after `recheck`, before its upload, and `/readyz` says so.
+/// With conditional writes an upload round re-reads the single-writer lease only once
+/// `reread_after` (TTL/60) has passed since a read found it ours: a burst of commits costs one
+/// PUT each and no GET. A lease replaced meanwhile (as after this host was paused past the
+/// TTL) still stops the first round after that, before its upload, and `/readyz` says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rounds_reread_the_lease_once_per_recheck_and_stop_when_it_was_taken() {
+async fn rounds_reread_the_lease_once_per_ttl_60th_and_stop_when_it_was_taken() {
     let server = S3Server::start().await;
     if !server.counts_requests() {
         eprintln!("skipped: needs the in-process S3 server");
@@ -248,9 +248,9 @@ async fn rounds_reread_the_lease_once_per_recheck_and_stop_when_it_was_taken() {
     c.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(x); INSERT INTO t VALUES (0);")
         .unwrap();
     let url = server.url("recheck/app.db");
-    let recheck = Duration::from_secs(5);
+    let reread = Duration::from_secs(5);
     let settings = DbSettings {
-        lease_ttl: recheck * 60,
+        lease_ttl: reread * 60,
         ..settings()
     };
     let (store, h) = open_store(&server, &db, &url, settings).await;
@@ -263,8 +263,8 @@ async fn rounds_reread_the_lease_once_per_recheck_and_stop_when_it_was_taken() {
             h.stats.txid.load(Ordering::Relaxed) > before && caught_up(h, 0)
         })
     };
-    // Past any read-back race window: this round reads the lease.
-    tokio::time::sleep(recheck).await;
+    // `reread_after` past the compare-and-swap that took the lease: this round reads it.
+    tokio::time::sleep(reread).await;
     let gets = server.op_count("GetObject");
     commit(1).await;
     assert_eq!(
@@ -280,9 +280,9 @@ async fn rounds_reread_the_lease_once_per_recheck_and_stop_when_it_was_taken() {
     }
     let took = burst.elapsed();
     assert!(server.op_count("PutObject") >= puts + 5);
-    // One GET per round would be 5; the burst may cross one `recheck` boundary, and one
-    // more per `recheck` it lasts.
-    let allowed = took.as_secs() / recheck.as_secs() + 1;
+    // One GET per round would be 5; the burst may cross one `reread_after` boundary, and one
+    // more per `reread_after` it lasts.
+    let allowed = took.as_secs() / reread.as_secs() + 1;
     assert!(
         server.op_count("GetObject") - gets <= allowed,
         "{} lease GETs for 5 rounds in {took:?}",
@@ -291,7 +291,7 @@ async fn rounds_reread_the_lease_once_per_recheck_and_stop_when_it_was_taken() {
 
     let foreign = r#"{"instance":"other","host":"elsewhere","pid":4242,"db":"/other/app.db","ttl_ms":600000,"refreshed_ms":0,"version":"x"}"#;
     common::s3::plant_file(&server, "recheck/app.db/replicad.lease", foreign.as_bytes());
-    tokio::time::sleep(recheck).await;
+    tokio::time::sleep(reread).await;
     let uploaded = server.list_keys("recheck/app.db/").await;
     c.execute("INSERT INTO t VALUES (7)", []).unwrap();
     let stats = h.replicas[0].1.clone();

@@ -27,60 +27,52 @@ fn record_round_trips_as_json_and_displays_the_holder() {
     assert_eq!(lease.refresh_in(), Duration::ZERO);
 }
 
-/// A lease on a remote store whose TTL makes `recheck` 100 ms.
-fn remote_lease() -> Lease {
+/// A lease whose TTL makes `reread_after` 100 ms in conditional mode, confirmed `ago` ago and
+/// written now.
+fn confirmed(mode: Mode, ago: Duration) -> Lease {
     let client = AnyClient::from_url("s3://bucket/prefix?endpoint=http://127.0.0.1:9&region=x")
         .expect("a valid S3 URL");
-    Lease::new(client, "/data/a.db", Duration::from_secs(6))
-}
-
-fn ago(d: Duration) -> Instant {
-    Instant::now()
-        .checked_sub(d)
-        .expect("the monotonic clock has run for seconds")
+    let mut lease = Lease::new(client, "/data/a.db", Duration::from_secs(6));
+    lease.mode = mode;
+    lease.written_at = Some(Instant::now());
+    lease.confirmed_at = Some(since_boot().saturating_sub(ago));
+    lease
 }
 
 #[test]
-fn a_recent_check_spares_the_next_rounds_until_recheck_or_a_due_refresh() {
-    let mut lease = remote_lease();
-    assert_eq!(lease.recheck(), Duration::from_millis(100));
-    // Never confirmed: a round must read it.
-    assert!(lease.check_due(Instant::now()));
-    lease.mode = Mode::Conditional;
-    lease.written_at = Some(Instant::now());
-    lease.confirmed_at = lease.written_at;
-    assert!(!lease.check_due(Instant::now()));
-    assert!(lease.check_due(Instant::now() + Duration::from_millis(100)));
+fn with_conditional_writes_a_recent_check_spares_rounds_until_reread_after() {
+    let fresh = confirmed(Mode::Conditional, Duration::ZERO);
+    assert_eq!(fresh.reread_after(), Duration::from_millis(100));
+    assert!(!fresh.check_due());
+    assert!(confirmed(Mode::Conditional, Duration::from_millis(100)).check_due());
+    // Never confirmed since the last failure.
+    let mut failed = confirmed(Mode::Conditional, Duration::ZERO);
+    failed.confirmed_at = None;
+    assert!(failed.check_due());
     // A refresh due forces the read (the refresh itself follows it).
-    lease.written_at = Some(ago(Duration::from_secs(3)));
-    assert!(lease.check_due(Instant::now()));
-}
-
-#[test]
-fn without_conditional_writes_only_a_read_after_the_race_window_spares_rounds() {
-    let mut lease = remote_lease();
-    lease.mode = Mode::ReadCheck;
-    let written = ago(Duration::from_millis(50));
-    lease.written_at = Some(written);
-    lease.settled_from = Some(written + lease.recheck());
-    // The read-back right after our acquiring write: a racer's write may still land.
-    lease.confirmed_at = Some(Instant::now());
-    assert!(lease.check_due(Instant::now()));
-    // A read begun after the window.
-    lease.confirmed_at = Some(written + lease.recheck());
-    assert!(!lease.check_due(written + lease.recheck()));
-}
-
-#[test]
-fn a_directory_replica_checks_every_round() {
-    let mut lease = Lease::new(
-        AnyClient::from_url("/nonexistent-replica").expect("a plain path is a valid URL"),
-        "/data/a.db",
-        DEFAULT_LEASE_TTL,
+    let mut stale = confirmed(Mode::Conditional, Duration::ZERO);
+    stale.written_at = Some(
+        Instant::now()
+            .checked_sub(Duration::from_secs(3))
+            .expect("the monotonic clock has run for seconds"),
     );
-    assert_eq!(lease.recheck(), Duration::ZERO);
-    lease.mode = Mode::ReadCheck;
-    lease.written_at = Some(Instant::now());
-    lease.confirmed_at = lease.written_at;
-    assert!(lease.check_due(Instant::now()));
+    assert!(stale.check_due());
+}
+
+#[test]
+fn without_conditional_writes_every_round_reads_the_lease() {
+    let lease = confirmed(Mode::ReadCheck, Duration::ZERO);
+    assert_eq!(lease.reread_after(), Duration::ZERO);
+    assert!(lease.check_due());
+}
+
+#[test]
+fn the_boot_clock_counts_like_the_monotonic_one_while_awake() {
+    // Each boot-clock read between two monotonic ones: bounds that no preemption can break.
+    let (m0, b0, m1) = (Instant::now(), since_boot(), Instant::now());
+    std::thread::sleep(Duration::from_millis(20));
+    let (m2, b1, m3) = (Instant::now(), since_boot(), Instant::now());
+    let boot = b1 - b0;
+    assert!(boot >= Duration::from_millis(20), "{boot:?}");
+    assert!(boot >= m2 - m1 && boot <= m3 - m0, "{boot:?}");
 }

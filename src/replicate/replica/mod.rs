@@ -14,20 +14,20 @@
 //!   locally; until then its parts are an incomplete multipart upload, invisible to readers.
 //! - An error streak is logged once when it starts and once when it ends, not per retry.
 //! - Nothing is written before the single-writer lease ([`crate::replicate::lease`]) is acquired; an
-//!   upload round first checks it (one GET) unless a check found it ours less than
-//!   [`Lease::recheck`] ago, maintenance runs only while it is fresh, and a replica whose
-//!   lease was taken stops for good (logged as an error, shown by `/readyz`). A clean
-//!   shutdown releases it.
+//!   upload round first checks it (one GET; with conditional writes, only once
+//!   [`Lease::reread_after`] has passed since a check found it ours), maintenance runs only
+//!   while it is fresh, and a replica whose lease was taken stops for good (logged as an
+//!   error, shown by `/readyz`). A clean shutdown releases it.
 //! - Every replica converges: when its chain cannot be continued from staging (a new or
 //!   emptied replica, one wiped behind our back, or one behind what staging still holds),
 //!   it is re-seeded with a snapshot of the live database ([`crate::replicate::db::SeedSnapshot`],
 //!   stored at level 9 as `1-<txid>`) and continues with the staged segments after it. A
-//!   wipe is noticed without any extra request: the lease check of the first upload round
-//!   `recheck` after the last one (10 s by default), or of the next refresh, finds the lease
-//!   gone, and one listing then tells a wipe (the replica's tip is below ours) from a lease
-//!   deleted alone. Worst case from a wipe to a restorable replica: `recheck` and the next
-//!   commit, or half the lease TTL when idle (5 min by default), plus the time to upload one
-//!   snapshot.
+//!   wipe is noticed without any extra request: the next lease check (of an upload round, at
+//!   most `reread_after` after the last one, or of a refresh) finds the lease gone, and one
+//!   listing then tells a wipe (the replica's tip is below ours) from a lease deleted alone.
+//!   Worst case from a wipe to a restorable replica: the next commit (10 s later on a store
+//!   with conditional writes), or half the lease TTL when idle (5 min by default), plus the
+//!   time to upload one snapshot.
 //! - A replica that cannot be written says so: its [`HealthCell`] holds the reason from the
 //!   first failed round until a round succeeds.
 
@@ -498,10 +498,11 @@ impl Replica {
                 .as_mut()
                 .and_then(|rx| rx.borrow_and_update().clone())
                 .filter(|s| self.remote >= target && s.txid == TxId(self.remote.0 + 1));
-            // An upload round checks the lease first (one GET) unless a check confirmed it
-            // within `recheck`; an idle wake-up only refreshes it when half its TTL has passed. The round and maintenance futures
-            // are boxed: inline they would make every idle replica task ~15 KB (the task
-            // holds its largest state), 6 MB of the daemon's RSS at 400 databases.
+            // An upload round checks the lease first (one GET) unless a recent check spares
+            // it; an idle wake-up only refreshes it when half its TTL has passed. The round
+            // and maintenance futures are boxed: inline they would make every idle replica
+            // task ~15 KB (the task holds its largest state), 6 MB of the daemon's RSS at 400
+            // databases.
             let round = Box::pin(async {
                 if self.deferred {
                     if target.0 == 0 {
