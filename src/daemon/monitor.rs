@@ -212,6 +212,13 @@ pub(super) async fn monitor(
             && !db.sync_urgent()
         {
             next = next.min(at);
+            // Shown as `held_seconds`: the replicas' lag cannot see changes not yet synced.
+            let _ = stats.held_since_ms.compare_exchange(
+                0,
+                crate::util::clock::now_ms().max(1) as u64,
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+            );
             prune(&db, &acks, &mut pruned);
             continue;
         }
@@ -262,6 +269,9 @@ pub(super) async fn monitor(
         }
         match result {
             Ok(segments) => {
+                stats
+                    .held_since_ms
+                    .store(0, std::sync::atomic::Ordering::Relaxed);
                 events.synced(began, segments, db.checkpoint_segments());
                 if events.ensure(&db) {
                     next = next.min(tokio::time::Instant::now() + COALESCE);

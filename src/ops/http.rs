@@ -76,13 +76,14 @@ impl Status {
     ///
     /// ```json
     /// {"databases": [{"path": "/data/app.db", "txid": 42, "idle": true, "syncs": 7,
-    ///   "sync_errors": 0, "protected": true, "error": null, "replicas": [{"name": "s3",
-    ///   "remote_txid": 42, "lag_txids": 0, "lag_seconds": 0.0, "lease_lost": false,
-    ///   "protected": true, "error": null, "reseeds": 0}]}]}
+    ///   "sync_errors": 0, "held_seconds": 0.0, "protected": true, "error": null,
+    ///   "replicas": [{"name": "s3", "remote_txid": 42, "lag_txids": 0, "lag_seconds": 0.0,
+    ///   "lease_lost": false, "protected": true, "error": null, "reseeds": 0}]}]}
     /// ```
     ///
     /// TXIDs are plain numbers (not the 16-digit hex of file names); lags are those of
-    /// `replicad_replica_lag_*` ([`replica_lag`]).
+    /// `replicad_replica_lag_*` ([`replica_lag`]), which start at the sync: `held_seconds` is
+    /// how long changes have waited for `min-sync-interval` before it.
     pub fn summary(&self) -> serde_json::Value {
         let since_ms = self.metrics.started_ms();
         let dbs: Vec<serde_json::Value> = self
@@ -114,6 +115,7 @@ impl Status {
                     "idle": d.stats.idle.load(Ordering::Relaxed),
                     "syncs": d.stats.syncs.load(Ordering::Relaxed),
                     "sync_errors": d.stats.sync_errors.load(Ordering::Relaxed),
+                    "held_seconds": d.stats.held_seconds(),
                     "protected": d.stats.health.is_ok(),
                     "error": d.stats.health.problem().map(|p| p.reason),
                     "replicas": replicas,

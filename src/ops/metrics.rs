@@ -109,7 +109,7 @@ fn load(a: &std::sync::atomic::AtomicU64) -> f64 {
     a.load(Ordering::Relaxed) as f64
 }
 
-const DB_METRICS: [DbMetric; 21] = [
+const DB_METRICS: [DbMetric; 22] = [
     (
         "replicad_db_protected",
         "1 while the database's changes are being captured (its last sync succeeded), 0 while \
@@ -237,6 +237,13 @@ const DB_METRICS: [DbMetric; 21] = [
          commits are found by polling every monitor-interval.",
         MetricType::GAUGE,
         |d| f64::from(u8::from(d.stats.commit_watched.load(Ordering::Relaxed))),
+    ),
+    (
+        "replicad_db_held_seconds",
+        "Seconds the database's newest changes have waited for min-sync-interval before their \
+         sync (0 when none wait); the replicas' lag starts after that sync.",
+        MetricType::GAUGE,
+        |d| d.stats.held_seconds(),
     ),
 ];
 

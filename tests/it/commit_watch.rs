@@ -273,13 +273,26 @@ async fn a_wal_nearing_truncate_page_n_ships_before_min_sync_interval() {
     let db = dir.join("app.db");
     let conn = make_db(&db);
     let replica = dir.join("replica");
+    let port = free_port();
     let yml = format!(
-        "monitor-interval: 100ms\nmin-sync-interval: 1h\ncheckpoint-interval: 0s\n\
-         min-checkpoint-page-count: 100\ntruncate-page-n: 400\ndbs:\n{}",
+        "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 100ms\nmin-sync-interval: 1h\n\
+         checkpoint-interval: 0s\nmin-checkpoint-page-count: 100\ntruncate-page-n: 400\n\
+         dbs:\n{}",
         entry(&db, &replica)
     );
     let d = start(dir.path(), &yml, &[]);
     assert!(common::wait_for_txid(&replica, 1, Duration::from_secs(30)));
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let held = || async {
+        let metrics = get(addr, "/metrics").await.1;
+        let label = format!("db=\"{}\"", db.display());
+        let metric = sample(&metrics, "replicad_db_held_seconds", &label);
+        let status: serde_json::Value =
+            serde_json::from_str(&get(addr, "/status").await.1).unwrap();
+        let shown = status["databases"][0]["held_seconds"].as_f64();
+        (metric.unwrap_or(-1.0), shown.unwrap_or(-1.0))
+    };
+    assert_eq!(held().await, (0.0, 0.0), "nothing waits yet");
     conn.execute("INSERT INTO t(v) VALUES ('small')", [])
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
@@ -288,6 +301,12 @@ async fn a_wal_nearing_truncate_page_n_ships_before_min_sync_interval() {
         1,
         "a small commit shipped before min-sync-interval: {}",
         d.log_text()
+    );
+    // Not replica lag yet, but shown: it has waited about 2 s.
+    let (metric, shown) = held().await;
+    assert!(
+        (1.5..30.0).contains(&metric) && (1.5..30.0).contains(&shown),
+        "held_seconds: metric {metric}, /status {shown}"
     );
     conn.execute_batch(
         "BEGIN; WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) \
@@ -299,5 +318,15 @@ async fn a_wal_nearing_truncate_page_n_ships_before_min_sync_interval() {
         "a WAL past a quarter of truncate-page-n waited for min-sync-interval: {}",
         d.log_text()
     );
+    // The monitor clears it once back from the sync, which may be just after the upload.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while held().await != (0.0, 0.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the urgent sync shipped what waited, but held_seconds stayed at {:?}",
+            held().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop_and_restore(d, &dir, &db, &replica, "restored after an urgent sync");
 }

@@ -161,6 +161,27 @@ pub struct DbStats {
     pub yield_timeouts: AtomicU64,
     /// Whether the database is protected (the monitor's last sync succeeded), else why not.
     pub health: crate::replicate::health::HealthCell,
+    /// Since when (ms since the epoch) a tick has found changes that wait for
+    /// `min-sync-interval`; 0 when none wait. The replicas' lag counts only what was synced.
+    pub held_since_ms: AtomicU64,
+}
+
+impl DbStats {
+    /// Seconds the newest changes have waited for `min-sync-interval` (0 when none wait).
+    pub fn held_seconds(&self) -> f64 {
+        match self
+            .held_since_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => 0.0,
+            since => {
+                crate::util::clock::now_ms()
+                    .saturating_sub(since as i64)
+                    .max(0) as f64
+                    / 1000.0
+            }
+        }
+    }
 }
 
 /// Why a sync failed.
