@@ -289,8 +289,11 @@ async fn rounds_reread_the_lease_once_per_ttl_60th_and_stop_when_it_was_taken() 
         server.op_count("GetObject") - gets
     );
 
-    let foreign = r#"{"instance":"other","host":"elsewhere","pid":4242,"db":"/other/app.db","ttl_ms":600000,"refreshed_ms":0,"version":"x"}"#;
-    common::s3::plant_file(&server, "recheck/app.db/replicad.lease", foreign.as_bytes());
+    common::s3::plant_file(
+        &server,
+        "recheck/app.db/replicad.lease",
+        common::http::FOREIGN_LEASE.as_bytes(),
+    );
     tokio::time::sleep(reread).await;
     let uploaded = server.list_keys("recheck/app.db/").await;
     c.execute("INSERT INTO t VALUES (7)", []).unwrap();
@@ -305,12 +308,7 @@ async fn rounds_reread_the_lease_once_per_ttl_60th_and_stop_when_it_was_taken() 
         uploaded,
         "uploaded after the lease was taken"
     );
-    let reasons =
-        replicad::ops::http::readiness(&store.dbs(), Duration::from_secs(60), 0).unwrap_err();
-    assert!(
-        reasons.iter().any(|r| r.contains("single-writer lease")),
-        "{reasons:?}"
-    );
+    common::http::assert_unready_for_the_lease(&store);
     store.shutdown(std::future::pending()).await;
 }
 

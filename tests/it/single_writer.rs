@@ -467,7 +467,7 @@ async fn a_replica_whose_lease_was_taken_stops_uploading_and_is_not_ready() {
     let uploaded = target.l0_ranges();
     assert!(replicad::ops::http::readiness(&store.dbs(), Duration::from_secs(60), 0).is_ok());
 
-    let foreign = r#"{"instance":"other","host":"elsewhere","pid":4242,"db":"/other/app.db","ttl_ms":600000,"refreshed_ms":0,"version":"x"}"#;
+    let foreign = common::http::FOREIGN_LEASE;
     std::fs::write(target.lease_path(), foreign).unwrap();
     conn.execute("INSERT INTO t VALUES (2)", []).unwrap();
     let deadline = Instant::now() + WAIT;
@@ -483,12 +483,7 @@ async fn a_replica_whose_lease_was_taken_stops_uploading_and_is_not_ready() {
         uploaded,
         "uploaded after losing the lease"
     );
-    let reasons =
-        replicad::ops::http::readiness(&store.dbs(), Duration::from_secs(60), 0).unwrap_err();
-    assert!(
-        reasons.iter().any(|r| r.contains("single-writer lease")),
-        "{reasons:?}"
-    );
+    common::http::assert_unready_for_the_lease(&store);
     store.shutdown(std::future::pending()).await;
     assert_eq!(
         std::fs::read_to_string(target.lease_path()).unwrap(),

@@ -70,3 +70,17 @@ pub fn daemon_config(dir: &std::path::Path, db: &std::path::Path) -> (std::path:
     .unwrap();
     (config, port)
 }
+
+/// A lease object as another replicad, on another host, would have written it.
+pub const FOREIGN_LEASE: &str = r#"{"instance":"other","host":"elsewhere","pid":4242,"db":"/other/app.db","ttl_ms":600000,"refreshed_ms":0,"version":"x"}"#;
+
+/// `/readyz` of `store` fails, and one of its reasons names the single-writer lease.
+pub fn assert_unready_for_the_lease(store: &replicad::daemon::Store) {
+    let reasons =
+        replicad::ops::http::readiness(&store.dbs(), std::time::Duration::from_secs(60), 0)
+            .unwrap_err();
+    assert!(
+        reasons.iter().any(|r| r.contains("single-writer lease")),
+        "{reasons:?}"
+    );
+}
