@@ -1,6 +1,7 @@
-//! The integrity check of a restored database, on every core: `PRAGMA quick_check` beside
-//! `PRAGMA integrity_check(T)` for each table whose full check does more than the quick one.
-//! SQLite's own check runs on one core and is most of a checked restore's time.
+//! The integrity check of a restored database, on every core: `PRAGMA quick_check` beside,
+//! for each table whose full check does more than the quick one, two sequential scans per
+//! index ([`sums`]) or `PRAGMA integrity_check(T)`. SQLite's own check runs on one core, seeks
+//! once per row and index, and was most of a checked restore's time.
 //!
 //! Invariant: the union of these checks is what `PRAGMA integrity_check` checks. In SQLite's
 //! `pragma.c` (3.54), the quick check leaves out only each row's index entries (and UNIQUE
@@ -11,8 +12,14 @@
 //! table's key is one) or it is virtual: the list comes from `pragma_index_list`, not from
 //! the columns of `sqlite_schema`. A check that SQLite refuses to run (a module it lacks,
 //! say), or a second connection that cannot be opened, falls back to the plain
-//! `PRAGMA integrity_check`, which skips what it cannot check, as before.
+//! `PRAGMA integrity_check`, which skips what it cannot check, as before. What the scans of
+//! [`sums`] check for a table is what its `integrity_check(T)` adds to the quick check (each
+//! row's index entries, UNIQUE keys), and a table they have any doubt about gets
+//! `integrity_check(T)` after them, whose verdict stands.
 
+mod sums;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,23 +33,32 @@ const MAX_WORKERS: usize = 8;
 
 /// The tables whose `integrity_check(T)` checks more than `quick_check` does (see the module
 /// doc), in schema order.
-const FULL_CHECK_TABLES: &str = "SELECT l.name FROM pragma_table_list l \
+const FULL_CHECK_TABLES: &str = "SELECT l.name, l.type = 'table' AND NOT l.wr FROM pragma_table_list l \
      WHERE l.schema = 'main' AND (l.type = 'virtual' OR l.wr \
      OR EXISTS (SELECT 1 FROM pragma_index_list(l.name, l.schema)))";
 
-/// One statement of the check; each returns `ok` or the problems it found.
+/// One part of the check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Task {
+    /// `PRAGMA quick_check`.
     Quick,
+    /// `PRAGMA integrity_check(T)`.
     Table(String),
+    /// One scan of a table, summing the key of each of its indexes ([`sums::rows`]).
+    Rows(Vec<sums::Keyed>),
+    /// One scan of an index ([`sums::entries`]).
+    Entries(sums::Keyed),
 }
 
 impl Task {
+    /// The statement of a pragma task; what a scan reads, for messages.
     fn sql(&self) -> String {
         match self {
             Task::Quick => "PRAGMA quick_check".into(),
             // A string argument is a table name (an unquoted number would be an error limit).
             Task::Table(t) => format!("PRAGMA integrity_check('{}')", t.replace('\'', "''")),
+            Task::Rows(ks) => format!("rows of {:?}", ks.first().map(|k| &k.table)),
+            Task::Entries(k) => format!("index {}", k.index),
         }
     }
 }
@@ -72,12 +88,13 @@ pub fn integrity_check(path: &Path) -> Result<(), RestoreError> {
 /// [`integrity_check`] on up to `cores` connections.
 fn check_on(path: &Path, cores: usize) -> Result<(), RestoreError> {
     let conn = open(path)?;
-    let tasks = if cores > 1 {
-        plan(&conn).unwrap_or_default()
-    } else {
-        Vec::new()
-    };
-    let workers = cores.min(tasks.len()).min(MAX_WORKERS);
+    let mut tasks = plan(&conn).unwrap_or_default();
+    let scans = tasks.iter().any(|t| matches!(t, Task::Rows(_)));
+    if cores < 2 && !scans {
+        // One core and nothing to scan: SQLite's whole check does the same work, once.
+        tasks.clear();
+    }
+    let workers = cores.max(1).min(tasks.len()).min(MAX_WORKERS);
     let mut conns = vec![conn];
     // Too many open files, say: as many as open, and the whole check on one if that is all.
     while conns.len() < workers {
@@ -86,10 +103,10 @@ fn check_on(path: &Path, cores: usize) -> Result<(), RestoreError> {
             Err(_) => break,
         }
     }
-    if conns.len() < 2 {
+    if tasks.is_empty() || (conns.len() < 2 && !scans) {
         return full(&conns[0]);
     }
-    match parallel(conns, &tasks) {
+    match parallel(conns, &tasks).0 {
         Some(Outcome::Refused(why)) => {
             tracing::debug!(reason = %why, "a split integrity check was refused; running the whole check on one connection");
             full(&open(path)?)
@@ -110,18 +127,34 @@ fn full(conn: &Connection) -> Result<(), RestoreError> {
     run(conn, "PRAGMA integrity_check").map_or(Ok(()), |o| Err(o.into()))
 }
 
-/// The quick check first, then one task per table that needs its own; none when the database
-/// has no such table (the whole check is then no more than the quick one, on one core).
+/// The quick check first, then the tables' scans, the tables SQLite checks, and the indexes'
+/// scans (the longest first, roughly); none when the database has no table that needs more
+/// than the quick check (the whole check is then no more than it, on one core).
 fn plan(conn: &Connection) -> rusqlite::Result<Vec<Task>> {
     let mut stmt = conn.prepare(FULL_CHECK_TABLES)?;
     let tables = stmt
-        .query_map([], |r| r.get::<_, String>(0))?
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?)))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     if tables.is_empty() {
         return Ok(Vec::new());
     }
+    let (mut rows, mut checked, mut entries) = (Vec::new(), Vec::new(), Vec::new());
+    for (table, rowid) in tables {
+        match rowid
+            .then(|| sums::keyed_indexes(conn, &table))
+            .transpose()?
+        {
+            Some(Some(keyed)) if !keyed.is_empty() => {
+                entries.extend(keyed.iter().cloned().map(Task::Entries));
+                rows.push(Task::Rows(keyed));
+            }
+            _ => checked.push(Task::Table(table)),
+        }
+    }
     Ok(std::iter::once(Task::Quick)
-        .chain(tables.into_iter().map(Task::Table))
+        .chain(rows)
+        .chain(checked)
+        .chain(entries)
         .collect())
 }
 
@@ -139,12 +172,18 @@ fn run(conn: &Connection, sql: &str) -> Option<Outcome> {
 }
 
 /// Runs `tasks` on the connections, one thread each, each taking the next task when it is
-/// done. Damage found by any task is reported with every other task's; a refusal stops the
-/// tables not started yet (the caller then runs the whole check), never the quick check.
-fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> Option<Outcome> {
+/// done, then `integrity_check(T)` of every table its scans left in doubt. Damage found by
+/// any task is reported with every other task's; a refusal stops the tables not started yet
+/// (the caller then runs the whole check), never the quick check. Also returns the tables
+/// checked again after their scans.
+fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> (Option<Outcome>, Vec<String>) {
     let next = AtomicUsize::new(0);
     let damage: Mutex<Vec<String>> = Mutex::default();
     let refused: Mutex<Option<String>> = Mutex::default();
+    let tallies: Mutex<BTreeMap<(String, String), sums::Tally>> = Mutex::default();
+    // Tables whose scan SQLite refused or found damaged: its own check says which.
+    let doubt: Mutex<BTreeSet<String>> = Mutex::default();
+    let keys = sums::Keys::new();
     let work = |conn: Connection| {
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
@@ -152,28 +191,88 @@ fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> Option<Outcome> {
             if *task != Task::Quick && lock(&refused).is_some() {
                 break;
             }
-            match run(&conn, &task.sql()) {
-                None => {}
-                Some(Outcome::Damaged(rows)) => lock(&damage).extend(rows),
-                Some(Outcome::Refused(why)) => {
-                    lock(&refused).get_or_insert(format!("{}: {why}", task.sql()));
-                }
+            match task {
+                Task::Quick | Task::Table(_) => match run(&conn, &task.sql()) {
+                    None => {}
+                    Some(Outcome::Damaged(rows)) => lock(&damage).extend(rows),
+                    Some(Outcome::Refused(why)) => {
+                        lock(&refused).get_or_insert(format!("{}: {why}", task.sql()));
+                    }
+                },
+                Task::Rows(keyed) => match sums::rows(&conn, keyed, &keys) {
+                    Ok(found) => {
+                        let mut t = lock(&tallies);
+                        for (k, sum) in keyed.iter().zip(found) {
+                            t.entry((k.table.clone(), k.index.clone()))
+                                .or_default()
+                                .rows = Some(sum);
+                        }
+                    }
+                    Err(_) => {
+                        lock(&doubt).extend(keyed.first().map(|k| k.table.clone()));
+                    }
+                },
+                Task::Entries(k) => match sums::entries(&conn, k, &keys) {
+                    Ok(found) => {
+                        let mut t = lock(&tallies);
+                        let tally = t.entry((k.table.clone(), k.index.clone())).or_default();
+                        tally.entries = found.entries;
+                        tally.duplicate = found.duplicate;
+                    }
+                    Err(_) => {
+                        lock(&doubt).insert(k.table.clone());
+                    }
+                },
             }
         }
+        conn
     };
     let work = &work;
-    std::thread::scope(|s| {
-        for conn in conns {
-            s.spawn(move || work(conn));
-        }
+    let conns: Vec<Connection> = std::thread::scope(|s| {
+        let handles: Vec<_> = conns
+            .into_iter()
+            .map(|conn| s.spawn(move || work(conn)))
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
     });
-    let refused = refused.into_inner().unwrap_or_else(|p| p.into_inner());
-    let damage = damage.into_inner().unwrap_or_else(|p| p.into_inner());
-    match (refused, damage.is_empty()) {
+    let mut refused = refused.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut damage = damage.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut again = doubt.into_inner().unwrap_or_else(|p| p.into_inner());
+    let tallies = tallies.into_inner().unwrap_or_else(|p| p.into_inner());
+    // Every scanned index has a tally from each side unless its scan failed (then in doubt).
+    for task in tasks {
+        if let Task::Entries(k) = task {
+            let sound = tallies
+                .get(&(k.table.clone(), k.index.clone()))
+                .is_some_and(sums::Tally::sound);
+            if !sound {
+                again.insert(k.table.clone());
+            }
+        }
+    }
+    let again: Vec<String> = again.into_iter().collect();
+    if refused.is_none() {
+        if let Some(conn) = conns.first() {
+            for table in &again {
+                let task = Task::Table(table.clone());
+                match run(conn, &task.sql()) {
+                    None => {}
+                    Some(Outcome::Damaged(rows)) => damage.extend(rows),
+                    Some(Outcome::Refused(why)) => {
+                        refused.get_or_insert(format!("{}: {why}", task.sql()));
+                    }
+                }
+            }
+        } else if !again.is_empty() {
+            refused = Some("a checking thread panicked".into());
+        }
+    }
+    let outcome = match (refused, damage.is_empty()) {
         (_, false) => Some(Outcome::Damaged(damage)),
         (Some(why), true) => Some(Outcome::Refused(why)),
         (None, true) => None,
-    }
+    };
+    (outcome, again)
 }
 
 /// Each guarded change is one push or one set, never left half done: a poisoned lock's data
@@ -206,10 +305,27 @@ mod tests {
         vec![open(p).expect("open"), open(p).expect("open")]
     }
 
-    /// The split check itself (no fallback to the whole one): its verdict on `p`.
-    fn split(p: &Path) -> Option<Outcome> {
+    /// The split check itself (no fallback to the whole one): its verdict on `p`, and the
+    /// tables its scans left to SQLite's check.
+    fn split(p: &Path) -> (Option<Outcome>, Vec<String>) {
         let tasks = plan(&open(p).expect("open")).expect("plan");
         parallel(two(p), &tasks)
+    }
+
+    /// The tables `tasks` scan, and those SQLite checks, sorted.
+    fn scanned_and_checked(tasks: &[Task]) -> (Vec<String>, Vec<String>) {
+        let mut scanned = Vec::new();
+        let mut checked = Vec::new();
+        for t in tasks {
+            match t {
+                Task::Rows(ks) => scanned.extend(ks.first().map(|k| k.table.clone())),
+                Task::Table(name) => checked.push(name.clone()),
+                _ => {}
+            }
+        }
+        scanned.sort();
+        checked.sort();
+        (scanned, checked)
     }
 
     /// Edits `sqlite_schema` directly, as a damaged file could have it.
@@ -247,15 +363,18 @@ mod tests {
         );
         let tasks = plan(&open(&p).expect("open")).expect("plan");
         assert_eq!(tasks[0], Task::Quick);
-        for name in ["t", "wr", "it's", "100", "docs"] {
-            assert!(
-                tasks.contains(&Task::Table(name.into())),
-                "{name}: {tasks:?}"
-            );
-        }
-        assert!(!tasks.contains(&Task::Table("plain".into())), "{tasks:?}");
+        let (scanned, checked) = scanned_and_checked(&tasks);
+        assert_eq!(scanned, ["100", "it's", "t"], "{tasks:?}");
+        // The full-text table and its shadow tables (one WITHOUT ROWID) are SQLite's.
+        assert_eq!(
+            checked,
+            ["docs", "docs_config", "docs_idx", "wr"],
+            "{tasks:?}"
+        );
         assert_eq!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
-        assert!(split(&p).is_none(), "no task refused or found damage");
+        let (verdict, again) = split(&p);
+        assert!(verdict.is_none(), "no task refused or found damage");
+        assert!(again.is_empty(), "the scans settled every table: {again:?}");
         check_on(&p, 2).expect("a sound file passes on two connections");
         check_on(&p, 1).expect("and on one");
     }
@@ -303,9 +422,11 @@ mod tests {
         }
         assert_eq!(pragma(&p, "PRAGMA quick_check"), ["ok"]);
         assert_ne!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
+        let (verdict, again) = split(&p);
+        assert_eq!(again, ["t"], "the scans' sums differ");
         assert!(
-            matches!(split(&p), Some(Outcome::Damaged(rows)) if rows.iter().any(|r| r.contains("t_a"))),
-            "the table's own check finds it"
+            matches!(verdict, Some(Outcome::Damaged(rows)) if rows.iter().any(|r| r.contains("t_a"))),
+            "the table's own check, run after the scans, finds it"
         );
         let err = check_on(&p, 2)
             .expect_err("the stale index is found")
@@ -357,7 +478,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = db(dir.path(), "refused.db", ROWS);
         let tasks = [Task::Quick, Task::Table("no_such_table".into())];
-        let got = parallel(two(&p), &tasks);
+        let got = parallel(two(&p), &tasks).0;
         assert!(
             matches!(&got, Some(Outcome::Refused(why)) if why.contains("no_such_table")),
             "{}",
@@ -368,7 +489,92 @@ mod tests {
             "CREATE TABLE junk(x); DELETE FROM sqlite_schema WHERE name = 'junk';",
         );
         // The quick check runs even when the refusal comes first.
-        let got = parallel(two(&p), &tasks);
+        let got = parallel(two(&p), &tasks).0;
         assert!(matches!(got, Some(Outcome::Damaged(_))));
+    }
+
+    /// Every shape of index the scans take, on rows SQLite stores in more than one way: the
+    /// scans alone pass the sound file (no table is sent to SQLite's check), and the shapes
+    /// they do not take go to SQLite's check.
+    #[test]
+    fn the_scans_settle_every_index_shape_they_take_and_leave_the_rest_to_sqlite() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(
+            dir.path(),
+            "shapes.db",
+            "PRAGMA journal_mode=DELETE;
+            CREATE TABLE s(id INTEGER PRIMARY KEY, a TEXT, b REAL, c, d BLOB, \"rowid\" TEXT,
+                g INTEGER GENERATED ALWAYS AS (length(a)) VIRTUAL, u TEXT UNIQUE);
+            CREATE INDEX s_ab ON s(a, b DESC);
+            CREATE INDEX s_c_id ON s(c, id);
+            CREATE INDEX s_d ON s(d);
+            CREATE INDEX s_rowid ON s(\"rowid\");
+            CREATE INDEX s_g ON s(g);
+            CREATE INDEX s_nocase ON s(a COLLATE NOCASE);
+            CREATE UNIQUE INDEX s_bc ON s(b, c);
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 400)
+            INSERT INTO s(a, b, c, d, \"rowid\", u) SELECT
+                CASE WHEN i % 7 = 0 THEN NULL ELSE 'v' || (i % 13) END,
+                CASE WHEN i % 3 = 0 THEN i ELSE i + 0.5 END,
+                CASE i % 4 WHEN 0 THEN i WHEN 1 THEN i || '' WHEN 2 THEN i * 1.0 ELSE NULL END,
+                CASE WHEN i % 5 = 0 THEN NULL ELSE randomblob(i % 9) END,
+                'r' || (i % 3),
+                CASE WHEN i % 2 = 0 THEN NULL ELSE 'u' || i END
+            FROM n;
+            CREATE TABLE partial(x, y);
+            CREATE INDEX partial_x ON partial(x) WHERE y > 0;
+            INSERT INTO partial VALUES (1, 1), (2, 0);
+            CREATE TABLE expr(x TEXT);
+            CREATE INDEX expr_x ON expr(lower(x));
+            INSERT INTO expr VALUES ('A'), ('b');
+            CREATE TABLE folded(x TEXT);
+            CREATE UNIQUE INDEX folded_x ON folded(x COLLATE NOCASE);
+            INSERT INTO folded VALUES ('A'), ('b');",
+        );
+        let tasks = plan(&open(&p).expect("open")).expect("plan");
+        let (scanned, checked) = scanned_and_checked(&tasks);
+        assert_eq!(scanned, ["s"], "{tasks:?}");
+        assert_eq!(checked, ["expr", "folded", "partial"], "{tasks:?}");
+        assert_eq!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
+        let (verdict, again) = split(&p);
+        assert!(verdict.is_none());
+        assert!(again.is_empty(), "the scans alone passed it: {again:?}");
+        check_on(&p, 1).expect("one connection scans too");
+    }
+
+    /// A UNIQUE index holding one key twice (its schema says UNIQUE, its entries were written
+    /// without the constraint): the quick check passes it, the scans see the duplicate and
+    /// SQLite's check of the table names it.
+    #[test]
+    fn a_duplicate_key_in_a_unique_index_is_found() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(
+            dir.path(),
+            "dup.db",
+            "PRAGMA journal_mode=DELETE;
+            CREATE TABLE t(id INTEGER PRIMARY KEY, a TEXT);
+            CREATE INDEX t_a ON t(a);
+            INSERT INTO t(a) VALUES ('x'), ('y'), (NULL), (NULL), ('y'), ('z');",
+        );
+        edit_schema(
+            &p,
+            "UPDATE sqlite_schema SET sql = 'CREATE UNIQUE INDEX t_a ON t(a)' \
+             WHERE name = 't_a';",
+        );
+        assert_eq!(pragma(&p, "PRAGMA quick_check"), ["ok"]);
+        assert_ne!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
+        let (verdict, again) = split(&p);
+        assert_eq!(again, ["t"]);
+        assert!(
+            matches!(verdict, Some(Outcome::Damaged(rows)) if rows.iter().any(|r| r.contains("non-unique"))),
+            "SQLite's check of the table names the duplicate"
+        );
+        assert!(check_on(&p, 2).is_err());
+        // Two NULL keys are not a duplicate: the same file without the second 'y' passes.
+        let c = Connection::open(&p).expect("open");
+        c.execute("DELETE FROM t WHERE id = 5", []).expect("delete");
+        drop(c);
+        assert_eq!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
+        assert!(split(&p).1.is_empty());
     }
 }
