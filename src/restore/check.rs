@@ -142,9 +142,13 @@ fn plan(conn: &Connection) -> rusqlite::Result<Vec<Task>> {
     if tables.is_empty() {
         return Ok(Vec::new());
     }
+    // A UTF-16 file's text is read through a lossy conversion: SQLite compares its bytes.
+    let utf8: bool = conn.query_row("SELECT encoding = 'UTF-8' FROM pragma_encoding", [], |r| {
+        r.get(0)
+    })?;
     let (mut rows, mut checked, mut entries) = (Vec::new(), Vec::new(), Vec::new());
     for (table, rowid) in tables {
-        match rowid
+        match (rowid && utf8)
             .then(|| sums::keyed_indexes(conn, &table))
             .transpose()?
         {
@@ -206,10 +210,10 @@ fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> (Option<Outcome>, Vec<Str
                 Task::Rows(keyed) => match sums::rows(&conn, keyed, &keys) {
                     Ok(found) => {
                         let mut t = lock(&tallies);
-                        for (k, sum) in keyed.iter().zip(found) {
-                            t.entry((k.table.clone(), k.index.clone()))
-                                .or_default()
-                                .rows = Some(sum);
+                        for (k, found) in keyed.iter().zip(found) {
+                            let tally = t.entry((k.table.clone(), k.index.clone())).or_default();
+                            tally.rows = found.rows;
+                            tally.doubt |= found.doubt;
                         }
                     }
                     Err(_) => {
@@ -221,7 +225,7 @@ fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> (Option<Outcome>, Vec<Str
                         let mut t = lock(&tallies);
                         let tally = t.entry((k.table.clone(), k.index.clone())).or_default();
                         tally.entries = found.entries;
-                        tally.duplicate = found.duplicate;
+                        tally.doubt |= found.doubt;
                     }
                     Err(_) => {
                         lock(&doubt).insert(k.table.clone());
@@ -232,14 +236,22 @@ fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> (Option<Outcome>, Vec<Str
         conn
     };
     let work = &work;
-    let conns: Vec<Connection> = std::thread::scope(|s| {
+    let (conns, panicked): (Vec<_>, Vec<_>) = std::thread::scope(|s| {
         let handles: Vec<_> = conns
             .into_iter()
             .map(|conn| s.spawn(move || work(conn)))
             .collect();
-        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join())
+            .partition(Result::is_ok)
     });
+    let conns: Vec<Connection> = conns.into_iter().filter_map(Result::ok).collect();
     let mut refused = refused.into_inner().unwrap_or_else(|p| p.into_inner());
+    if !panicked.is_empty() {
+        // Its task's verdict is lost: only the whole check can stand for it.
+        refused.get_or_insert("a checking thread panicked".into());
+    }
     let mut damage = damage.into_inner().unwrap_or_else(|p| p.into_inner());
     let mut again = doubt.into_inner().unwrap_or_else(|p| p.into_inner());
     let tallies = tallies.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -255,20 +267,19 @@ fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> (Option<Outcome>, Vec<Str
         }
     }
     let again: Vec<String> = again.into_iter().collect();
-    if refused.is_none() {
-        if let Some(conn) = conns.first() {
-            for table in &again {
-                let task = Task::Table(table.clone());
-                match run(conn, &task.sql()) {
-                    None => {}
-                    Some(Outcome::Damaged(rows)) => damage.extend(rows),
-                    Some(Outcome::Refused(why)) => {
-                        refused.get_or_insert(format!("{}: {why}", task.sql()));
-                    }
+    // Without a refusal every thread came back, with its connection.
+    if refused.is_none()
+        && let Some(conn) = conns.first()
+    {
+        for table in &again {
+            let task = Task::Table(table.clone());
+            match run(conn, &task.sql()) {
+                None => {}
+                Some(Outcome::Damaged(rows)) => damage.extend(rows),
+                Some(Outcome::Refused(why)) => {
+                    refused.get_or_insert(format!("{}: {why}", task.sql()));
                 }
             }
-        } else if !again.is_empty() {
-            refused = Some("a checking thread panicked".into());
         }
     }
     let outcome = match (refused, damage.is_empty()) {
@@ -508,42 +519,92 @@ mod tests {
             "shapes.db",
             "PRAGMA journal_mode=DELETE;
             CREATE TABLE s(id INTEGER PRIMARY KEY, a TEXT, b REAL, c, d BLOB, \"rowid\" TEXT,
-                g INTEGER GENERATED ALWAYS AS (length(a)) VIRTUAL, u TEXT UNIQUE);
+                g INTEGER GENERATED ALWAYS AS (length(a)) STORED, u TEXT UNIQUE);
             CREATE INDEX s_ab ON s(a, b DESC);
-            CREATE INDEX s_c_id ON s(c, id);
-            CREATE INDEX s_d ON s(d);
+            CREATE INDEX s_cd ON s(c DESC, d);
             CREATE INDEX s_rowid ON s(\"rowid\");
             CREATE INDEX s_g ON s(g);
-            CREATE INDEX s_nocase ON s(a COLLATE NOCASE);
             CREATE UNIQUE INDEX s_bc ON s(b, c);
             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 400)
             INSERT INTO s(a, b, c, d, \"rowid\", u) SELECT
                 CASE WHEN i % 7 = 0 THEN NULL ELSE 'v' || (i % 13) END,
                 CASE WHEN i % 3 = 0 THEN i ELSE i + 0.5 END,
-                CASE i % 4 WHEN 0 THEN i WHEN 1 THEN i || '' WHEN 2 THEN i * 1.0 ELSE NULL END,
+                CASE i % 5 WHEN 0 THEN i WHEN 1 THEN i || '' WHEN 2 THEN i * 1.0
+                    WHEN 3 THEN randomblob(2) ELSE NULL END,
                 CASE WHEN i % 5 = 0 THEN NULL ELSE randomblob(i % 9) END,
                 'r' || (i % 3),
                 CASE WHEN i % 2 = 0 THEN NULL ELSE 'u' || i END
             FROM n;
             CREATE TABLE partial(x, y);
             CREATE INDEX partial_x ON partial(x) WHERE y > 0;
-            INSERT INTO partial VALUES (1, 1), (2, 0);
             CREATE TABLE expr(x TEXT);
             CREATE INDEX expr_x ON expr(lower(x));
-            INSERT INTO expr VALUES ('A'), ('b');
             CREATE TABLE folded(x TEXT);
             CREATE UNIQUE INDEX folded_x ON folded(x COLLATE NOCASE);
-            INSERT INTO folded VALUES ('A'), ('b');",
+            CREATE TABLE nocase(x TEXT);
+            CREATE INDEX nocase_x ON nocase(x COLLATE NOCASE);
+            CREATE TABLE ipk(id INTEGER PRIMARY KEY, c);
+            CREATE INDEX ipk_c_id ON ipk(c, id);
+            CREATE TABLE virt(j TEXT, n AS (CAST(j AS INTEGER)) VIRTUAL);
+            CREATE INDEX virt_n ON virt(n);
+            CREATE TABLE twice(a, b);
+            CREATE INDEX twice_aba ON twice(a, b, a);
+            INSERT INTO partial VALUES (1, 1), (2, 0);
+            INSERT INTO expr VALUES ('A'), ('b');
+            INSERT INTO folded VALUES ('A'), ('b');
+            INSERT INTO nocase VALUES ('A'), ('a');
+            INSERT INTO ipk(c) VALUES (1), (2);
+            INSERT INTO virt(j) VALUES ('5'), ('x');
+            INSERT INTO twice VALUES (1, 2), (2, 1);",
         );
         let tasks = plan(&open(&p).expect("open")).expect("plan");
         let (scanned, checked) = scanned_and_checked(&tasks);
         assert_eq!(scanned, ["s"], "{tasks:?}");
-        assert_eq!(checked, ["expr", "folded", "partial"], "{tasks:?}");
+        assert_eq!(
+            checked,
+            [
+                "expr", "folded", "ipk", "nocase", "partial", "twice", "virt"
+            ],
+            "{tasks:?}"
+        );
         assert_eq!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
         let (verdict, again) = split(&p);
         assert!(verdict.is_none());
         assert!(again.is_empty(), "the scans alone passed it: {again:?}");
         check_on(&p, 1).expect("one connection scans too");
+    }
+
+    /// An index whose entries are all there but not in its key order (its schema turned to
+    /// DESC): SQLite's seeks miss rows, so the scans must doubt it too.
+    #[test]
+    fn an_index_out_of_its_key_order_is_found() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(dir.path(), "order.db", ROWS);
+        edit_schema(
+            &p,
+            "UPDATE sqlite_schema SET sql = 'CREATE INDEX t_a ON t(a DESC)' WHERE name = 't_a';",
+        );
+        assert_eq!(pragma(&p, "PRAGMA quick_check"), ["ok"]);
+        assert_ne!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
+        let (verdict, again) = split(&p);
+        assert_eq!(again, ["t"], "the order pass doubts it");
+        assert!(matches!(verdict, Some(Outcome::Damaged(_))));
+        assert!(check_on(&p, 2).is_err());
+    }
+
+    /// A UTF-16 file: its text reaches the scans through a lossy conversion, so SQLite checks
+    /// every table itself.
+    #[test]
+    fn a_utf16_database_is_left_to_sqlite() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(
+            dir.path(),
+            "utf16.db",
+            &format!("PRAGMA encoding = 'UTF-16le'; {ROWS}"),
+        );
+        let tasks = plan(&open(&p).expect("open")).expect("plan");
+        assert_eq!(scanned_and_checked(&tasks), (vec![], vec!["t".to_string()]));
+        check_on(&p, 2).expect("a sound file passes");
     }
 
     /// A UNIQUE index holding one key twice (its schema says UNIQUE, its entries were written

@@ -3,26 +3,33 @@
 //!
 //! `PRAGMA integrity_check(T)` looks every row of T up in each of its indexes: a random seek
 //! per row and index, most of a checked restore's time (1 GiB, one table and its index: about
-//! 5 s of a 6 s check). For an index whose key is plain columns (no expression, no `WHERE`),
-//! the same question is answered by summing a keyed 128-bit hash of (key, rowid) over the
-//! table's rows (`NOT INDEXED`) and over the index's entries (`INDEXED BY`, which reads the
-//! index alone): equal multisets give equal sums, and unequal ones give equal sums with a
-//! probability of about 2^-128 (the keys are random per check). A UNIQUE index is also read
-//! for two adjacent entries whose keys are equal and not NULL; it qualifies only when every
-//! key column compares with BINARY, which this module reproduces exactly.
+//! 5 s of a 6 s check). For an index whose key is plain BINARY columns, the same question is
+//! answered by summing a keyed 128-bit hash of (key, rowid) over the table's rows (`NOT
+//! INDEXED`) and over the index's entries (`INDEXED BY`, which reads the index alone): equal
+//! multisets give equal sums, unequal ones equal sums with a probability of about 2^-128
+//! (the key is random per check). The entries' scan also checks that each (key, rowid) is
+//! greater than the one before in SQLite's order, which this module reproduces for BINARY
+//! (and DESC), and, in a UNIQUE index, that no two adjacent keys are equal and not NULL.
 //!
 //! What they stand for, in SQLite 3.54's `pragma.c`: per row and index, an entry with the
-//! row's key and rowid exists (`OP_Found`; a miss is also reported as an imprecise float, a
-//! rowid not at the end of the record, or values that differ under a non-BINARY collation,
-//! all of them exact values that differ), and in a UNIQUE index the next entry's key differs
-//! unless a key column is NULL. The sums answer the first for every row and every entry
-//! (the entry counts too), the adjacent-key pass the second.
+//! row's key and rowid exists (`OP_Found`, a seek, which only an index in key order answers
+//! right; a miss is also reported as an imprecise float or a rowid not at the end of the
+//! record: exact values that differ), and in a UNIQUE index the next entry's key differs
+//! unless a key column is NULL. The sums answer the first for every row and every entry (the
+//! entry counts too), the order pass that the index can be searched, the adjacent-key pass
+//! the second.
 //!
 //! Invariant: the scans never pass a table that SQLite's check of it would fail. Any doubt (a
-//! sum that differs, a duplicate key, a scan SQLite refuses or finds damaged) sends the table
-//! to `PRAGMA integrity_check(T)`, whose verdict stands. Tables with an index on an
-//! expression, a partial index or a UNIQUE index with another collation, WITHOUT ROWID and
-//! virtual tables get SQLite's check directly.
+//! sum that differs, entries out of order, a duplicate key, an integer-valued float too large
+//! to compare exactly, a scan SQLite refuses or finds damaged) sends the table to `PRAGMA
+//! integrity_check(T)`, whose verdict stands. SQLite's check runs directly where the scans
+//! would not read what it compares: a key on an expression, a partial index, a collation
+//! other than BINARY, a key column that may be the rowid's alias (the index scan reads the
+//! rowid instead of the stored field), a VIRTUAL generated column (computed from the row
+//! instead of read from the index), a column repeated in a key (read once), a UTF-16
+//! database (its text is read through a lossy conversion), WITHOUT ROWID and virtual tables.
+//! Left out, as it takes damage no scan can see: an index record with more fields than its
+//! key and rowid, or a field of serial type 11 where the table has NULL.
 
 use std::hash::{BuildHasher, Hasher, RandomState};
 
@@ -40,43 +47,59 @@ pub(super) struct Keyed {
     pub unique: bool,
     /// The key columns in key order (quoted), then the table's rowid.
     pub cols: Vec<String>,
+    /// Which key columns sort descending.
+    pub desc: Vec<bool>,
 }
 
-/// What one scan found for one index.
+/// What the scans found for one index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) struct Tally {
     /// The sum over the table's rows.
     pub rows: Option<(u64, u64)>,
     /// The sum over the index's entries.
     pub entries: Option<(u64, u64)>,
-    /// Two adjacent entries of a UNIQUE index with equal keys.
-    pub duplicate: bool,
+    /// Entries out of order, two adjacent keys of a UNIQUE index equal, or a value the
+    /// scans cannot compare exactly.
+    pub doubt: bool,
 }
 
 impl Tally {
-    /// True when the index holds exactly the table's rows, and distinct keys where it must.
+    /// True when the index holds exactly the table's rows, in order, with distinct keys
+    /// where it must.
     pub fn sound(&self) -> bool {
-        self.rows.is_some() && self.rows == self.entries && !self.duplicate
+        self.rows.is_some() && self.rows == self.entries && !self.doubt
     }
 }
 
-/// The two keys of the 128-bit hash, random per check.
-pub(super) struct Keys(RandomState, RandomState);
+/// The key of the 128-bit hash, random per check: two SipHash outputs of one key, told apart
+/// by a leading tag.
+pub(super) struct Keys(RandomState);
+
+/// Beyond 2^53 a float no longer holds every integer: SQLite compares such a float with an
+/// integer exactly, the values read here may have been rounded.
+const EXACT_FLOAT: f64 = 9_007_199_254_740_992.0;
 
 impl Keys {
     pub fn new() -> Keys {
-        Keys(RandomState::new(), RandomState::new())
+        Keys(RandomState::new())
     }
 
-    /// The hash of columns `at..at + n` of `row`.
-    fn hash(&self, row: &Row<'_>, at: usize, n: usize) -> rusqlite::Result<(u64, u64)> {
-        let (mut a, mut b) = (self.0.build_hasher(), self.1.build_hasher());
+    /// The hash of columns `at..at + n` of `row`, and whether one of them is an integral
+    /// float too large to compare exactly.
+    fn hash(&self, row: &Row<'_>, at: usize, n: usize) -> rusqlite::Result<((u64, u64), bool)> {
+        let (mut a, mut b) = (self.0.build_hasher(), self.0.build_hasher());
+        a.write_u8(0xa);
+        b.write_u8(0xb);
+        let mut inexact = false;
         for i in at..at + n {
             let v = row.get_ref(i)?;
+            if let ValueRef::Real(f) = v {
+                inexact |= f.abs() >= EXACT_FLOAT && f.fract() == 0.0;
+            }
             feed(&mut a, v);
             feed(&mut b, v);
         }
-        Ok((a.finish(), b.finish()))
+        Ok(((a.finish(), b.finish()), inexact))
     }
 }
 
@@ -120,16 +143,26 @@ pub(super) fn keyed_indexes(
     conn: &Connection,
     table: &str,
 ) -> rusqlite::Result<Option<Vec<Keyed>>> {
-    let columns: Vec<String> = conn
-        .prepare("SELECT lower(name) FROM pragma_table_xinfo(?1)")?
-        .query_map([table], |r| r.get(0))?
+    // (cid, lowercase name, hidden, declared type, pk), in cid order.
+    let columns: Vec<(String, i64, String, i64)> = conn
+        .prepare("SELECT lower(name), hidden, upper(type), pk FROM pragma_table_xinfo(?1)")?
+        .query_map([table], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?
         .collect::<rusqlite::Result<_>>()?;
     // A column may be named rowid: the first of SQLite's three names no column shadows.
     let Some(rowid) = ["rowid", "_rowid_", "oid"]
         .into_iter()
-        .find(|n| !columns.iter().any(|c| c == n))
+        .find(|n| !columns.iter().any(|c| c.0 == *n))
     else {
         return Ok(None);
+    };
+    // The rowid's alias, if any: the only primary-key column, declared INTEGER (one declared
+    // DESC is not an alias, but treating it as one only costs SQLite's slower check).
+    let pks: Vec<usize> = (0..columns.len()).filter(|&i| columns[i].3 > 0).collect();
+    let alias = match pks.as_slice() {
+        [i] if columns[*i].2 == "INTEGER" => Some(*i),
+        _ => None,
     };
     let indexes: Vec<(String, bool, bool)> = conn
         .prepare("SELECT name, \"unique\", partial FROM pragma_index_list(?1)")?
@@ -140,21 +173,34 @@ pub(super) fn keyed_indexes(
         if partial {
             return Ok(None);
         }
-        let key: Vec<(i64, Option<String>, Option<String>)> = conn
-            .prepare("SELECT cid, name, coll FROM pragma_index_xinfo(?1) WHERE key ORDER BY seqno")?
-            .query_map([&index], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        let key: Vec<(i64, Option<String>, bool, Option<String>)> = conn
+            .prepare(
+                "SELECT cid, name, \"desc\", coll FROM pragma_index_xinfo(?1) \
+                 WHERE key ORDER BY seqno",
+            )?
+            .query_map([&index], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })?
             .collect::<rusqlite::Result<_>>()?;
         let mut cols = Vec::with_capacity(key.len() + 1);
-        for (cid, name, coll) in key {
-            if unique && !coll.is_some_and(|c| c.eq_ignore_ascii_case("BINARY")) {
+        let mut desc = Vec::with_capacity(key.len());
+        let mut seen = Vec::with_capacity(key.len());
+        for (cid, name, descending, coll) in key {
+            let Some(i) = usize::try_from(cid).ok().filter(|&i| i < columns.len()) else {
+                // The rowid itself (-1) or an expression (-2).
+                return Ok(None);
+            };
+            let binary = coll.is_some_and(|c| c.eq_ignore_ascii_case("BINARY"));
+            // hidden 2: a VIRTUAL generated column.
+            if !binary || alias == Some(i) || columns[i].1 == 2 || seen.contains(&i) {
                 return Ok(None);
             }
-            match (cid, name) {
-                (-1, _) => cols.push(rowid.to_string()),
-                (0.., Some(name)) => cols.push(quote(&name)),
-                // An expression (-2), or a column SQLite cannot name.
-                _ => return Ok(None),
-            }
+            let Some(name) = name else {
+                return Ok(None);
+            };
+            seen.push(i);
+            cols.push(quote(&name));
+            desc.push(descending);
         }
         if cols.is_empty() {
             return Ok(None);
@@ -165,18 +211,19 @@ pub(super) fn keyed_indexes(
             index,
             unique,
             cols,
+            desc,
         });
     }
     Ok(Some(keyed))
 }
 
-/// One scan of the table of `indexes` (all of one table), summing each index's key over its
-/// rows, in the order of `indexes`.
+/// One scan of the table of `indexes` (all of one table): each index's sum over its rows,
+/// in the order of `indexes`.
 pub(super) fn rows(
     conn: &Connection,
     indexes: &[Keyed],
     keys: &Keys,
-) -> rusqlite::Result<Vec<(u64, u64)>> {
+) -> rusqlite::Result<Vec<Tally>> {
     let Some(first) = indexes.first() else {
         return Ok(Vec::new());
     };
@@ -191,19 +238,30 @@ pub(super) fn rows(
     );
     let mut stmt = conn.prepare(&sql)?;
     let mut rows = stmt.query([])?;
-    let mut sums = vec![(0, 0); indexes.len()];
+    let mut tallies = vec![
+        Tally {
+            rows: Some((0, 0)),
+            ..Tally::default()
+        };
+        indexes.len()
+    ];
     while let Some(row) = rows.next()? {
         let mut at = 0;
-        for (k, sum) in indexes.iter().zip(&mut sums) {
-            add(sum, keys.hash(row, at, k.cols.len())?);
+        for (k, tally) in indexes.iter().zip(&mut tallies) {
+            let (h, inexact) = keys.hash(row, at, k.cols.len())?;
+            if let Some(sum) = &mut tally.rows {
+                add(sum, h);
+            }
+            tally.doubt |= inexact;
             at += k.cols.len();
         }
     }
-    Ok(sums)
+    Ok(tallies)
 }
 
-/// One scan of index `k`: the sum of its entries, and whether two adjacent ones of a UNIQUE
-/// index have equal keys (an index is read in key order, so equal keys are adjacent).
+/// One scan of index `k`: the sum of its entries; doubt when an entry is not greater than the
+/// one before in the index's order, or two adjacent keys of a UNIQUE index are equal and not
+/// NULL.
 pub(super) fn entries(conn: &Connection, k: &Keyed, keys: &Keys) -> rusqlite::Result<Tally> {
     let sql = format!(
         "SELECT {} FROM {} INDEXED BY {}",
@@ -213,28 +271,50 @@ pub(super) fn entries(conn: &Connection, k: &Keyed, keys: &Keys) -> rusqlite::Re
     );
     let mut stmt = conn.prepare(&sql)?;
     let mut rows = stmt.query([])?;
-    let width = k.cols.len() - 1;
+    let width = k.desc.len();
     let mut sum = (0, 0);
-    let mut duplicate = false;
+    let mut doubt = false;
     let mut prev: Vec<Cell> = Vec::new();
     while let Some(row) = rows.next()? {
-        add(&mut sum, keys.hash(row, 0, k.cols.len())?);
-        if k.unique && !duplicate {
-            let key = (0..width)
-                .map(|i| row.get_ref(i).map(Cell::from))
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            duplicate = prev.len() == width && prev.iter().zip(&key).all(|(a, b)| a.same(b));
-            prev = key;
+        let (h, inexact) = keys.hash(row, 0, k.cols.len())?;
+        add(&mut sum, h);
+        doubt |= inexact;
+        if doubt {
+            continue;
         }
+        let entry = (0..k.cols.len())
+            .map(|i| row.get_ref(i).map(Cell::from))
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        if !prev.is_empty() {
+            let mut order = std::cmp::Ordering::Equal;
+            let mut key_equal = true;
+            for (i, (a, b)) in prev.iter().zip(&entry).enumerate() {
+                let c = a.cmp_binary(b);
+                if i < width && (c != std::cmp::Ordering::Equal || a.is_null()) {
+                    key_equal = false;
+                }
+                if c != std::cmp::Ordering::Equal {
+                    // Descending key columns sort the other way; the rowid (last) ascends.
+                    order = if k.desc.get(i).copied().unwrap_or(false) {
+                        c.reverse()
+                    } else {
+                        c
+                    };
+                    break;
+                }
+            }
+            doubt = order != std::cmp::Ordering::Less || (k.unique && key_equal);
+        }
+        prev = entry;
     }
     Ok(Tally {
         rows: None,
         entries: Some(sum),
-        duplicate,
+        doubt,
     })
 }
 
-/// An owned key column, compared as SQLite compares with BINARY.
+/// An owned value of an index entry, compared as SQLite compares with BINARY.
 #[derive(Debug, Clone, PartialEq)]
 enum Cell {
     Null,
@@ -257,14 +337,50 @@ impl From<ValueRef<'_>> for Cell {
 }
 
 impl Cell {
-    /// Equal for a UNIQUE constraint: NULLs are distinct, numbers compare by value (an
-    /// integer the float cannot hold exactly may compare equal here and not in SQLite: a
-    /// false alarm, which SQLite's own check then settles).
-    fn same(&self, other: &Cell) -> bool {
-        match (self, other) {
-            (Cell::Null, _) | (_, Cell::Null) => false,
-            (Cell::Int(i), Cell::Real(f)) | (Cell::Real(f), Cell::Int(i)) => *i as f64 == *f,
-            _ => self == other,
+    fn is_null(&self) -> bool {
+        matches!(self, Cell::Null)
+    }
+
+    /// SQLite's order of two values under BINARY (`sqlite3MemCompare`): NULL, then numbers by
+    /// value (an integer and a float exactly, as `sqlite3IntFloatCompare`), then text, then
+    /// blobs, each by bytes and then by length.
+    fn cmp_binary(&self, other: &Cell) -> std::cmp::Ordering {
+        use std::cmp::Ordering::Equal;
+        fn class(c: &Cell) -> u8 {
+            match c {
+                Cell::Null => 0,
+                Cell::Int(_) | Cell::Real(_) => 1,
+                Cell::Text(_) => 2,
+                Cell::Blob(_) => 3,
+            }
         }
+        match (self, other) {
+            (Cell::Null, Cell::Null) => Equal,
+            (Cell::Int(a), Cell::Int(b)) => a.cmp(b),
+            (Cell::Real(a), Cell::Real(b)) => a.partial_cmp(b).unwrap_or(Equal),
+            (Cell::Int(i), Cell::Real(r)) => int_float(*i, *r),
+            (Cell::Real(r), Cell::Int(i)) => int_float(*i, *r).reverse(),
+            (Cell::Text(a), Cell::Text(b)) | (Cell::Blob(a), Cell::Blob(b)) => a.cmp(b),
+            _ => class(self).cmp(&class(other)),
+        }
+    }
+}
+
+/// `sqlite3IntFloatCompare` without long double: the order of integer `i` and float `r`.
+fn int_float(i: i64, r: f64) -> std::cmp::Ordering {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    if r.is_nan() {
+        return Greater;
+    }
+    if r < -9_223_372_036_854_775_808.0 {
+        return Greater;
+    }
+    if r >= 9_223_372_036_854_775_808.0 {
+        return Less;
+    }
+    let y = r as i64;
+    match i.cmp(&y) {
+        Equal => (i as f64).partial_cmp(&r).unwrap_or(Equal),
+        o => o,
     }
 }
