@@ -274,7 +274,10 @@ pub(super) fn entries(conn: &Connection, k: &Keyed, keys: &Keys) -> rusqlite::Re
     let width = k.desc.len();
     let mut sum = (0, 0);
     let mut doubt = false;
-    let mut prev: Vec<Cell> = Vec::new();
+    // The entry before and this one, their buffers reused: no allocation per entry.
+    let mut prev: Vec<Cell> = vec![Cell::Null; k.cols.len()];
+    let mut cur: Vec<Cell> = prev.clone();
+    let mut first = true;
     while let Some(row) = rows.next()? {
         let (h, inexact) = keys.hash(row, 0, k.cols.len())?;
         add(&mut sum, h);
@@ -282,13 +285,13 @@ pub(super) fn entries(conn: &Connection, k: &Keyed, keys: &Keys) -> rusqlite::Re
         if doubt {
             continue;
         }
-        let entry = (0..k.cols.len())
-            .map(|i| row.get_ref(i).map(Cell::from))
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        if !prev.is_empty() {
+        for (i, cell) in cur.iter_mut().enumerate() {
+            cell.set(row.get_ref(i)?);
+        }
+        if !first {
             let mut order = std::cmp::Ordering::Equal;
             let mut key_equal = true;
-            for (i, (a, b)) in prev.iter().zip(&entry).enumerate() {
+            for (i, (a, b)) in prev.iter().zip(&cur).enumerate() {
                 let c = a.cmp_binary(b);
                 if i < width && (c != std::cmp::Ordering::Equal || a.is_null()) {
                     key_equal = false;
@@ -305,7 +308,8 @@ pub(super) fn entries(conn: &Connection, k: &Keyed, keys: &Keys) -> rusqlite::Re
             }
             doubt = order != std::cmp::Ordering::Less || (k.unique && key_equal);
         }
-        prev = entry;
+        first = false;
+        std::mem::swap(&mut prev, &mut cur);
     }
     Ok(Tally {
         rows: None,
@@ -337,6 +341,17 @@ impl From<ValueRef<'_>> for Cell {
 }
 
 impl Cell {
+    /// Becomes `v`, reusing its buffer when both are text or both blobs.
+    fn set(&mut self, v: ValueRef<'_>) {
+        match (&mut *self, v) {
+            (Cell::Text(buf), ValueRef::Text(b)) | (Cell::Blob(buf), ValueRef::Blob(b)) => {
+                buf.clear();
+                buf.extend_from_slice(b);
+            }
+            (me, v) => *me = Cell::from(v),
+        }
+    }
+
     fn is_null(&self) -> bool {
         matches!(self, Cell::Null)
     }
