@@ -281,6 +281,8 @@ fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> (Option<Outcome>, Vec<Str
                 }
             }
         }
+    } else if refused.is_none() && !again.is_empty() {
+        refused = Some("no connection was left to check the tables in doubt".into());
     }
     let outcome = match (refused, damage.is_empty()) {
         (_, false) => Some(Outcome::Damaged(damage)),
@@ -691,5 +693,48 @@ mod tests {
             damaged > 10 && scanned_ok > 10,
             "{damaged} damaged, {scanned_ok} ok"
         );
+    }
+
+    /// A stale index on a STORED generated column: its scan must read the index's own values
+    /// (not the table's), so the sums differ and SQLite's check names it.
+    #[test]
+    fn a_stale_index_on_a_stored_generated_column_is_found() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(
+            dir.path(),
+            "generated.db",
+            "PRAGMA journal_mode=DELETE;
+            CREATE TABLE g(id INTEGER PRIMARY KEY, a TEXT, n AS (length(a)) STORED);
+            CREATE INDEX g_n ON g(n);
+            WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 200)
+            INSERT INTO g(a) SELECT substr('abcdefghij', 1, i % 10) FROM r;",
+        );
+        let c = open(&p).expect("open");
+        let (root, sql): (i64, String) = c
+            .query_row(
+                "SELECT rootpage, sql FROM sqlite_schema WHERE name = 'g_n'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("the index's row");
+        drop(c);
+        edit_schema(&p, "DELETE FROM sqlite_schema WHERE name = 'g_n';");
+        let c = Connection::open(&p).expect("open");
+        c.execute("UPDATE g SET a = 'a much longer value' WHERE id = 7", [])
+            .expect("update without the index");
+        drop(c);
+        edit_schema(
+            &p,
+            &format!(
+                "INSERT INTO sqlite_schema(type, name, tbl_name, rootpage, sql) \
+                 VALUES ('index', 'g_n', 'g', {root}, '{}');",
+                sql.replace('\'', "''")
+            ),
+        );
+        assert_eq!(pragma(&p, "PRAGMA quick_check"), ["ok"]);
+        assert_ne!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
+        let (verdict, again) = split(&p);
+        assert_eq!(again, ["g"], "the sums differ");
+        assert!(matches!(verdict, Some(Outcome::Damaged(_))));
     }
 }

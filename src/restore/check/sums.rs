@@ -28,8 +28,9 @@
 //! rowid instead of the stored field), a VIRTUAL generated column (computed from the row
 //! instead of read from the index), a column repeated in a key (read once), a UTF-16
 //! database (its text is read through a lossy conversion), WITHOUT ROWID and virtual tables.
-//! Left out, as it takes damage no scan can see: an index record with more fields than its
-//! key and rowid, or a field of serial type 11 where the table has NULL.
+//! Left out, as it takes damage no scan can see: an index record whose last field is not the
+//! one after its key (the scan reads the rowid from the end), or a field of serial type 11
+//! where the table has NULL.
 
 use std::hash::{BuildHasher, Hasher, RandomState};
 
@@ -143,7 +144,7 @@ pub(super) fn keyed_indexes(
     conn: &Connection,
     table: &str,
 ) -> rusqlite::Result<Option<Vec<Keyed>>> {
-    // (cid, lowercase name, hidden, declared type, pk), in cid order.
+    // (lowercase name, hidden, declared type, pk), in cid order: a column's cid is its index.
     let columns: Vec<(String, i64, String, i64)> = conn
         .prepare("SELECT lower(name), hidden, upper(type), pk FROM pragma_table_xinfo(?1)")?
         .query_map([table], |r| {
@@ -306,7 +307,7 @@ pub(super) fn entries(conn: &Connection, k: &Keyed, keys: &Keys) -> rusqlite::Re
                     break;
                 }
             }
-            doubt = order != std::cmp::Ordering::Less || (k.unique && key_equal);
+            doubt |= order != std::cmp::Ordering::Less || (k.unique && key_equal);
         }
         first = false;
         std::mem::swap(&mut prev, &mut cur);
