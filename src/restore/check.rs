@@ -406,30 +406,43 @@ mod tests {
         }
     }
 
-    fn stale_index(tbl_name: &str) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let p = db(dir.path(), "stale.db", ROWS);
-        let c = open(&p).expect("open");
+    /// Runs `update` while index `index` is out of the schema, so the index keeps the old
+    /// values, then puts it back under `tbl_name`.
+    fn stale(p: &Path, index: &str, tbl_name: &str, update: &str) {
+        let c = open(p).expect("open");
         let (root, sql): (i64, String) = c
             .query_row(
-                "SELECT rootpage, sql FROM sqlite_schema WHERE name = 't_a'",
-                [],
+                "SELECT rootpage, sql FROM sqlite_schema WHERE name = ?1",
+                [index],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .expect("the index's row");
         drop(c);
-        edit_schema(&p, "DELETE FROM sqlite_schema WHERE name = 't_a';");
-        let c = Connection::open(&p).expect("open");
-        c.execute("UPDATE t SET a = 'changed' WHERE id = 5", [])
-            .expect("update without the index");
+        edit_schema(
+            p,
+            &format!("DELETE FROM sqlite_schema WHERE name = '{index}';"),
+        );
+        let c = Connection::open(p).expect("open");
+        c.execute(update, []).expect("update without the index");
         drop(c);
         edit_schema(
-            &p,
+            p,
             &format!(
                 "INSERT INTO sqlite_schema(type, name, tbl_name, rootpage, sql) \
-                 VALUES ('index', 't_a', '{tbl_name}', {root}, '{}');",
+                 VALUES ('index', '{index}', '{tbl_name}', {root}, '{}');",
                 sql.replace('\'', "''")
             ),
+        );
+    }
+
+    fn stale_index(tbl_name: &str) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(dir.path(), "stale.db", ROWS);
+        stale(
+            &p,
+            "t_a",
+            tbl_name,
+            "UPDATE t SET a = 'changed' WHERE id = 5",
         );
         if tbl_name != "t" {
             // SQLite 3.54 calls such a schema malformed: every check refuses the file.
@@ -709,27 +722,11 @@ mod tests {
             WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 200)
             INSERT INTO g(a) SELECT substr('abcdefghij', 1, i % 10) FROM r;",
         );
-        let c = open(&p).expect("open");
-        let (root, sql): (i64, String) = c
-            .query_row(
-                "SELECT rootpage, sql FROM sqlite_schema WHERE name = 'g_n'",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .expect("the index's row");
-        drop(c);
-        edit_schema(&p, "DELETE FROM sqlite_schema WHERE name = 'g_n';");
-        let c = Connection::open(&p).expect("open");
-        c.execute("UPDATE g SET a = 'a much longer value' WHERE id = 7", [])
-            .expect("update without the index");
-        drop(c);
-        edit_schema(
+        stale(
             &p,
-            &format!(
-                "INSERT INTO sqlite_schema(type, name, tbl_name, rootpage, sql) \
-                 VALUES ('index', 'g_n', 'g', {root}, '{}');",
-                sql.replace('\'', "''")
-            ),
+            "g_n",
+            "g",
+            "UPDATE g SET a = 'a much longer value' WHERE id = 7",
         );
         assert_eq!(pragma(&p, "PRAGMA quick_check"), ["ok"]);
         assert_ne!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
