@@ -213,12 +213,17 @@ pub(super) async fn monitor(
         {
             next = next.min(at);
             // Shown as `held_seconds`: the replicas' lag cannot see changes not yet synced.
-            let _ = stats.held_since_ms.compare_exchange(
-                0,
-                crate::util::clock::now_ms().max(1) as u64,
-                std::sync::atomic::Ordering::Relaxed,
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            // This task alone writes it; the clock is read once per hold, not per poll.
+            if stats
+                .held_since_ms
+                .load(std::sync::atomic::Ordering::Relaxed)
+                == 0
+            {
+                let now = crate::util::clock::now_ms().max(1) as u64;
+                stats
+                    .held_since_ms
+                    .store(now, std::sync::atomic::Ordering::Relaxed);
+            }
             prune(&db, &acks, &mut pruned);
             continue;
         }

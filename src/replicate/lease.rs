@@ -543,25 +543,27 @@ impl Lease {
         }
     }
 
+    /// Reads the lease: its version when it is ours, else [`LeaseError::Lost`] or, when it is
+    /// gone, [`LeaseError::Vanished`].
+    async fn read_ours(&self, counters: &ReplicaCounters) -> Result<Option<String>, LeaseError> {
+        match self.read_versioned(counters).await? {
+            Some((held, v)) if self.is_mine(&held) => Ok(v),
+            Some((other, _)) => Err(LeaseError::Lost {
+                replica: self.client.location(),
+                holder: other.to_string(),
+            }),
+            None => Err(LeaseError::Vanished {
+                replica: self.client.location(),
+            }),
+        }
+    }
+
     /// Checks that the lease is still ours (one GET), and refreshes it when due.
     pub async fn check(&mut self, counters: &ReplicaCounters) -> Result<(), LeaseError> {
         let read_at = since_boot();
         // Set again only once this check has succeeded: a failed one is repeated next round.
         self.confirmed_at = None;
-        let version = match self.read_versioned(counters).await? {
-            Some((held, v)) if self.is_mine(&held) => v,
-            Some((other, _)) => {
-                return Err(LeaseError::Lost {
-                    replica: self.client.location(),
-                    holder: other.to_string(),
-                });
-            }
-            None => {
-                return Err(LeaseError::Vanished {
-                    replica: self.client.location(),
-                });
-            }
-        };
+        let version = self.read_ours(counters).await?;
         // The version just read is ours (a refresh whose answer was lost moved it on).
         if version.is_some() {
             self.version = version;
@@ -575,20 +577,7 @@ impl Lease {
                 }) => {
                     // Changed between our read and our write: ours still (adopt its
                     // version), another instance's, or deleted (a wipe, handled as one).
-                    match self.read_versioned(counters).await? {
-                        Some((held, v)) if self.is_mine(&held) => self.version = v,
-                        Some((other, _)) => {
-                            return Err(LeaseError::Lost {
-                                replica: self.client.location(),
-                                holder: other.to_string(),
-                            });
-                        }
-                        None => {
-                            return Err(LeaseError::Vanished {
-                                replica: self.client.location(),
-                            });
-                        }
-                    }
+                    self.version = self.read_ours(counters).await?;
                 }
                 r => r?,
             }

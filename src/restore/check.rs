@@ -188,10 +188,17 @@ fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> (Option<Outcome>, Vec<Str
     let next = AtomicUsize::new(0);
     let damage: Mutex<Vec<String>> = Mutex::default();
     let refused: Mutex<Option<String>> = Mutex::default();
+    // Per (table, index); a scan SQLite refused or found damaged leaves doubt, and its own
+    // check of the table then says which.
     let tallies: Mutex<BTreeMap<(String, String), sums::Tally>> = Mutex::default();
-    // Tables whose scan SQLite refused or found damaged: its own check says which.
-    let doubt: Mutex<BTreeSet<String>> = Mutex::default();
     let keys = sums::Keys::new();
+    let pragma = |conn: &Connection, task: &Task| match run(conn, &task.sql()) {
+        None => {}
+        Some(Outcome::Damaged(rows)) => lock(&damage).extend(rows),
+        Some(Outcome::Refused(why)) => {
+            lock(&refused).get_or_insert(format!("{}: {why}", task.sql()));
+        }
+    };
     let work = |conn: Connection| {
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
@@ -200,37 +207,33 @@ fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> (Option<Outcome>, Vec<Str
                 break;
             }
             match task {
-                Task::Quick | Task::Table(_) => match run(&conn, &task.sql()) {
-                    None => {}
-                    Some(Outcome::Damaged(rows)) => lock(&damage).extend(rows),
-                    Some(Outcome::Refused(why)) => {
-                        lock(&refused).get_or_insert(format!("{}: {why}", task.sql()));
-                    }
-                },
-                Task::Rows(keyed) => match sums::rows(&conn, keyed, &keys) {
-                    Ok(found) => {
-                        let mut t = lock(&tallies);
-                        for (k, found) in keyed.iter().zip(found) {
-                            let tally = t.entry((k.table.clone(), k.index.clone())).or_default();
-                            tally.rows = found.rows;
-                            tally.doubt |= found.doubt;
+                Task::Quick | Task::Table(_) => pragma(&conn, task),
+                Task::Rows(keyed) => {
+                    let found = sums::rows(&conn, keyed, &keys);
+                    let mut t = lock(&tallies);
+                    for (i, k) in keyed.iter().enumerate() {
+                        let tally = t.entry((k.table.clone(), k.index.clone())).or_default();
+                        match found.as_ref().map(|f| f.get(i)) {
+                            Ok(Some(f)) => {
+                                tally.rows = f.rows;
+                                tally.doubt |= f.doubt;
+                            }
+                            _ => tally.doubt = true,
                         }
                     }
-                    Err(_) => {
-                        lock(&doubt).extend(keyed.first().map(|k| k.table.clone()));
+                }
+                Task::Entries(k) => {
+                    let found = sums::entries(&conn, k, &keys);
+                    let mut t = lock(&tallies);
+                    let tally = t.entry((k.table.clone(), k.index.clone())).or_default();
+                    match found {
+                        Ok(f) => {
+                            tally.entries = f.entries;
+                            tally.doubt |= f.doubt;
+                        }
+                        Err(_) => tally.doubt = true,
                     }
-                },
-                Task::Entries(k) => match sums::entries(&conn, k, &keys) {
-                    Ok(found) => {
-                        let mut t = lock(&tallies);
-                        let tally = t.entry((k.table.clone(), k.index.clone())).or_default();
-                        tally.entries = found.entries;
-                        tally.doubt |= found.doubt;
-                    }
-                    Err(_) => {
-                        lock(&doubt).insert(k.table.clone());
-                    }
-                },
+                }
             }
         }
         conn
@@ -247,43 +250,38 @@ fn parallel(conns: Vec<Connection>, tasks: &[Task]) -> (Option<Outcome>, Vec<Str
             .partition(Result::is_ok)
     });
     let conns: Vec<Connection> = conns.into_iter().filter_map(Result::ok).collect();
-    let mut refused = refused.into_inner().unwrap_or_else(|p| p.into_inner());
     if !panicked.is_empty() {
         // Its task's verdict is lost: only the whole check can stand for it.
-        refused.get_or_insert("a checking thread panicked".into());
+        lock(&refused).get_or_insert("a checking thread panicked".into());
     }
-    let mut damage = damage.into_inner().unwrap_or_else(|p| p.into_inner());
-    let mut again = doubt.into_inner().unwrap_or_else(|p| p.into_inner());
+    // A scanned index lacks a side's tally only when that task never ran (a refusal).
     let tallies = tallies.into_inner().unwrap_or_else(|p| p.into_inner());
-    // Every scanned index has a tally from each side unless its scan failed (then in doubt).
-    for task in tasks {
-        if let Task::Entries(k) = task {
-            let sound = tallies
+    let again: Vec<String> = tasks
+        .iter()
+        .filter_map(|t| match t {
+            Task::Entries(k) => Some(k),
+            _ => None,
+        })
+        .filter(|k| {
+            !tallies
                 .get(&(k.table.clone(), k.index.clone()))
-                .is_some_and(sums::Tally::sound);
-            if !sound {
-                again.insert(k.table.clone());
-            }
-        }
-    }
-    let again: Vec<String> = again.into_iter().collect();
+                .is_some_and(sums::Tally::sound)
+        })
+        .map(|k| k.table.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     // Without a refusal every thread came back, with its connection.
-    if refused.is_none()
-        && let Some(conn) = conns.first()
-    {
+    let clear = lock(&refused).is_none();
+    if clear && let Some(conn) = conns.first() {
         for table in &again {
-            let task = Task::Table(table.clone());
-            match run(conn, &task.sql()) {
-                None => {}
-                Some(Outcome::Damaged(rows)) => damage.extend(rows),
-                Some(Outcome::Refused(why)) => {
-                    refused.get_or_insert(format!("{}: {why}", task.sql()));
-                }
-            }
+            pragma(conn, &Task::Table(table.clone()));
         }
-    } else if refused.is_none() && !again.is_empty() {
-        refused = Some("no connection was left to check the tables in doubt".into());
+    } else if clear && !again.is_empty() {
+        lock(&refused).get_or_insert("no connection was left to check the tables in doubt".into());
     }
+    let refused = refused.into_inner().unwrap_or_else(|p| p.into_inner());
+    let damage = damage.into_inner().unwrap_or_else(|p| p.into_inner());
     let outcome = match (refused, damage.is_empty()) {
         (_, false) => Some(Outcome::Damaged(damage)),
         (Some(why), true) => Some(Outcome::Refused(why)),
@@ -327,6 +325,19 @@ mod tests {
     fn split(p: &Path) -> (Option<Outcome>, Vec<String>) {
         let tasks = plan(&open(p).expect("open")).expect("plan");
         parallel(two(p), &tasks)
+    }
+
+    /// Damage the quick check misses and SQLite's whole check finds: the scans doubt `table`
+    /// alone, and SQLite's check of it, run after them, reports the damage it returns.
+    fn found_after_the_scans(p: &Path, table: &str) -> Vec<String> {
+        assert_eq!(pragma(p, "PRAGMA quick_check"), ["ok"]);
+        assert_ne!(pragma(p, "PRAGMA integrity_check"), ["ok"]);
+        let (verdict, again) = split(p);
+        assert_eq!(again, [table], "the scans doubt it");
+        match verdict {
+            Some(Outcome::Damaged(rows)) => rows,
+            _ => panic!("no damage reported for {table}"),
+        }
     }
 
     /// The tables `tasks` scan, and those SQLite checks, sorted.
@@ -450,13 +461,10 @@ mod tests {
             assert!(err.contains("malformed"), "{err}");
             return;
         }
-        assert_eq!(pragma(&p, "PRAGMA quick_check"), ["ok"]);
-        assert_ne!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
-        let (verdict, again) = split(&p);
-        assert_eq!(again, ["t"], "the scans' sums differ");
+        let rows = found_after_the_scans(&p, "t");
         assert!(
-            matches!(verdict, Some(Outcome::Damaged(rows)) if rows.iter().any(|r| r.contains("t_a"))),
-            "the table's own check, run after the scans, finds it"
+            rows.iter().any(|r| r.contains("t_a")),
+            "the table's own check, run after the scans, names it: {rows:?}"
         );
         let err = check_on(&p, 2)
             .expect_err("the stale index is found")
@@ -599,11 +607,7 @@ mod tests {
             &p,
             "UPDATE sqlite_schema SET sql = 'CREATE INDEX t_a ON t(a DESC)' WHERE name = 't_a';",
         );
-        assert_eq!(pragma(&p, "PRAGMA quick_check"), ["ok"]);
-        assert_ne!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
-        let (verdict, again) = split(&p);
-        assert_eq!(again, ["t"], "the order pass doubts it");
-        assert!(matches!(verdict, Some(Outcome::Damaged(_))));
+        found_after_the_scans(&p, "t");
         assert!(check_on(&p, 2).is_err());
     }
 
@@ -641,13 +645,10 @@ mod tests {
             "UPDATE sqlite_schema SET sql = 'CREATE UNIQUE INDEX t_a ON t(a)' \
              WHERE name = 't_a';",
         );
-        assert_eq!(pragma(&p, "PRAGMA quick_check"), ["ok"]);
-        assert_ne!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
-        let (verdict, again) = split(&p);
-        assert_eq!(again, ["t"]);
+        let rows = found_after_the_scans(&p, "t");
         assert!(
-            matches!(verdict, Some(Outcome::Damaged(rows)) if rows.iter().any(|r| r.contains("non-unique"))),
-            "SQLite's check of the table names the duplicate"
+            rows.iter().any(|r| r.contains("non-unique")),
+            "SQLite's check of the table names the duplicate: {rows:?}"
         );
         assert!(check_on(&p, 2).is_err());
         // Two NULL keys are not a duplicate: the same file without the second 'y' passes.
@@ -728,10 +729,6 @@ mod tests {
             "g",
             "UPDATE g SET a = 'a much longer value' WHERE id = 7",
         );
-        assert_eq!(pragma(&p, "PRAGMA quick_check"), ["ok"]);
-        assert_ne!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
-        let (verdict, again) = split(&p);
-        assert_eq!(again, ["g"], "the sums differ");
-        assert!(matches!(verdict, Some(Outcome::Damaged(_))));
+        found_after_the_scans(&p, "g");
     }
 }

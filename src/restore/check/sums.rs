@@ -34,8 +34,8 @@
 
 use std::hash::{BuildHasher, Hasher, RandomState};
 
+use rusqlite::Connection;
 use rusqlite::types::ValueRef;
-use rusqlite::{Connection, Row};
 
 /// An index the scans can check, with the SQL that reads its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,15 +85,18 @@ impl Keys {
         Keys(RandomState::new())
     }
 
-    /// The hash of columns `at..at + n` of `row`, and whether one of them is an integral
-    /// float too large to compare exactly.
-    fn hash(&self, row: &Row<'_>, at: usize, n: usize) -> rusqlite::Result<((u64, u64), bool)> {
+    /// The hash of `values`, and whether one of them is an integral float too large to
+    /// compare exactly.
+    fn hash<'a>(
+        &self,
+        values: impl IntoIterator<Item = rusqlite::Result<ValueRef<'a>>>,
+    ) -> rusqlite::Result<((u64, u64), bool)> {
         let (mut a, mut b) = (self.0.build_hasher(), self.0.build_hasher());
         a.write_u8(0xa);
         b.write_u8(0xb);
         let mut inexact = false;
-        for i in at..at + n {
-            let v = row.get_ref(i)?;
+        for v in values {
+            let v = v?;
             if let ValueRef::Real(f) = v {
                 inexact |= f.abs() >= EXACT_FLOAT && f.fract() == 0.0;
             }
@@ -239,25 +242,26 @@ pub(super) fn rows(
     );
     let mut stmt = conn.prepare(&sql)?;
     let mut rows = stmt.query([])?;
-    let mut tallies = vec![
-        Tally {
-            rows: Some((0, 0)),
-            ..Tally::default()
-        };
-        indexes.len()
-    ];
+    let mut sums = vec![(0, 0); indexes.len()];
+    let mut doubts = vec![false; indexes.len()];
     while let Some(row) = rows.next()? {
         let mut at = 0;
-        for (k, tally) in indexes.iter().zip(&mut tallies) {
-            let (h, inexact) = keys.hash(row, at, k.cols.len())?;
-            if let Some(sum) = &mut tally.rows {
-                add(sum, h);
-            }
-            tally.doubt |= inexact;
+        for ((k, sum), doubt) in indexes.iter().zip(&mut sums).zip(&mut doubts) {
+            let (h, inexact) = keys.hash((at..at + k.cols.len()).map(|i| row.get_ref(i)))?;
+            add(sum, h);
+            *doubt |= inexact;
             at += k.cols.len();
         }
     }
-    Ok(tallies)
+    Ok(sums
+        .into_iter()
+        .zip(doubts)
+        .map(|(sum, doubt)| Tally {
+            rows: Some(sum),
+            entries: None,
+            doubt,
+        })
+        .collect())
 }
 
 /// One scan of index `k`: the sum of its entries; doubt when an entry is not greater than the
@@ -280,16 +284,14 @@ pub(super) fn entries(conn: &Connection, k: &Keyed, keys: &Keys) -> rusqlite::Re
     let mut cur: Vec<Cell> = prev.clone();
     let mut first = true;
     while let Some(row) = rows.next()? {
-        let (h, inexact) = keys.hash(row, 0, k.cols.len())?;
-        add(&mut sum, h);
-        doubt |= inexact;
-        if doubt {
-            continue;
-        }
+        // Each value is read once, into `cur`, which both the hash and the order pass use.
         for (i, cell) in cur.iter_mut().enumerate() {
             cell.set(row.get_ref(i)?);
         }
-        if !first {
+        let (h, inexact) = keys.hash(cur.iter().map(|c| Ok(c.as_value())))?;
+        add(&mut sum, h);
+        doubt |= inexact;
+        if !doubt && !first {
             let mut order = std::cmp::Ordering::Equal;
             let mut key_equal = true;
             for (i, (a, b)) in prev.iter().zip(&cur).enumerate() {
@@ -350,6 +352,17 @@ impl Cell {
                 buf.extend_from_slice(b);
             }
             (me, v) => *me = Cell::from(v),
+        }
+    }
+
+    /// The value, as SQLite handed it over.
+    fn as_value(&self) -> ValueRef<'_> {
+        match self {
+            Cell::Null => ValueRef::Null,
+            Cell::Int(i) => ValueRef::Integer(*i),
+            Cell::Real(f) => ValueRef::Real(*f),
+            Cell::Text(b) => ValueRef::Text(b),
+            Cell::Blob(b) => ValueRef::Blob(b),
         }
     }
 
