@@ -42,10 +42,77 @@ pub struct Decoder<R: Read> {
     /// One entry's varints, reused.
     entry: Vec<u8>,
     order: PageOrder,
-    payload: Vec<u8>,
-    payload_is_block: bool,
+    /// The frame [`Decoder::next_page`] reads into (its payload buffer reused).
+    frame: Frame,
     pages_done: bool,
     page_count: u32,
+    /// Frames read and not yet folded back into the file checksum.
+    unfolded: u32,
+}
+
+/// One page as stored: read in file order by [`Decoder::read_frame`], decoded by
+/// [`Frame::decode`] on any thread, and folded back into the checksum by [`Decoder::fold`].
+#[derive(Debug)]
+pub struct Frame {
+    pgno: u32,
+    offset: u64,
+    /// The page header and, for a block, its size field: the bytes the checksum covers
+    /// before the decoded page.
+    head: [u8; PAGE_HEADER_SIZE + 4],
+    head_len: u8,
+    payload: Vec<u8>,
+    block: bool,
+    codec: Codec,
+    page_size: u32,
+}
+
+impl Default for Frame {
+    fn default() -> Self {
+        Frame {
+            pgno: 0,
+            offset: 0,
+            head: [0; PAGE_HEADER_SIZE + 4],
+            head_len: 0,
+            payload: Vec::new(),
+            block: false,
+            codec: Codec::Lz4,
+            page_size: 0,
+        }
+    }
+}
+
+impl Frame {
+    /// The page number.
+    pub fn pgno(&self) -> u32 {
+        self.pgno
+    }
+
+    /// Where the frame starts in its file.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Decodes the page into `out` (exactly one page long).
+    pub fn decode(&self, out: &mut [u8]) -> Result<(), LtxError> {
+        let bad = |reason: String| LtxError::InvalidPage {
+            offset: self.offset,
+            reason: format!("page {}: {reason}", self.pgno),
+        };
+        if out.len() != self.page_size as usize {
+            return Err(bad(format!(
+                "buffer of {} bytes for {}-byte pages",
+                out.len(),
+                self.page_size
+            )));
+        }
+        if self.block {
+            self.codec
+                .decompress(&self.payload, out)
+                .map_err(|e| bad(e.to_string()))
+        } else {
+            decode_lz4_frame(&self.payload, out).map_err(bad)
+        }
+    }
 }
 
 impl<R: Read> Decoder<R> {
@@ -66,10 +133,10 @@ impl<R: Read> Decoder<R> {
             expected_index: Crc64Digest::new(),
             entry: Vec::with_capacity(32),
             order: PageOrder::new(&header),
-            payload: Vec::new(),
-            payload_is_block: false,
+            frame: Frame::default(),
             pages_done: false,
             page_count: 0,
+            unfolded: 0,
         })
     }
 
@@ -83,10 +150,11 @@ impl<R: Read> Decoder<R> {
         self.page_count
     }
 
-    /// The stored payload of the page last returned, if it was block-encoded with the header's
-    /// codec (so it can be copied into another file of the same codec without recompressing).
+    /// The stored payload of the page last returned by [`Decoder::next_page`], if it was
+    /// block-encoded with the header's codec (so it can be copied into another file of the
+    /// same codec without recompressing).
     pub fn last_compressed(&self) -> Option<&[u8]> {
-        self.payload_is_block.then_some(&self.payload[..])
+        self.frame.block.then_some(&self.frame.payload[..])
     }
 
     /// Decodes the next page into `buf` (exactly one page long) and returns its number, or
@@ -105,11 +173,29 @@ impl<R: Read> Decoder<R> {
                 ),
             });
         }
+        let mut frame = std::mem::take(&mut self.frame);
+        let read = self.read_frame(&mut frame).and_then(|more| {
+            if more {
+                frame.decode(buf)?;
+                self.fold(&frame, buf);
+            }
+            Ok(more.then_some(frame.pgno))
+        });
+        self.frame = frame;
+        read
+    }
+
+    /// Reads the next page as stored into `frame` without decoding it; `false` after the
+    /// last page. Every frame read must be decoded ([`Frame::decode`], on any thread) and
+    /// handed back to [`Decoder::fold`] in the order read before [`Decoder::finish`].
+    pub fn read_frame(&mut self, frame: &mut Frame) -> Result<bool, LtxError> {
+        if self.pages_done {
+            return Ok(false);
+        }
         let frame_offset = self.offset;
         let mut ph = [0u8; PAGE_HEADER_SIZE];
         read_full(&mut self.r, &mut ph, "page header")?;
         self.offset += ph.len() as u64;
-        self.digest.update(&ph);
         let pgno = u32::from_be_bytes([ph[0], ph[1], ph[2], ph[3]]);
         let flags = u16::from_be_bytes([ph[4], ph[5]]);
         let bad = |reason: String| LtxError::InvalidPage {
@@ -117,44 +203,47 @@ impl<R: Read> Decoder<R> {
             reason,
         };
         if pgno == 0 {
+            // The end marker (all zeros) joins the checksum in `finish`, after every page
+            // read before it has been folded.
             if flags != 0 {
                 return Err(bad(format!("end-of-pages marker with flags {flags:#x}")));
             }
             self.pages_done = true;
             self.check_snapshot_complete()?;
-            return Ok(None);
+            return Ok(false);
         }
         self.order.accept(pgno).map_err(bad)?;
+        frame.head[..ph.len()].copy_from_slice(&ph);
+        frame.head_len = ph.len() as u8;
         match flags {
             PAGE_FLAG_SIZE => {
                 let mut size = [0u8; 4];
                 read_full(&mut self.r, &mut size, "page size")?;
                 self.offset += 4;
-                self.digest.update(&size);
+                frame.head[ph.len()..ph.len() + 4].copy_from_slice(&size);
+                frame.head_len += 4;
                 let size = u32::from_be_bytes(size) as usize;
                 if size > max_payload(self.header.page_size) {
                     return Err(bad(format!("compressed size {size} is implausible")));
                 }
-                self.payload.resize(size, 0);
-                read_full(&mut self.r, &mut self.payload, "page data")?;
+                frame.payload.resize(size, 0);
+                read_full(&mut self.r, &mut frame.payload, "page data")?;
                 self.offset += size as u64;
-                self.codec
-                    .decompress(&self.payload, buf)
-                    .map_err(|e| bad(format!("page {pgno}: {e}")))?;
-                self.payload_is_block = true;
+                frame.block = true;
             }
             0 => {
                 if self.codec != Codec::Lz4 {
                     return Err(bad(format!("legacy LZ4 frame in a {} file", self.codec)));
                 }
-                self.read_lz4_frame(frame_offset)?;
-                decode_lz4_frame(&self.payload, buf)
-                    .map_err(|r| bad(format!("page {pgno}: {r}")))?;
-                self.payload_is_block = false;
+                self.read_lz4_frame(frame_offset, &mut frame.payload)?;
+                frame.block = false;
             }
             other => return Err(bad(format!("unknown page flags {other:#x}"))),
         }
-        self.digest.update(buf);
+        frame.pgno = pgno;
+        frame.offset = frame_offset;
+        frame.codec = self.codec;
+        frame.page_size = self.header.page_size;
         let size = self.offset - frame_offset;
         digest_entry(
             &mut self.expected_index,
@@ -162,7 +251,17 @@ impl<R: Read> Decoder<R> {
             &[u64::from(pgno), frame_offset, size],
         );
         self.page_count += 1;
-        Ok(Some(pgno))
+        self.unfolded += 1;
+        Ok(true)
+    }
+
+    /// Adds a frame [`Decoder::read_frame`] returned, and `page`, what it decoded to, to the
+    /// file checksum. Frames must come back in the order they were read.
+    pub fn fold(&mut self, frame: &Frame, page: &[u8]) {
+        self.digest
+            .update(&frame.head[..usize::from(frame.head_len)]);
+        self.digest.update(page);
+        self.unfolded = self.unfolded.saturating_sub(1);
     }
 
     fn check_snapshot_complete(&self) -> Result<(), LtxError> {
@@ -172,27 +271,27 @@ impl<R: Read> Decoder<R> {
         })
     }
 
-    /// Copies exactly one LZ4 frame from the stream into `self.payload`, walking its
-    /// structure (the frame has no length prefix; its blocks and end mark delimit it).
-    fn read_lz4_frame(&mut self, frame_offset: u64) -> Result<(), LtxError> {
+    /// Copies exactly one LZ4 frame from the stream into `out`, walking its structure (the
+    /// frame has no length prefix; its blocks and end mark delimit it).
+    fn read_lz4_frame(&mut self, frame_offset: u64, out: &mut Vec<u8>) -> Result<(), LtxError> {
         let limit = max_payload(self.header.page_size);
         let bad = |reason: &str| LtxError::InvalidPage {
             offset: frame_offset,
             reason: reason.to_string(),
         };
-        self.payload.clear();
-        let take = |dec: &mut Self, n: usize| -> Result<usize, LtxError> {
-            let start = dec.payload.len();
+        out.clear();
+        let take = |dec: &mut Self, out: &mut Vec<u8>, n: usize| -> Result<usize, LtxError> {
+            let start = out.len();
             if start + n > limit {
                 return Err(bad("LZ4 frame too large for one page"));
             }
-            dec.payload.resize(start + n, 0);
-            read_full(&mut dec.r, &mut dec.payload[start..], "lz4 frame")?;
+            out.resize(start + n, 0);
+            read_full(&mut dec.r, &mut out[start..], "lz4 frame")?;
             dec.offset += n as u64;
             Ok(start)
         };
-        let at = take(self, 6)?;
-        let p = &self.payload[at..];
+        let at = take(self, out, 6)?;
+        let p = &out[at..];
         if u32::from_le_bytes([p[0], p[1], p[2], p[3]]) != LZ4_FRAME_MAGIC {
             return Err(bad("legacy page is not an LZ4 frame"));
         }
@@ -205,19 +304,19 @@ impl<R: Read> Decoder<R> {
         let content_checksum = flg & 0x04 != 0;
         let dict_id = flg & 0x01 != 0;
         let extra = 1 + if content_size { 8 } else { 0 } + if dict_id { 4 } else { 0 };
-        take(self, extra)?;
+        take(self, out, extra)?;
         loop {
-            let at = take(self, 4)?;
-            let p = &self.payload[at..];
+            let at = take(self, out, 4)?;
+            let p = &out[at..];
             let word = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
             if word == 0 {
                 break;
             }
             let len = (word & 0x7FFF_FFFF) as usize + if block_checksum { 4 } else { 0 };
-            take(self, len)?;
+            take(self, out, len)?;
         }
         if content_checksum {
-            take(self, 4)?;
+            take(self, out, 4)?;
         }
         Ok(())
     }
@@ -228,6 +327,16 @@ impl<R: Read> Decoder<R> {
             let mut page = vec![0u8; self.header.page_size as usize];
             while self.next_page(&mut page)?.is_some() {}
         }
+        if self.unfolded != 0 {
+            return Err(LtxError::InvalidPage {
+                offset: self.offset,
+                reason: format!(
+                    "{} pages read but never folded back (a caller's bug)",
+                    self.unfolded
+                ),
+            });
+        }
+        self.digest.update(&[0u8; PAGE_HEADER_SIZE]);
 
         let mut index_len = 0u64;
         let mut actual = Crc64Digest::new();

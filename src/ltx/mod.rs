@@ -27,7 +27,7 @@ pub mod encoder;
 use std::fmt;
 
 pub use codec::Codec;
-pub use decoder::Decoder;
+pub use decoder::{Decoder, Frame};
 pub use encoder::Encoder;
 
 /// File magic; there is no on-disk version field (LTX v3 is implied by 6-byte page headers).

@@ -1,6 +1,7 @@
 //! Applying a chain: decoding every file into `<to>.tmp`, checking the checksum chain and
 //! `PRAGMA integrity_check`.
 
+use super::pages::{DecoderGone, Decoders};
 #[allow(unused_imports)]
 use super::*;
 
@@ -27,13 +28,31 @@ pub(super) fn apply_blocking(
     let written = write_tmp(client, plan, &tmp, handle, window, progress, direct);
     opts.phases.record(
         Phase::Apply,
-        written.as_ref().map_or(0, |a| a.bytes),
+        written.as_ref().map_or(0, |(a, _)| a.bytes),
         applying.elapsed(),
     );
-    let result = written.and_then(|applied| {
-        if opts.integrity_check {
-            integrity_check(&tmp)?;
+    let result = written.and_then(|(applied, out)| {
+        tracing::debug!(ms = applying.elapsed().as_millis(), "pages written");
+        let durable = || out.sync_all().map_err(RestoreError::io("fsync", &tmp));
+        if !opts.integrity_check {
+            return durable().map(|()| applied);
         }
+        // The check reads the pages from the page cache while they go to disk.
+        let checking = Instant::now();
+        std::thread::scope(|s| {
+            let syncing = s.spawn(durable);
+            let checked = integrity_check(&tmp);
+            let synced = syncing.join().unwrap_or_else(|_| {
+                Err(RestoreError::Inconsistent(
+                    "the fsync thread panicked".into(),
+                ))
+            });
+            checked.and(synced)
+        })?;
+        tracing::debug!(
+            ms = checking.elapsed().as_millis(),
+            "integrity check passed, output synced"
+        );
         Ok(applied)
     });
     let applied = match result {
@@ -82,7 +101,8 @@ pub(super) fn file_label(f: &LtxFileInfo) -> String {
 }
 
 /// Writes the database into `tmp`, newest file first, each page once; verifies everything
-/// that can be verified without SQLite.
+/// that can be verified without SQLite. Pages are decoded on every core ([`Decoders`]). The
+/// output is returned unsynced.
 pub(super) fn write_tmp(
     client: &AnyClient,
     plan: &[LtxFileInfo],
@@ -91,137 +111,209 @@ pub(super) fn write_tmp(
     window: Option<&Arc<DownloadWindow>>,
     progress: &Progress,
     direct: bool,
-) -> Result<Applied, RestoreError> {
+) -> Result<(Applied, OutputFile), RestoreError> {
     let _ = fs::remove_file(tmp);
     let mut out = OutputFile::create_new(tmp, direct).map_err(RestoreError::io("create", tmp))?;
-    let mut written: Vec<u64> = Vec::new();
-    let mut final_commit = 0u32;
-    let mut page_size = 0u32;
-    let mut sum = DbChecksum::default();
-    let mut track_sum = false;
-    let mut run = AlignedBuf::new(0);
-    let mut bytes = 0u64;
-    // (header, post-apply checksum) per plan position, to check the checksum chain afterwards.
-    let mut seen: Vec<Option<(Header, u64)>> = vec![None; plan.len()];
-    for (i, info) in plan.iter().enumerate().rev() {
-        let label = file_label(info);
-        let ltx_err = |source| RestoreError::Ltx {
-            file: label.clone(),
-            source,
+    std::thread::scope(|scope| {
+        let mut decoders = Decoders::spawn(scope);
+        let mut w = Writer {
+            out: &mut out,
+            tmp,
+            written: Vec::new(),
+            final_commit: 0,
+            page_size: 0,
+            run: AlignedBuf::new(0),
+            run_first: 0,
+            run_len: 0,
+            bytes: 0,
         };
-        let reader: Box<dyn std::io::Read + Send> = match window {
-            Some(w) if !info.encrypted => Box::new(w.reader(i, info.size)),
-            _ => {
-                let body =
-                    handle.block_on(client.open(info.level, info.min_txid, info.max_txid, 0))?;
-                Box::new(SyncIoBridge::new_with_handle(body, handle.clone()))
-            }
-        };
-        let mut dec = Decoder::new(reader).map_err(ltx_err)?;
-        let h = *dec.header();
-        if (h.min_txid, h.max_txid) != (info.min_txid, info.max_txid) {
-            return Err(RestoreError::Inconsistent(format!(
-                "replica file {label} holds TXIDs {}-{} (renamed or misplaced file)",
-                h.min_txid, h.max_txid
-            )));
-        }
-        if i == plan.len() - 1 {
-            page_size = h.page_size;
-            final_commit = h.commit;
-            out.set_len(u64::from(final_commit) * u64::from(page_size))
-                .map_err(RestoreError::io("size", tmp))?;
-            written = vec![0u64; (final_commit as usize).div_ceil(64) + 1];
-            let ps = page_size as usize;
-            run = AlignedBuf::new((WRITE_RUN / ps).max(1) * ps);
-            // Only the newest file's checksum is compared (below): without one, skip the sums.
-            track_sum = h.has_checksums();
-        } else if h.page_size != page_size {
-            return Err(RestoreError::Inconsistent(format!(
-                "replica file {label} has {}-byte pages, the rest of the chain {page_size}-byte pages \
-                 (files from another database?)",
-                h.page_size
-            )));
-        }
-        // Pages are decoded straight into `run`; consecutive page numbers go out in one write.
-        let ps = page_size as usize;
-        let at = |pgno: u32| u64::from(pgno - 1) * u64::from(page_size);
-        let (mut run_first, mut run_len) = (0u32, 0usize);
-        loop {
-            if run_len + ps > run.len() {
-                out.write_all_at(&run[..run_len], at(run_first))
-                    .map_err(RestoreError::io("write", tmp))?;
-                run_len = 0;
-            }
-            let Some(pgno) = dec
-                .next_page(&mut run[run_len..run_len + ps])
-                .map_err(ltx_err)?
-            else {
-                break;
+        let mut sum = DbChecksum::default();
+        let mut track_sum = false;
+        // (header, post-apply checksum) per plan position, to check the checksum chain afterwards.
+        let mut seen: Vec<Option<(Header, u64)>> = vec![None; plan.len()];
+        for (i, info) in plan.iter().enumerate().rev() {
+            let label = file_label(info);
+            let ltx_err = |source| RestoreError::Ltx {
+                file: label.clone(),
+                source,
             };
-            if pgno > final_commit {
-                continue;
+            let reader: Box<dyn std::io::Read + Send> = match window {
+                Some(w) if !info.encrypted => Box::new(w.reader(i, info.size)),
+                _ => {
+                    let body = handle
+                        .block_on(client.open(info.level, info.min_txid, info.max_txid, 0))?;
+                    Box::new(SyncIoBridge::new_with_handle(body, handle.clone()))
+                }
+            };
+            let mut dec = Decoder::new(reader).map_err(ltx_err)?;
+            let h = *dec.header();
+            if (h.min_txid, h.max_txid) != (info.min_txid, info.max_txid) {
+                return Err(RestoreError::Inconsistent(format!(
+                    "replica file {label} holds TXIDs {}-{} (renamed or misplaced file)",
+                    h.min_txid, h.max_txid
+                )));
             }
-            let (word, bit) = ((pgno / 64) as usize, 1u64 << (pgno % 64));
-            if written[word] & bit != 0 {
-                continue;
+            if i == plan.len() - 1 {
+                w.start(&h).map_err(RestoreError::io("size", tmp))?;
+                // Only the newest file's checksum is compared (below): without one, skip the sums.
+                track_sum = h.has_checksums();
+            } else if h.page_size != w.page_size {
+                return Err(RestoreError::Inconsistent(format!(
+                    "replica file {label} has {}-byte pages, the rest of the chain {}-byte pages \
+                     (files from another database?)",
+                    h.page_size, w.page_size
+                )));
             }
-            written[word] |= bit;
-            if run_len > 0 && pgno != run_first + (run_len / ps) as u32 {
-                out.write_all_at(&run[..run_len], at(run_first))
-                    .map_err(RestoreError::io("write", tmp))?;
-                run.copy_within(run_len..run_len + ps, 0);
-                run_len = 0;
+            let mut read_all = false;
+            loop {
+                while !read_all && decoders.has_room() {
+                    let mut batch = decoders.batch();
+                    batch.reset(w.page_size as usize, track_sum);
+                    while let Some(frame) = batch.next_slot() {
+                        if !dec.read_frame(frame).map_err(ltx_err)? {
+                            read_all = true;
+                            break;
+                        }
+                        let keep = w.claim(frame.pgno());
+                        batch.push(keep);
+                    }
+                    if batch.is_empty() {
+                        decoders.recycle(batch);
+                    } else {
+                        decoders.send(batch).map_err(gone)?;
+                    }
+                }
+                if decoders.in_flight() == 0 {
+                    break;
+                }
+                let mut batch = decoders.recv().map_err(gone)?;
+                batch.take_result().map_err(ltx_err)?;
+                for (frame, page, keep, page_sum) in batch.pages() {
+                    dec.fold(frame, page);
+                    if keep {
+                        w.page(frame.pgno(), page)?;
+                        if track_sum {
+                            sum.toggle(page_sum);
+                        }
+                    }
+                }
+                decoders.recycle(batch);
             }
-            if run_len == 0 {
-                run_first = pgno;
-            }
-            if track_sum {
-                sum.toggle(page_checksum(pgno, &run[run_len..run_len + ps]));
-            }
-            run_len += ps;
-            bytes += ps as u64;
+            w.flush()?;
+            let trailer = dec.finish().map_err(ltx_err)?;
+            progress.add(info.size);
+            seen[i] = Some((h, trailer.post_apply_checksum));
         }
-        if run_len > 0 {
-            out.write_all_at(&run[..run_len], at(run_first))
-                .map_err(RestoreError::io("write", tmp))?;
-        }
-        let trailer = dec.finish().map_err(ltx_err)?;
-        progress.add(info.size);
-        seen[i] = Some((h, trailer.post_apply_checksum));
-    }
-    let lock = lock_pgno(page_size);
-    if let Some(missing) = (1..=final_commit)
-        .find(|&p| p != lock && written[(p / 64) as usize] & (1u64 << (p % 64)) == 0)
-    {
-        return Err(RestoreError::Inconsistent(format!(
-            "page {missing} of {final_commit} is in no file of the chain (the chain does not start with a full snapshot)"
-        )));
-    }
-    verify_checksum_chain(plan, &seen)?;
-    let (last_header, last_post) = seen
-        .last()
-        .copied()
-        .flatten()
-        .ok_or_else(|| RestoreError::Inconsistent("empty plan".into()))?;
-    let db_checksum = if last_header.has_checksums() {
-        if sum.value() != last_post {
+        let (page_size, final_commit, bytes) = (w.page_size, w.final_commit, w.bytes);
+        let lock = lock_pgno(page_size);
+        if let Some(missing) = (1..=final_commit)
+            .find(|&p| p != lock && w.written[(p / 64) as usize] & (1u64 << (p % 64)) == 0)
+        {
             return Err(RestoreError::Inconsistent(format!(
-                "rebuilt database checksum {:016x} differs from the source's {last_post:016x} at TXID {}",
-                sum.value(),
-                last_header.max_txid
+                "page {missing} of {final_commit} is in no file of the chain (the chain does not start with a full snapshot)"
             )));
         }
-        Some(last_post)
-    } else {
-        None
-    };
-    out.sync_all().map_err(RestoreError::io("fsync", tmp))?;
-    Ok(Applied {
-        page_size,
-        commit: final_commit,
-        db_checksum,
-        bytes,
+        verify_checksum_chain(plan, &seen)?;
+        let (last_header, last_post) = seen
+            .last()
+            .copied()
+            .flatten()
+            .ok_or_else(|| RestoreError::Inconsistent("empty plan".into()))?;
+        let db_checksum = if last_header.has_checksums() {
+            if sum.value() != last_post {
+                return Err(RestoreError::Inconsistent(format!(
+                    "rebuilt database checksum {:016x} differs from the source's {last_post:016x} at TXID {}",
+                    sum.value(),
+                    last_header.max_txid
+                )));
+            }
+            Some(last_post)
+        } else {
+            None
+        };
+        Ok(Applied {
+            page_size,
+            commit: final_commit,
+            db_checksum,
+            bytes,
+        })
     })
+    .map(|applied| (applied, out))
+}
+
+fn gone(_: DecoderGone) -> RestoreError {
+    RestoreError::Inconsistent("a page decoder thread stopped".into())
+}
+
+/// The output side of the apply: which pages are written, and the run of consecutive pages
+/// that goes out in one positional write.
+struct Writer<'a> {
+    out: &'a mut OutputFile,
+    tmp: &'a Path,
+    /// One bit per page number, set when the page's newest copy was claimed.
+    written: Vec<u64>,
+    final_commit: u32,
+    page_size: u32,
+    run: AlignedBuf,
+    run_first: u32,
+    run_len: usize,
+    bytes: u64,
+}
+
+impl Writer<'_> {
+    /// Sizes the output for the newest file's commit.
+    fn start(&mut self, h: &Header) -> std::io::Result<()> {
+        self.page_size = h.page_size;
+        self.final_commit = h.commit;
+        self.out
+            .set_len(u64::from(h.commit) * u64::from(h.page_size))?;
+        self.written = vec![0u64; (h.commit as usize).div_ceil(64) + 1];
+        let ps = h.page_size as usize;
+        self.run = AlignedBuf::new((WRITE_RUN / ps).max(1) * ps);
+        Ok(())
+    }
+
+    /// Whether the page read now is the newest copy of a page in the output (files are read
+    /// newest first, so the first copy seen wins), marking it written.
+    fn claim(&mut self, pgno: u32) -> bool {
+        if pgno > self.final_commit {
+            return false;
+        }
+        let (word, bit) = ((pgno / 64) as usize, 1u64 << (pgno % 64));
+        let fresh = self.written[word] & bit == 0;
+        self.written[word] |= bit;
+        fresh
+    }
+
+    /// Adds a claimed page to the run, writing the run out first when the page does not
+    /// follow it or it is full.
+    fn page(&mut self, pgno: u32, page: &[u8]) -> Result<(), RestoreError> {
+        let ps = page.len();
+        if self.run_len > 0
+            && (pgno != self.run_first + (self.run_len / ps) as u32
+                || self.run_len + ps > self.run.len())
+        {
+            self.flush()?;
+        }
+        if self.run_len == 0 {
+            self.run_first = pgno;
+        }
+        self.run[self.run_len..self.run_len + ps].copy_from_slice(page);
+        self.run_len += ps;
+        self.bytes += ps as u64;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), RestoreError> {
+        if self.run_len > 0 {
+            let at = u64::from(self.run_first - 1) * u64::from(self.page_size);
+            self.out
+                .write_all_at(&self.run[..self.run_len], at)
+                .map_err(RestoreError::io("write", self.tmp))?;
+            self.run_len = 0;
+        }
+        Ok(())
+    }
 }
 
 /// Where consecutive files both carry checksums, the later's pre-apply checksum must be the

@@ -33,7 +33,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_util::io::SyncIoBridge;
 
-use crate::ltx::checksum::{DbChecksum, page_checksum};
+use crate::ltx::checksum::DbChecksum;
 use crate::ltx::{self, Decoder, Header, LtxError, TxId, lock_pgno};
 use crate::restore::download::{DownloadWindow, Slot};
 use crate::restore::output::{AlignedBuf, OutputFile};
@@ -43,6 +43,7 @@ use crate::util::phase::{Phase, PhaseStats};
 
 mod apply;
 mod check;
+mod pages;
 mod plan;
 pub mod points;
 use apply::{apply_blocking, file_label};

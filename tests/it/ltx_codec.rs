@@ -303,3 +303,59 @@ fn random_mutations_never_panic() {
         let _ = decode_all(&bytes);
     }
 }
+
+/// The split API the restore decodes with on several threads: frames read in order, decoded
+/// anywhere, folded back in order. Folding out of order or not at all fails `finish`.
+#[test]
+fn frames_decoded_apart_verify_only_when_folded_back_in_order() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let pages: Vec<(u32, Vec<u8>)> = (1..=6).map(|p| (p, random_page(&mut rng, 4096))).collect();
+    let mut h = header(4096, 6, 1, 1);
+    h.flags = 0;
+    let mut sum = DbChecksum::default();
+    for (p, d) in &pages {
+        sum.toggle(page_checksum(*p, d));
+    }
+    let bytes = encode(h, Codec::Zstd(3), &pages, sum.value());
+    type Read<'a> = (Decoder<&'a [u8]>, Vec<ltx::Frame>, Vec<(u32, Vec<u8>)>);
+    fn read(bytes: &[u8]) -> Read<'_> {
+        let mut dec = Decoder::new(bytes).unwrap();
+        let mut frames = Vec::new();
+        loop {
+            let mut f = ltx::Frame::default();
+            if !dec.read_frame(&mut f).unwrap() {
+                break;
+            }
+            frames.push(f);
+        }
+        let decoded: Vec<(u32, Vec<u8>)> = frames
+            .iter()
+            .map(|f| {
+                let mut page = vec![0u8; 4096];
+                f.decode(&mut page).unwrap();
+                (f.pgno(), page)
+            })
+            .collect();
+        (dec, frames, decoded)
+    }
+
+    let (mut dec, frames, decoded) = read(&bytes);
+    assert_eq!(decoded, pages);
+    for (f, (_, page)) in frames.iter().zip(&decoded) {
+        dec.fold(f, page);
+    }
+    assert_eq!(dec.finish().unwrap().post_apply_checksum, sum.value());
+
+    let (mut dec, frames, decoded) = read(&bytes);
+    for i in [1, 0, 2, 3, 4, 5] {
+        dec.fold(&frames[i], &decoded[i].1);
+    }
+    assert!(
+        matches!(dec.finish(), Err(LtxError::ChecksumMismatch { .. })),
+        "pages folded out of order must not verify"
+    );
+
+    let (dec, _, _) = read(&bytes);
+    let err = dec.finish().unwrap_err();
+    assert!(err.to_string().contains("never folded"), "{err}");
+}
