@@ -1,7 +1,11 @@
 //! Applying a chain: decoding every file into `<to>.tmp`, checking the checksum chain and
 //! `PRAGMA integrity_check`.
 
-use super::pages::{DecoderGone, Decoders};
+use super::pages::{BatchError, DecoderGone, Decoders};
+use crate::restore::output::AlignedBuf;
+
+/// Most bytes of consecutive pages a direct write carries.
+const WRITE_RUN: usize = 1024 * 1024;
 #[allow(unused_imports)]
 use super::*;
 
@@ -113,20 +117,14 @@ pub(super) fn write_tmp(
     direct: bool,
 ) -> Result<(Applied, OutputFile), RestoreError> {
     let _ = fs::remove_file(tmp);
-    let mut out = OutputFile::create_new(tmp, direct).map_err(RestoreError::io("create", tmp))?;
+    let out = OutputFile::create_new(tmp, direct).map_err(RestoreError::io("create", tmp))?;
+    // Decoder threads copy pages into the page cache in parallel; direct writes go out from
+    // here in runs of `WRITE_RUN`, as several threads' smaller direct writes were slower.
+    let threads_write = !out.is_direct();
     std::thread::scope(|scope| {
-        let mut decoders = Decoders::spawn(scope);
-        let mut w = Writer {
-            out: &mut out,
-            tmp,
-            written: Vec::new(),
-            final_commit: 0,
-            page_size: 0,
-            run: AlignedBuf::new(0),
-            run_first: 0,
-            run_len: 0,
-            bytes: 0,
-        };
+        let mut decoders = Decoders::spawn(scope, threads_write.then_some(&out));
+        let mut w = Claims::default();
+        let mut runs = Runs::default();
         let mut sum = DbChecksum::default();
         let mut track_sum = false;
         // (header, post-apply checksum) per plan position, to check the checksum chain afterwards.
@@ -154,7 +152,10 @@ pub(super) fn write_tmp(
                 )));
             }
             if i == plan.len() - 1 {
-                w.start(&h).map_err(RestoreError::io("size", tmp))?;
+                w.start(&h);
+                runs.start(h.page_size);
+                out.set_len(u64::from(h.commit) * u64::from(h.page_size))
+                    .map_err(RestoreError::io("size", tmp))?;
                 // Only the newest file's checksum is compared (below): without one, skip the sums.
                 track_sum = h.has_checksums();
             } else if h.page_size != w.page_size {
@@ -187,19 +188,23 @@ pub(super) fn write_tmp(
                     break;
                 }
                 let mut batch = decoders.recv().map_err(gone)?;
-                batch.take_result().map_err(ltx_err)?;
+                batch.take_result().map_err(|e| match e {
+                    BatchError::Decode(source) => ltx_err(source),
+                    BatchError::Write(e) => RestoreError::io("write", tmp)(e),
+                })?;
                 for (frame, page, keep, page_sum) in batch.pages() {
                     dec.fold(frame, page);
-                    if keep {
-                        w.page(frame.pgno(), page)?;
-                        if track_sum {
-                            sum.toggle(page_sum);
-                        }
+                    if keep && track_sum {
+                        sum.toggle(page_sum);
+                    }
+                    if keep && !threads_write {
+                        runs.page(&out, frame.pgno(), page)
+                            .map_err(RestoreError::io("write", tmp))?;
                     }
                 }
                 decoders.recycle(batch);
             }
-            w.flush()?;
+            runs.flush(&out).map_err(RestoreError::io("write", tmp))?;
             let trailer = dec.finish().map_err(ltx_err)?;
             progress.add(info.size);
             seen[i] = Some((h, trailer.post_apply_checksum));
@@ -245,36 +250,28 @@ fn gone(_: DecoderGone) -> RestoreError {
     RestoreError::Inconsistent("a page decoder thread stopped".into())
 }
 
-/// The output side of the apply: which pages are written, and the run of consecutive pages
-/// that goes out in one positional write.
-struct Writer<'a> {
-    out: &'a mut OutputFile,
-    tmp: &'a Path,
+/// Which pages the apply writes: the first copy read of each page number up to the newest
+/// file's commit (files are read newest first).
+#[derive(Default)]
+struct Claims {
     /// One bit per page number, set when the page's newest copy was claimed.
     written: Vec<u64>,
     final_commit: u32,
     page_size: u32,
-    run: AlignedBuf,
-    run_first: u32,
-    run_len: usize,
+    /// Page bytes claimed.
     bytes: u64,
 }
 
-impl Writer<'_> {
-    /// Sizes the output for the newest file's commit.
-    fn start(&mut self, h: &Header) -> std::io::Result<()> {
+impl Claims {
+    /// Sizes the claims for the newest file's commit.
+    fn start(&mut self, h: &Header) {
         self.page_size = h.page_size;
         self.final_commit = h.commit;
-        self.out
-            .set_len(u64::from(h.commit) * u64::from(h.page_size))?;
         self.written = vec![0u64; (h.commit as usize).div_ceil(64) + 1];
-        let ps = h.page_size as usize;
-        self.run = AlignedBuf::new((WRITE_RUN / ps).max(1) * ps);
-        Ok(())
     }
 
-    /// Whether the page read now is the newest copy of a page in the output (files are read
-    /// newest first, so the first copy seen wins), marking it written.
+    /// Whether the page read now is the newest copy of a page in the output, marking it
+    /// written.
     fn claim(&mut self, pgno: u32) -> bool {
         if pgno > self.final_commit {
             return false;
@@ -282,35 +279,50 @@ impl Writer<'_> {
         let (word, bit) = ((pgno / 64) as usize, 1u64 << (pgno % 64));
         let fresh = self.written[word] & bit == 0;
         self.written[word] |= bit;
+        if fresh {
+            self.bytes += u64::from(self.page_size);
+        }
         fresh
     }
+}
 
-    /// Adds a claimed page to the run, writing the run out first when the page does not
-    /// follow it or it is full.
-    fn page(&mut self, pgno: u32, page: &[u8]) -> Result<(), RestoreError> {
+/// Consecutive pages gathered into one aligned buffer, written at once.
+#[derive(Default)]
+struct Runs {
+    buf: AlignedBuf,
+    first: u32,
+    len: usize,
+    page_size: u32,
+}
+
+impl Runs {
+    fn start(&mut self, page_size: u32) {
+        let ps = page_size as usize;
+        self.buf = AlignedBuf::new((WRITE_RUN / ps).max(1) * ps);
+        self.page_size = page_size;
+    }
+
+    /// Adds a page, writing the run out first when the page does not follow it or it is full.
+    fn page(&mut self, out: &OutputFile, pgno: u32, page: &[u8]) -> std::io::Result<()> {
         let ps = page.len();
-        if self.run_len > 0
-            && (pgno != self.run_first + (self.run_len / ps) as u32
-                || self.run_len + ps > self.run.len())
+        if self.len > 0
+            && (pgno != self.first + (self.len / ps) as u32 || self.len + ps > self.buf.len())
         {
-            self.flush()?;
+            self.flush(out)?;
         }
-        if self.run_len == 0 {
-            self.run_first = pgno;
+        if self.len == 0 {
+            self.first = pgno;
         }
-        self.run[self.run_len..self.run_len + ps].copy_from_slice(page);
-        self.run_len += ps;
-        self.bytes += ps as u64;
+        self.buf[self.len..self.len + ps].copy_from_slice(page);
+        self.len += ps;
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), RestoreError> {
-        if self.run_len > 0 {
-            let at = u64::from(self.run_first - 1) * u64::from(self.page_size);
-            self.out
-                .write_all_at(&self.run[..self.run_len], at)
-                .map_err(RestoreError::io("write", self.tmp))?;
-            self.run_len = 0;
+    fn flush(&mut self, out: &OutputFile) -> std::io::Result<()> {
+        if self.len > 0 {
+            let at = u64::from(self.first - 1) * u64::from(self.page_size);
+            out.write_all_at(&self.buf[..self.len], at)?;
+            self.len = 0;
         }
         Ok(())
     }

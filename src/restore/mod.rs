@@ -7,9 +7,10 @@
 //!
 //! Apply walks the chain newest first and writes each page number once, the first time it is
 //! seen (the newest copy wins, as upstream's compactor decides), with positional writes into
-//! `<to>.tmp` ([`OutputFile`]: around the page cache when unchecked). Memory is a 1 MiB run of
-//! pages, a bitmap of written pages and, from a remote replica, a [`DownloadWindow`] of
-//! `parallelism` chunks, whatever the size of the database.
+//! `<to>.tmp` ([`OutputFile`]: around the page cache when unchecked), decoded and written by
+//! a thread per core ([`pages`]). Memory is a few batches of 256 KiB of pages per thread, a
+//! bitmap of written pages and, from a remote replica, a [`DownloadWindow`] of `parallelism`
+//! chunks, whatever the size of the database.
 //!
 //! Invariants:
 //! - The output path is never touched until every file checksum, the page coverage, the
@@ -36,7 +37,7 @@ use tokio_util::io::SyncIoBridge;
 use crate::ltx::checksum::DbChecksum;
 use crate::ltx::{self, Decoder, Header, LtxError, TxId, lock_pgno};
 use crate::restore::download::{DownloadWindow, Slot};
-use crate::restore::output::{AlignedBuf, OutputFile};
+use crate::restore::output::OutputFile;
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::util::fsutil;
 use crate::util::phase::{Phase, PhaseStats};
@@ -201,8 +202,6 @@ pub const DEFAULT_PARALLELISM: usize = 8;
 /// Bytes per ranged GET: large enough to stream well, small enough to spread one big
 /// snapshot over every connection. A restore holds `parallelism` of them in memory.
 const CHUNK: u64 = 2 * 1024 * 1024;
-/// Most bytes of consecutive pages the apply writes at once.
-const WRITE_RUN: usize = 1024 * 1024;
 /// Attempts per chunk before the restore fails.
 const CHUNK_ATTEMPTS: u32 = 4;
 

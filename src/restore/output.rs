@@ -18,14 +18,17 @@ use std::io;
 use std::ops::{Deref, DerefMut};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Alignment of direct writes: buffer address, file offset and length.
 pub const DIRECT_ALIGN: usize = 4096;
 
-/// The output of a restore.
+/// The output of a restore; positional writes from several threads share it.
 pub struct OutputFile {
     buffered: File,
     direct: Option<File>,
+    /// Set for good by the first direct write the file system refused.
+    direct_refused: AtomicBool,
 }
 
 impl OutputFile {
@@ -46,7 +49,16 @@ impl OutputFile {
                     .ok()
             })
             .flatten();
-        Ok(OutputFile { buffered, direct })
+        Ok(OutputFile {
+            buffered,
+            direct,
+            direct_refused: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether writes go around the page cache (until one is refused).
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some() && !self.direct_refused.load(Ordering::Relaxed)
     }
 
     /// Sets the file's size.
@@ -55,15 +67,17 @@ impl OutputFile {
     }
 
     /// Writes all of `buf` at `offset`.
-    pub fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+    pub fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if let Some(direct) = &self.direct
+            && !self.direct_refused.load(Ordering::Relaxed)
             && is_aligned(buf, offset)
         {
             match direct.write_all_at(buf, offset) {
                 Ok(()) => return Ok(()),
                 Err(e) if refused(&e) => {
-                    tracing::debug!(error = %e, "direct writes refused; writing through the page cache");
-                    self.direct = None;
+                    if !self.direct_refused.swap(true, Ordering::Relaxed) {
+                        tracing::debug!(error = %e, "direct writes refused; writing through the page cache");
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -112,6 +126,12 @@ impl AlignedBuf {
     }
 }
 
+impl Default for AlignedBuf {
+    fn default() -> Self {
+        AlignedBuf::new(0)
+    }
+}
+
 impl Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -133,7 +153,7 @@ mod tests {
     fn aligned_and_unaligned_writes_both_land() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out");
-        let mut f = OutputFile::create_new(&path, true).unwrap();
+        let f = OutputFile::create_new(&path, true).unwrap();
         assert!(
             OutputFile::create_new(&path, false).is_err(),
             "an existing file was reused"

@@ -1,10 +1,15 @@
-//! Decoding a chain's pages on every core: the apply reads each file's frames in order on its
-//! own thread, hands them in batches to decoder threads (decompression is most of a restore's
-//! CPU), and folds the decoded batches back in the order they were read.
+//! Decoding and writing a chain's pages on every core: the apply reads each file's frames in
+//! order on its own thread and decides which pages go to the output; decoder threads
+//! decompress batches of them (most of a restore's CPU) and write the kept pages at their
+//! offsets (copying into the page cache is most of the rest); the apply folds the decoded
+//! batches back into the file checksum in the order they were read.
 //!
-//! Invariant: batches come back in the order they were sent ([`Decoders::recv`]), so the
-//! file checksum ([`crate::ltx::Decoder::fold`]) and the "newest copy of a page wins" rule see
-//! pages in file order, as a single thread would.
+//! Invariants:
+//! - Batches come back in the order they were sent ([`Decoders::recv`]), so the file checksum
+//!   ([`crate::ltx::Decoder::fold`]) sees pages in file order, as a single thread would.
+//! - Which copy of a page is written is decided by the reading thread before a batch is sent
+//!   (the first copy read, newest file first), so each page of the output is written by one
+//!   write only and the threads' writes never overlap.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -12,6 +17,7 @@ use std::thread::Scope;
 
 use crate::ltx::checksum::page_checksum;
 use crate::ltx::{Frame, LtxError};
+use crate::restore::output::{AlignedBuf, OutputFile};
 
 /// Decoded bytes per batch: enough to amortize a hand-over, small enough that the batches
 /// in flight stay a few MiB.
@@ -30,9 +36,18 @@ pub(super) struct Batch {
     /// Each kept page's checksum, when the chain's checksum is tracked.
     sums: Vec<u64>,
     track_sum: bool,
-    pages: Vec<u8>,
+    /// Aligned, so that runs of pages can be written around the page cache.
+    pages: AlignedBuf,
     page_size: usize,
-    result: Result<(), LtxError>,
+    result: Result<(), BatchError>,
+}
+
+/// Why a batch failed.
+pub(super) enum BatchError {
+    /// A page did not decode.
+    Decode(LtxError),
+    /// Writing pages to the output failed.
+    Write(std::io::Error),
 }
 
 impl Batch {
@@ -43,7 +58,7 @@ impl Batch {
             keep: Vec::new(),
             sums: Vec::new(),
             track_sum: false,
-            pages: Vec::new(),
+            pages: AlignedBuf::new(0),
             page_size: 0,
             result: Ok(()),
         }
@@ -53,7 +68,7 @@ impl Batch {
     pub(super) fn reset(&mut self, page_size: usize, track_sum: bool) {
         let n = (BATCH_BYTES / page_size).max(1);
         if self.page_size != page_size {
-            self.pages = vec![0u8; n * page_size];
+            self.pages = AlignedBuf::new(n * page_size);
             self.page_size = page_size;
         }
         self.frames.resize_with(n, Frame::default);
@@ -93,9 +108,11 @@ impl Batch {
         })
     }
 
-    fn decode(&mut self) {
+    /// Decodes every frame, then writes the kept pages to `out` if given, each run of
+    /// consecutive page numbers in one positional write.
+    fn decode_and_write(&mut self, out: Option<&OutputFile>) {
         let ps = self.page_size;
-        self.result = (0..self.len).try_for_each(|i| {
+        let decoded = (0..self.len).try_for_each(|i| {
             let page = &mut self.pages[i * ps..(i + 1) * ps];
             self.frames[i].decode(page)?;
             if self.track_sum && self.keep[i] {
@@ -103,10 +120,33 @@ impl Batch {
             }
             Ok(())
         });
+        self.result = decoded.map_err(BatchError::Decode).and_then(|()| {
+            let Some(out) = out else { return Ok(()) };
+            let mut i = 0;
+            while i < self.len {
+                if !self.keep[i] {
+                    i += 1;
+                    continue;
+                }
+                let first = self.frames[i].pgno();
+                let mut j = i + 1;
+                while j < self.len
+                    && self.keep[j]
+                    && self.frames[j].pgno() == first + (j - i) as u32
+                {
+                    j += 1;
+                }
+                let at = u64::from(first - 1) * ps as u64;
+                out.write_all_at(&self.pages[i * ps..j * ps], at)
+                    .map_err(BatchError::Write)?;
+                i = j;
+            }
+            Ok(())
+        });
     }
 
-    /// The decode's outcome (taken: a batch is reused).
-    pub(super) fn take_result(&mut self) -> Result<(), LtxError> {
+    /// The outcome of the decode and the writes (taken: a batch is reused).
+    pub(super) fn take_result(&mut self) -> Result<(), BatchError> {
         std::mem::replace(&mut self.result, Ok(()))
     }
 }
@@ -126,9 +166,12 @@ pub(super) struct Decoders {
 pub(super) struct DecoderGone;
 
 impl Decoders {
-    /// Starts one decoder thread per core (at most [`MAX_THREADS`]) in `scope`; they stop
-    /// when this is dropped.
-    pub(super) fn spawn<'scope>(scope: &'scope Scope<'scope, '_>) -> Decoders {
+    /// Starts one decoder thread per core (at most [`MAX_THREADS`]) in `scope`, writing the
+    /// pages they keep to `out` if given; they stop when this is dropped.
+    pub(super) fn spawn<'scope>(
+        scope: &'scope Scope<'scope, '_>,
+        out: Option<&'scope OutputFile>,
+    ) -> Decoders {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, MAX_THREADS);
@@ -140,12 +183,15 @@ impl Decoders {
             scope.spawn(move || {
                 while let Ok(mut batch) = job_rx.recv() {
                     // A panic stays in its batch: the restore fails with it, not the process.
-                    if std::panic::catch_unwind(AssertUnwindSafe(|| batch.decode())).is_err() {
+                    let done = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        batch.decode_and_write(out);
+                    }));
+                    if done.is_err() {
                         let offset = batch.frames.first().map_or(0, Frame::offset);
-                        batch.result = Err(LtxError::InvalidPage {
+                        batch.result = Err(BatchError::Decode(LtxError::InvalidPage {
                             offset,
                             reason: "decoding a page panicked".into(),
-                        });
+                        }));
                     }
                     if done_tx.send(batch).is_err() {
                         break;

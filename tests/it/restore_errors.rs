@@ -131,7 +131,9 @@ fn write_large_chain(replica: &Path) -> [Vec<u8>; 2] {
 }
 
 /// Every page of a chain decoded in many batches on several threads lands once, the newest
-/// copy winning, and the database checksum holds (it is compared at the end).
+/// copy winning, and the database checksum holds (it is compared at the end). Unchecked, the
+/// pages go out from the reading thread; with the check, decoder threads write them, which
+/// `large_segment` covers (a chain of two files, restored and compared with the source).
 #[test]
 fn a_chain_decoded_in_many_batches_restores_the_newest_copy_of_every_page() {
     let f = Fixture {
