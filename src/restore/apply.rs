@@ -44,7 +44,10 @@ pub(super) fn apply_blocking(
         // The check reads the pages from the page cache while they go to disk.
         let checking = Instant::now();
         std::thread::scope(|s| {
-            let syncing = s.spawn(durable);
+            let Ok(syncing) = std::thread::Builder::new().spawn_scoped(s, durable) else {
+                // No thread to spare: one after the other.
+                return durable().and_then(|()| integrity_check(&tmp));
+            };
             let checked = integrity_check(&tmp);
             let synced = syncing.join().unwrap_or_else(|_| {
                 Err(RestoreError::Inconsistent(
@@ -122,7 +125,8 @@ pub(super) fn write_tmp(
     // here in runs of `WRITE_RUN`, as several threads' smaller direct writes were slower.
     let threads_write = !out.is_direct();
     std::thread::scope(|scope| {
-        let mut decoders = Decoders::spawn(scope, threads_write.then_some(&out));
+        let mut decoders = Decoders::spawn(scope, threads_write.then_some(&out))
+            .map_err(RestoreError::io("start a decoder thread for", tmp))?;
         let mut w = Claims::default();
         let mut runs = Runs::default();
         let mut sum = DbChecksum::default();
@@ -153,7 +157,9 @@ pub(super) fn write_tmp(
             }
             if i == plan.len() - 1 {
                 w.start(&h);
-                runs.start(h.page_size);
+                if !threads_write {
+                    runs.start(h.page_size);
+                }
                 out.set_len(u64::from(h.commit) * u64::from(h.page_size))
                     .map_err(RestoreError::io("size", tmp))?;
                 // Only the newest file's checksum is compared (below): without one, skip the sums.

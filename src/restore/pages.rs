@@ -167,47 +167,57 @@ pub(super) struct DecoderGone;
 
 impl Decoders {
     /// Starts one decoder thread per core (at most [`MAX_THREADS`]) in `scope`, writing the
-    /// pages they keep to `out` if given; they stop when this is dropped.
+    /// pages they keep to `out` if given; they stop when this is dropped. Fails only when the
+    /// system gives not even one thread.
     pub(super) fn spawn<'scope>(
         scope: &'scope Scope<'scope, '_>,
         out: Option<&'scope OutputFile>,
-    ) -> Decoders {
+    ) -> std::io::Result<Decoders> {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, MAX_THREADS);
         let (mut to, mut from) = (Vec::new(), Vec::new());
-        for _ in 0..threads {
+        for i in 0..threads {
             let (job_tx, job_rx) = sync_channel::<Batch>(PER_THREAD);
             // Room for every batch in flight: a decoder never blocks on handing one back.
             let (done_tx, done_rx) = sync_channel::<Batch>(PER_THREAD);
-            scope.spawn(move || {
-                while let Ok(mut batch) = job_rx.recv() {
-                    // A panic stays in its batch: the restore fails with it, not the process.
-                    let done = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        batch.decode_and_write(out);
-                    }));
-                    if done.is_err() {
-                        let offset = batch.frames.first().map_or(0, Frame::offset);
-                        batch.result = Err(BatchError::Decode(LtxError::InvalidPage {
-                            offset,
-                            reason: "decoding a page panicked".into(),
+            let started = std::thread::Builder::new()
+                .name(format!("restore-decode-{i}"))
+                .spawn_scoped(scope, move || {
+                    while let Ok(mut batch) = job_rx.recv() {
+                        // A panic stays in its batch: the restore fails with it, not the process.
+                        let done = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                            batch.decode_and_write(out);
                         }));
+                        if done.is_err() {
+                            let offset = batch.frames.first().map_or(0, Frame::offset);
+                            batch.result = Err(BatchError::Decode(LtxError::InvalidPage {
+                                offset,
+                                reason: "decoding a page panicked".into(),
+                            }));
+                        }
+                        if done_tx.send(batch).is_err() {
+                            break;
+                        }
                     }
-                    if done_tx.send(batch).is_err() {
-                        break;
-                    }
+                });
+            match started {
+                Ok(_) => {
+                    to.push(job_tx);
+                    from.push(done_rx);
                 }
-            });
-            to.push(job_tx);
-            from.push(done_rx);
+                // Out of threads (a pids limit, say): decode on those that started.
+                Err(e) if to.is_empty() => return Err(e),
+                Err(_) => break,
+            }
         }
-        Decoders {
+        Ok(Decoders {
             to,
             from,
             free: Vec::new(),
             sent: 0,
             received: 0,
-        }
+        })
     }
 
     /// A batch to fill, reused when one was returned.

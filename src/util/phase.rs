@@ -28,8 +28,8 @@ pub enum Phase {
     /// bytes received). Directory (`file`) replicas are read in place during `Apply`, so a
     /// restore from one leaves this phase at 0.
     Download,
-    /// Restore: decoding the chain and writing the database into `<to>.tmp`, including its
-    /// fsync (bytes: page bytes written to the output).
+    /// Restore: decoding the chain and writing the database into `<to>.tmp`, not its fsync,
+    /// which runs beside the integrity check (bytes: page bytes written to the output).
     Apply,
 }
 
