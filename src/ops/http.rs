@@ -99,7 +99,7 @@ impl Status {
                         let lag = replica_lag(pos, r, since_ms);
                         serde_json::json!({
                             "name": name,
-                            "remote_txid": r.remote_txid.load(Ordering::Relaxed),
+                            "remote_txid": lag.remote,
                             "lag_txids": lag.txids,
                             "lag_seconds": lag.seconds,
                             "lease_lost": r.lease_lost.load(Ordering::Relaxed),
@@ -111,7 +111,9 @@ impl Status {
                     .collect();
                 serde_json::json!({
                     "path": d.path.display().to_string(),
-                    "txid": d.stats.txid.load(Ordering::Relaxed),
+                    // The position the lags were computed from: the counter is stored a moment
+                    // before the position is published.
+                    "txid": pos.txid.0,
                     "idle": d.stats.idle.load(Ordering::Relaxed),
                     "syncs": d.stats.syncs.load(Ordering::Relaxed),
                     "sync_errors": d.stats.sync_errors.load(Ordering::Relaxed),

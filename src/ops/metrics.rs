@@ -79,6 +79,9 @@ pub struct Lag {
     /// uploaded nothing since the process started (its timestamp is unknown), the age is
     /// counted from `since_ms` (the process start) instead: a lower bound.
     pub seconds: f64,
+    /// The replica's TXID these were computed from (one read, so a report shows a pair that
+    /// agrees).
+    pub remote: u64,
 }
 
 /// The lag of replica `r` behind database position `pos`.
@@ -89,6 +92,7 @@ pub fn replica_lag(pos: DbPos, r: &ReplicaStats, since_ms: i64) -> Lag {
         return Lag {
             txids,
             seconds: 0.0,
+            remote,
         };
     }
     let remote_ms = match r.remote_timestamp_ms.load(Ordering::Relaxed) {
@@ -99,6 +103,7 @@ pub fn replica_lag(pos: DbPos, r: &ReplicaStats, since_ms: i64) -> Lag {
     Lag {
         txids,
         seconds: ms as f64 / 1000.0,
+        remote,
     }
 }
 
