@@ -38,23 +38,35 @@ impl S3Client {
         let upload_id = self.create_upload(c, key, timestamp).await?;
         let part_size = self.cfg.part_size;
         let parts = len.div_ceil(part_size);
-        let result = futures_util::stream::iter(0..parts)
-            .map(|i| {
-                let upload_id = &upload_id;
-                async move {
-                    let offset = i * part_size;
+        let upload_id = &upload_id;
+        let mut inflight = futures_util::stream::FuturesUnordered::new();
+        let mut done = Vec::new();
+        let mut next = 0u64;
+        let result = loop {
+            while next < parts && inflight.len() < self.cfg.concurrency {
+                let offset = next * part_size;
+                let index = next;
+                inflight.push(async move {
                     let n = part_size.min(len - offset);
                     let body = file_part(src, offset, n, key).await?;
-                    self.upload_part(c, key, upload_id, i, body, n).await
+                    self.upload_part(c, key, upload_id, index, body, n).await
+                });
+                next += 1;
+            }
+            match inflight.next().await {
+                None => break Ok(std::mem::take(&mut done)),
+                Some(Ok(part)) => done.push(part),
+                Some(Err(e)) => {
+                    // No new part; the ones under way end before the abort.
+                    settle(&mut inflight).await;
+                    break Err(e);
                 }
-            })
-            .buffer_unordered(self.cfg.concurrency)
-            .try_collect::<Vec<_>>()
-            .await;
+            }
+        };
         match result {
-            Ok(parts) => self.complete(c, key, &upload_id, parts).await,
+            Ok(parts) => self.complete(c, key, upload_id, parts).await,
             Err(e) => {
-                self.abort(c, key, &upload_id).await;
+                self.abort(c, key, upload_id).await;
                 Err(e)
             }
         }
@@ -128,10 +140,14 @@ impl S3Client {
         let mut done = Vec::new();
         let mut next = 0u64;
         loop {
-            let (written, end) = match *progress.borrow_and_update() {
+            let now = *progress.borrow_and_update();
+            let (written, end) = match now {
                 Progress::Writing(n) => (n, None),
                 Progress::Published(len) => (len, Some(len)),
-                Progress::Failed => return Ok(None),
+                Progress::Failed => {
+                    settle(&mut inflight).await;
+                    return Ok(None);
+                }
             };
             while inflight.len() < self.cfg.concurrency {
                 let offset = next * part_size;
@@ -160,9 +176,16 @@ impl S3Client {
                 return Ok(Some((done, len)));
             }
             tokio::select! {
-                Some(part) = inflight.next() => done.push(part?),
+                Some(part) = inflight.next() => match part {
+                    Ok(part) => done.push(part),
+                    Err(e) => {
+                        settle(&mut inflight).await;
+                        return Err(e);
+                    }
+                },
                 changed = progress.changed(), if end.is_none() => {
                     if changed.is_err() {
+                        settle(&mut inflight).await;
                         return Ok(None);
                     }
                 }
@@ -262,6 +285,9 @@ impl S3Client {
         Ok(())
     }
 
+    /// Aborts an upload. Call it only once no part upload is in flight ([`settle`]): S3 may
+    /// keep a part whose upload was under way when the abort came, stored (and billed) until
+    /// a lifecycle rule removes it.
     pub(super) async fn abort(&self, c: &Client, key: &str, upload_id: &str) {
         let r = c
             .abort_multipart_upload()
@@ -274,4 +300,10 @@ impl S3Client {
             tracing::warn!(key, error = %classify(&self.cfg, "abort multipart", key, e), "could not abort a failed multipart upload; a bucket lifecycle rule cleans it up");
         }
     }
+}
+
+/// Waits for the part uploads still in flight to end, whatever their outcome, so that an abort
+/// after this leaves no part behind.
+async fn settle<F: std::future::Future>(inflight: &mut futures_util::stream::FuturesUnordered<F>) {
+    while inflight.next().await.is_some() {}
 }
