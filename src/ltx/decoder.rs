@@ -160,19 +160,6 @@ impl<R: Read> Decoder<R> {
     /// Decodes the next page into `buf` (exactly one page long) and returns its number, or
     /// `None` after the last page.
     pub fn next_page(&mut self, buf: &mut [u8]) -> Result<Option<u32>, LtxError> {
-        if self.pages_done {
-            return Ok(None);
-        }
-        if buf.len() != self.header.page_size as usize {
-            return Err(LtxError::InvalidPage {
-                offset: self.offset,
-                reason: format!(
-                    "buffer of {} bytes for {}-byte pages",
-                    buf.len(),
-                    self.header.page_size
-                ),
-            });
-        }
         let mut frame = std::mem::take(&mut self.frame);
         let read = self.read_frame(&mut frame).and_then(|more| {
             if more {

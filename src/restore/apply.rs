@@ -173,22 +173,8 @@ pub(super) fn write_tmp(
             }
             let mut read_all = false;
             loop {
-                while !read_all && decoders.has_room() {
-                    let mut batch = decoders.batch();
-                    batch.reset(w.page_size as usize, track_sum);
-                    while let Some(frame) = batch.next_slot() {
-                        if !dec.read_frame(frame).map_err(ltx_err)? {
-                            read_all = true;
-                            break;
-                        }
-                        let keep = w.claim(frame.pgno());
-                        batch.push(keep);
-                    }
-                    if batch.is_empty() {
-                        decoders.recycle(batch);
-                    } else {
-                        decoders.send(batch).map_err(gone)?;
-                    }
+                if !read_all {
+                    read_all = send_batches(&mut decoders, &mut dec, &mut w, track_sum, &ltx_err)?;
                 }
                 if decoders.in_flight() == 0 {
                     break;
@@ -250,6 +236,39 @@ pub(super) fn write_tmp(
         })
     })
     .map(|applied| (applied, out))
+}
+
+/// Reads frames of `dec` into batches, claiming their pages, and sends them while the
+/// decoders have room; true once the file's last frame was read.
+fn send_batches<R: std::io::Read>(
+    decoders: &mut Decoders,
+    dec: &mut Decoder<R>,
+    claims: &mut Claims,
+    track_sum: bool,
+    ltx_err: &dyn Fn(LtxError) -> RestoreError,
+) -> Result<bool, RestoreError> {
+    while decoders.has_room() {
+        let mut batch = decoders.batch();
+        batch.reset(claims.page_size as usize, track_sum);
+        let mut read_all = false;
+        while let Some(frame) = batch.next_slot() {
+            if !dec.read_frame(frame).map_err(ltx_err)? {
+                read_all = true;
+                break;
+            }
+            let keep = claims.claim(frame.pgno());
+            batch.push(keep);
+        }
+        if batch.is_empty() {
+            decoders.recycle(batch);
+        } else {
+            decoders.send(batch).map_err(gone)?;
+        }
+        if read_all {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 fn gone(_: DecoderGone) -> RestoreError {
