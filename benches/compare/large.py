@@ -7,10 +7,15 @@ Usage (from anywhere; paths are relative to the repository root):
 
     python3 benches/compare/large.py                  # 10 GiB, ~25 min on 2 cores once generated
     python3 benches/compare/large.py --size-mib 1024  # the same steps on 1 GiB
+    python3 benches/compare/large.py --storage s3,dir # also to a directory replica (~+20 min)
 
-Each tool runs with its defaults (replicad zstd:3 and its integrity check on restore;
-Litestream lz4, no check) against the same loopback S3 server (s3s-fs) and its own fresh
-copy of the same generated database (cached under target/bench-data, ~25 s a GiB to make).
+Each tool runs with its defaults (Litestream lz4, no check on restore; replicad its integrity
+check on restore, and lz4: the codec it writes by default for a config Litestream could read,
+as this one is; `--replicad-codec zstd:3` sets its other default) on its own fresh copy of the same generated database (cached under
+target/bench-data, ~25 s a GiB to make), replicating to the same loopback S3 server (s3s-fs)
+and, with `--storage s3,dir`, to a local directory as well. The S3 rows also give the
+server's CPU seconds during each step: s3s-fs serves a GET body in 4 KiB reads, each on
+tokio's blocking pool, so on 2 cores it takes a large share of the machine from both tools.
 
 For each tool:
   1. `replicate` until the level-0 snapshot object is complete (snapshot s, MB/s), then until
@@ -129,12 +134,28 @@ class Watch:
                 "largest_other_file": self.largest[1]}
 
 
-def replicate(tool, source, meta, s3, args):
-    name = f"large-{tool}"
+def replica_name(tool, storage):
+    return f"large-{tool}" if storage == "s3" else f"large-{tool}-{storage}"
+
+
+def replica_root(s3, name, storage):
+    """Where the replica's objects land: s3s-fs's directory for the bucket, or the directory."""
+    if storage == "s3":
+        return os.path.join(s3.root, h.BUCKET, name)
+    return os.path.join(WORK, "replicas", name)
+
+
+def server_cpu(s3):
+    return h.proc_stats(s3.proc.pid).get("cpu_s", 0.0)
+
+
+def replicate(tool, source, meta, s3, storage, args):
+    name = replica_name(tool, storage)
     workdir = os.path.join(WORK, name)
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
-    shutil.rmtree(os.path.join(s3.root, h.BUCKET, name), ignore_errors=True)
+    root = replica_root(s3, name, storage)
+    shutil.rmtree(root, ignore_errors=True)
     db = os.path.join(workdir, "app.db")
     log(f"{name}: copying the source")
     shutil.copyfile(source, db)
@@ -145,28 +166,33 @@ def replicate(tool, source, meta, s3, args):
     else:
         cfg = os.path.join(workdir, "litestream.yml")
         cmd = [h.LITESTREAM_BIN, "replicate", "-config", cfg]
-    with open(cfg, "w") as f:
-        f.write(f"""dbs:
-  - path: {db}
-    replica:
-      type: s3
+    codec = (f"    compression: {args.replicad_codec}\n"
+             if tool == "replicad" and args.replicad_codec else "")
+    if storage == "s3":
+        replica = f"""      type: s3
       bucket: {h.BUCKET}
       path: {name}
       endpoint: {s3.endpoint}
       region: {h.REGION}
       force-path-style: true
-""")
-    root = os.path.join(s3.root, h.BUCKET, name)
-    l0 = os.path.join(root, h.L0_SNAPSHOT)
-    l1 = os.path.join(root, "0001")
+"""
+        l0 = os.path.join(root, h.L0_SNAPSHOT)
+        l1 = os.path.join(root, "0001")
+    else:
+        replica = f"      type: file\n      path: {root}\n"
+        l0 = os.path.join(root, "ltx", "0", os.path.basename(h.L0_SNAPSHOT))
+        l1 = os.path.join(root, "ltx", "1")
+    with open(cfg, "w") as f:
+        f.write(f"dbs:\n  - path: {db}\n{codec}    replica:\n{replica}")
     logf = open(os.path.join(workdir, f"{tool}.log"), "wb")
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=tool_env(tool),
                             cwd=workdir, start_new_session=True)
     w = Watch(proc, [workdir], [db])
-    res = {"tool": tool, "command": cmd}
+    res = {"tool": tool, "storage": storage, "command": cmd}
     snap = l1_at = None
-    quiet_since, last_off = None, s3.log_offset()
+    cpu0 = server_cpu(s3)
+    quiet_since, last_off, last_files = None, s3.log_offset(), None
     while proc.poll() is None and time.monotonic() - t0 < args.timeout:
         now = time.monotonic()
         if snap is None and os.path.exists(l0):
@@ -176,10 +202,14 @@ def replicate(tool, source, meta, s3, args):
             l1_at = now - t0
             log(f"  level 1 after {l1_at:.1f} s")
         if snap is not None and l1_at is not None:
-            ops, _ = s3.requests_between(last_off, s3.log_offset())
-            last_off = s3.log_offset()
-            uploads = sum(v for op, v in ops.items()
-                          if op in ("PutObject", "UploadPart", "CompleteMultipartUpload"))
+            if storage == "s3":
+                ops, _ = s3.requests_between(last_off, s3.log_offset())
+                last_off = s3.log_offset()
+                uploads = sum(v for op, v in ops.items()
+                              if op in ("PutObject", "UploadPart", "CompleteMultipartUpload"))
+            else:
+                files = h.dir_files(root)
+                uploads, last_files = files != last_files, files
             if uploads:
                 quiet_since = None
             elif quiet_since is None:
@@ -192,27 +222,32 @@ def replicate(tool, source, meta, s3, args):
                level1_at_s=round(l1_at, 1) if l1_at else None,
                settled_s=round(time.monotonic() - t0 - 5, 1),
                exited_early=proc.poll())
+    if storage == "s3":
+        res["server_cpu_s"] = round(server_cpu(s3) - cpu0, 1)
     w.sample()
     res.update(w.finish())
     res["exit_code"] = stop(proc, logf, 120)
     objects = {}
-    for level in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        files = os.listdir(os.path.join(root, level))
+    levels = root if storage == "s3" else os.path.join(root, "ltx")
+    for level in sorted(os.listdir(levels)) if os.path.isdir(levels) else []:
+        if not os.path.isdir(os.path.join(levels, level)):
+            continue
+        files = os.listdir(os.path.join(levels, level))
         objects[level] = {"files": len(files), "mib": round(sum(
-            os.path.getsize(os.path.join(root, level, x)) for x in files) / 2**20, 1)}
+            os.path.getsize(os.path.join(levels, level, x)) for x in files) / 2**20, 1)}
     res["objects"] = objects
     os.remove(db)
     log(f"  {name}: {res}")
     return res
 
 
-def restore(tool, s3, meta, follow, args):
-    name = f"large-{tool}"
+def restore(tool, s3, meta, storage, follow, args):
+    name = replica_name(tool, storage)
     workdir = os.path.join(WORK, f"{name}-{'follow' if follow else 'restore'}")
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
     out = os.path.join(workdir, "out.db")
-    url = s3_url(s3, name)
+    url = s3_url(s3, name) if storage == "s3" else "file://" + replica_root(s3, name, storage)
     if tool == "replicad":
         cmd = [h.REPLICAD_BIN, "restore"] + (["--follow"] if follow else []) + ["--to", out, url]
     else:
@@ -223,7 +258,7 @@ def restore(tool, s3, meta, follow, args):
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=tool_env(tool),
                             cwd=workdir, start_new_session=True)
     w = Watch(proc, [workdir], [out])
-    done = None
+    done, cpu0 = None, server_cpu(s3)
     while time.monotonic() - t0 < args.timeout:
         if not follow:
             if proc.poll() is not None:
@@ -240,8 +275,11 @@ def restore(tool, s3, meta, follow, args):
             break
         time.sleep(0.05)
     w.sample()
-    res = {"tool": tool, "command": cmd, "seconds": round(done, 1) if done else None,
+    res = {"tool": tool, "storage": storage, "command": cmd,
+           "seconds": round(done, 1) if done else None,
            "mb_per_s": round(meta["bytes"] / 1e6 / done, 1) if done else None}
+    if storage == "s3":
+        res["server_cpu_s"] = round(server_cpu(s3) - cpu0, 1)
     res.update(w.finish())
     res["exit_code"] = stop(proc, logf, 60)
     if done and os.path.exists(out) and not follow:
@@ -264,9 +302,15 @@ def main():
     p.add_argument("--size-mib", type=int, default=10240)
     p.add_argument("--no-build", action="store_true", help="use target/release/replicad as is")
     p.add_argument("--tools", default="replicad,litestream")
+    p.add_argument("--storage", default="s3", help="s3, dir or s3,dir")
+    p.add_argument("--replicad-codec", default=None,
+                   help="replicad's `compression` (default: unset, so lz4 for this config)")
     p.add_argument("--timeout", type=float, default=1800.0, help="per step, s")
     args = p.parse_args()
     tools = args.tools.split(",")
+    storages = args.storage.split(",")
+    if not set(storages) <= {"s3", "dir"}:
+        sys.exit(f"--storage: s3, dir or s3,dir, not {args.storage}")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     started = time.monotonic()
     h.ensure_tools(not args.no_build)
@@ -281,25 +325,33 @@ def main():
                       "litestream": h.version_of([h.LITESTREAM_BIN, "version"])},
          "cpus": os.cpu_count()}
     try:
-        for tool in tools:
-            r[tool] = {"replicate": replicate(tool, source, meta, s3, args)}
-            r[tool]["restore"] = restore(tool, s3, meta, False, args)
-            r[tool]["follow"] = restore(tool, s3, meta, True, args)
+        for storage in storages:
+            # The S3 results keep their keys of earlier runs ("replicad", "litestream").
+            for tool in tools:
+                key = tool if storage == "s3" else f"{tool}-{storage}"
+                r[key] = {"replicate": replicate(tool, source, meta, s3, storage, args)}
+                r[key]["restore"] = restore(tool, s3, meta, storage, False, args)
+                r[key]["follow"] = restore(tool, s3, meta, storage, True, args)
+                shutil.rmtree(replica_root(s3, replica_name(tool, storage), storage),
+                              ignore_errors=True)
     finally:
         s3.stop()
     r["elapsed_s"] = round(time.monotonic() - started, 1)
     rows = []
-    for step, keys in (("replicate", ("snapshot_s", "snapshot_mb_per_s", "level1_at_s", "settled_s",
-                                      "peak_rss_mib", "cpu_s", "local_write_mib",
-                                      "largest_other_file_mib")),
-                       ("restore", ("seconds", "mb_per_s", "peak_rss_mib", "cpu_s", "local_write_mib",
-                                    "largest_other_file_mib")),
-                       ("follow", ("seconds", "peak_rss_mib", "local_write_mib",
-                                   "largest_other_file_mib"))):
-        for k in keys:
-            a = r.get("replicad", {}).get(step, {}).get(k)
-            b = r.get("litestream", {}).get(step, {}).get(k)
-            rows.append((f"{step} {k}", a, b, ratio(a, b)))
+    for storage in storages:
+        sfx, tag = ("", "") if storage == "s3" else (f"-{storage}", f" ({storage})")
+        server = ("server_cpu_s",) if storage == "s3" else ()
+        for step, keys in (("replicate", ("snapshot_s", "snapshot_mb_per_s", "level1_at_s",
+                                          "settled_s", "peak_rss_mib", "cpu_s") + server
+                            + ("local_write_mib", "largest_other_file_mib")),
+                           ("restore", ("seconds", "mb_per_s", "peak_rss_mib", "cpu_s") + server
+                            + ("local_write_mib", "largest_other_file_mib")),
+                           ("follow", ("seconds", "peak_rss_mib", "local_write_mib",
+                                       "largest_other_file_mib"))):
+            for k in keys:
+                a = r.get("replicad" + sfx, {}).get(step, {}).get(k)
+                b = r.get("litestream" + sfx, {}).get(step, {}).get(k)
+                rows.append((f"{step}{tag} {k}", a, b, ratio(a, b)))
     out = os.path.join(h.HERE, "results", f"results-large-{stamp}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     r["table"] = rows
