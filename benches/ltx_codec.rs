@@ -332,6 +332,7 @@ fn bench_restore(c: &mut Criterion) {
             force: true,
             integrity_check: false,
             phases: Default::default(),
+            threads: None,
         };
         group.bench_function(codec.to_string(), |b| {
             b.iter_custom(|iters| {

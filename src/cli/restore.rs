@@ -198,6 +198,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         force: args.force,
         integrity_check: !args.no_integrity_check,
         phases: Default::default(),
+        threads: None,
     };
     let report = restore::apply_parallel(&client, plan, &opts, args.parallelism)
         .await

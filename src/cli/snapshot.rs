@@ -112,6 +112,7 @@ pub async fn run(args: SnapshotArgs) -> Result<(), CliError> {
         force: false,
         integrity_check: true,
         phases: Default::default(),
+        threads: None,
     };
     let report = restore::apply(&client, plan, &opts)
         .await

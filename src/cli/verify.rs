@@ -227,6 +227,7 @@ async fn restore_and_sum(client: &AnyClient, to: &Path) -> Result<Restored, Stri
         force: false,
         integrity_check: true,
         phases: Default::default(),
+        threads: None,
     };
     let report = restore::apply(client, plan, &opts)
         .await

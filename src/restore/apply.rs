@@ -29,14 +29,24 @@ pub(super) fn apply_blocking(
     // Around the page cache only when nothing reads the output back right away: the
     // integrity check reads every page, from the cache when the writes went through it.
     let direct = !opts.integrity_check;
-    let written = write_tmp(client, plan, &tmp, handle, window, progress, direct);
+    let threads = opts.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, usize::from),
+        usize::from,
+    );
+    let written = write_tmp(
+        client, plan, &tmp, handle, window, progress, direct, threads,
+    );
     opts.phases.record(
         Phase::Apply,
         written.as_ref().map_or(0, |(a, _)| a.bytes),
         applying.elapsed(),
     );
     let result = written.and_then(|(applied, out)| {
-        tracing::debug!(ms = applying.elapsed().as_millis(), "pages written");
+        tracing::debug!(
+            ms = applying.elapsed().as_millis(),
+            threads = applied.threads,
+            "pages written"
+        );
         let durable = || out.sync_all().map_err(RestoreError::io("fsync", &tmp));
         if !opts.integrity_check {
             return durable().map(|()| applied);
@@ -46,9 +56,9 @@ pub(super) fn apply_blocking(
         std::thread::scope(|s| {
             let Ok(syncing) = std::thread::Builder::new().spawn_scoped(s, durable) else {
                 // No thread to spare: one after the other.
-                return durable().and_then(|()| integrity_check(&tmp));
+                return durable().and_then(|()| integrity_check(&tmp, threads));
             };
-            let checked = integrity_check(&tmp);
+            let checked = integrity_check(&tmp, threads);
             let synced = syncing.join().unwrap_or_else(|_| {
                 Err(RestoreError::Inconsistent(
                     "the fsync thread panicked".into(),
@@ -88,6 +98,7 @@ pub(super) fn apply_blocking(
             "skipped"
         },
         duration_ms: started.elapsed().as_millis(),
+        threads: applied.threads,
     })
 }
 
@@ -97,6 +108,8 @@ pub(super) struct Applied {
     pub(super) db_checksum: Option<u64>,
     /// Page bytes written to the output (phase stats).
     pub(super) bytes: u64,
+    /// Decoder threads that ran.
+    pub(super) threads: usize,
 }
 
 pub(super) fn file_label(f: &LtxFileInfo) -> String {
@@ -108,8 +121,9 @@ pub(super) fn file_label(f: &LtxFileInfo) -> String {
 }
 
 /// Writes the database into `tmp`, newest file first, each page once; verifies everything
-/// that can be verified without SQLite. Pages are decoded on every core ([`Decoders`]). The
-/// output is returned unsynced.
+/// that can be verified without SQLite. Pages are decoded on `threads` threads
+/// ([`Decoders`]). The output is returned unsynced.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn write_tmp(
     client: &AnyClient,
     plan: &[LtxFileInfo],
@@ -118,6 +132,7 @@ pub(super) fn write_tmp(
     window: Option<&Arc<DownloadWindow>>,
     progress: &Progress,
     direct: bool,
+    threads: usize,
 ) -> Result<(Applied, OutputFile), RestoreError> {
     let _ = fs::remove_file(tmp);
     let out = OutputFile::create_new(tmp, direct).map_err(RestoreError::io("create", tmp))?;
@@ -125,7 +140,7 @@ pub(super) fn write_tmp(
     // here in runs of `WRITE_RUN`, as several threads' smaller direct writes were slower.
     let threads_write = !out.is_direct();
     std::thread::scope(|scope| {
-        let mut decoders = Decoders::spawn(scope, threads_write.then_some(&out))
+        let mut decoders = Decoders::spawn(scope, threads_write.then_some(&out), threads)
             .map_err(RestoreError::io("start a decoder thread for", tmp))?;
         let mut w = Claims::default();
         let mut runs = Runs::default();
@@ -233,6 +248,7 @@ pub(super) fn write_tmp(
             commit: final_commit,
             db_checksum,
             bytes,
+            threads: decoders.threads(),
         })
     })
     .map(|applied| (applied, out))

@@ -79,14 +79,8 @@ impl From<Outcome> for RestoreError {
 }
 
 /// Runs the equivalent of `PRAGMA integrity_check` on a database file, without creating a WAL
-/// or SHM beside it, on up to one connection per core.
-pub fn integrity_check(path: &Path) -> Result<(), RestoreError> {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    check_on(path, cores)
-}
-
-/// [`integrity_check`] on up to `cores` connections.
-fn check_on(path: &Path, cores: usize) -> Result<(), RestoreError> {
+/// or SHM beside it, on up to `cores` connections at once (one thread each).
+pub fn integrity_check(path: &Path, cores: usize) -> Result<(), RestoreError> {
     let conn = open(path)?;
     let mut tasks = plan(&conn).unwrap_or_default();
     let scans = tasks.iter().any(|t| matches!(t, Task::Rows(_)));
@@ -403,8 +397,8 @@ mod tests {
         let (verdict, again) = split(&p);
         assert!(verdict.is_none(), "no task refused or found damage");
         assert!(again.is_empty(), "the scans settled every table: {again:?}");
-        check_on(&p, 2).expect("a sound file passes on two connections");
-        check_on(&p, 1).expect("and on one");
+        integrity_check(&p, 2).expect("a sound file passes on two connections");
+        integrity_check(&p, 1).expect("and on one");
     }
 
     /// An index that misses a row's new value: the quick check passes it, SQLite's whole
@@ -457,7 +451,9 @@ mod tests {
         );
         if tbl_name != "t" {
             // SQLite 3.54 calls such a schema malformed: every check refuses the file.
-            let err = check_on(&p, 2).expect_err("a malformed schema").to_string();
+            let err = integrity_check(&p, 2)
+                .expect_err("a malformed schema")
+                .to_string();
             assert!(err.contains("malformed"), "{err}");
             return;
         }
@@ -466,11 +462,11 @@ mod tests {
             rows.iter().any(|r| r.contains("t_a")),
             "the table's own check, run after the scans, names it: {rows:?}"
         );
-        let err = check_on(&p, 2)
+        let err = integrity_check(&p, 2)
             .expect_err("the stale index is found")
             .to_string();
         assert!(err.contains("t_a"), "{err}");
-        assert!(check_on(&p, 1).is_err());
+        assert!(integrity_check(&p, 1).is_err());
     }
 
     /// Pages no table uses: only the quick check (of the whole file) can see them.
@@ -488,7 +484,7 @@ mod tests {
         );
         edit_schema(&p, "DELETE FROM sqlite_schema WHERE name = 'junk';");
         assert_eq!(pragma(&p, "PRAGMA integrity_check('t')"), ["ok"]);
-        let err = check_on(&p, 2)
+        let err = integrity_check(&p, 2)
             .expect_err("orphan pages are found")
             .to_string();
         assert!(err.contains("never used"), "{err}");
@@ -506,7 +502,7 @@ mod tests {
              VALUES ('table', 'v', 'v', 0, 'CREATE VIRTUAL TABLE v USING no_such_module(x)');",
         );
         assert_eq!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
-        check_on(&p, 2).expect("the check SQLite runs passes");
+        integrity_check(&p, 2).expect("the check SQLite runs passes");
     }
 
     /// A task SQLite refuses is reported as refused (the caller then runs the whole check),
@@ -594,7 +590,7 @@ mod tests {
         let (verdict, again) = split(&p);
         assert!(verdict.is_none());
         assert!(again.is_empty(), "the scans alone passed it: {again:?}");
-        check_on(&p, 1).expect("one connection scans too");
+        integrity_check(&p, 1).expect("one connection scans too");
     }
 
     /// An index whose entries are all there but not in its key order (its schema turned to
@@ -608,7 +604,7 @@ mod tests {
             "UPDATE sqlite_schema SET sql = 'CREATE INDEX t_a ON t(a DESC)' WHERE name = 't_a';",
         );
         found_after_the_scans(&p, "t");
-        assert!(check_on(&p, 2).is_err());
+        assert!(integrity_check(&p, 2).is_err());
     }
 
     /// A UTF-16 file: its text reaches the scans through a lossy conversion, so SQLite checks
@@ -623,7 +619,7 @@ mod tests {
         );
         let tasks = plan(&open(&p).expect("open")).expect("plan");
         assert_eq!(scanned_and_checked(&tasks), (vec![], vec!["t".to_string()]));
-        check_on(&p, 2).expect("a sound file passes");
+        integrity_check(&p, 2).expect("a sound file passes");
     }
 
     /// A UNIQUE index holding one key twice (its schema says UNIQUE, its entries were written
@@ -650,7 +646,7 @@ mod tests {
             rows.iter().any(|r| r.contains("non-unique")),
             "SQLite's check of the table names the duplicate: {rows:?}"
         );
-        assert!(check_on(&p, 2).is_err());
+        assert!(integrity_check(&p, 2).is_err());
         // Two NULL keys are not a duplicate: the same file without the second 'y' passes.
         let c = Connection::open(&p).expect("open");
         c.execute("DELETE FROM t WHERE id = 5", []).expect("delete");
@@ -692,10 +688,10 @@ mod tests {
             let p = dir.path().join(format!("copy{i}.db"));
             std::fs::write(&p, &copy).expect("write");
             let sqlite_ok = open(&p).is_ok_and(|c| run(&c, "PRAGMA integrity_check").is_none());
-            let ours_ok = check_on(&p, 2).is_ok();
+            let ours_ok = integrity_check(&p, 2).is_ok();
             assert_eq!(ours_ok, sqlite_ok, "copy {i}: byte {at} flipped");
             assert_eq!(
-                check_on(&p, 1).is_ok(),
+                integrity_check(&p, 1).is_ok(),
                 sqlite_ok,
                 "copy {i} on one connection"
             );

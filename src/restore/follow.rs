@@ -232,6 +232,7 @@ async fn initial_restore(
         force: true,
         integrity_check: opts.integrity_check,
         phases: Default::default(),
+        threads: None,
     };
     let report = restore::apply(client, plan, &ropts).await?;
     tracing::info!(

@@ -28,6 +28,7 @@ mod progress;
 
 use progress::Progress;
 use std::fs;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -139,6 +140,10 @@ pub struct RestoreOptions {
     /// Where the download and apply phases are counted (a Store's for its verifies, else
     /// the restore's own).
     pub phases: Arc<PhaseStats>,
+    /// Threads that decode pages and connections that check the output: `None` for one per
+    /// core (at most 4 decoders). A daemon's periodic verify takes one, so that it leaves the
+    /// application the other cores.
+    pub threads: Option<NonZeroUsize>,
 }
 
 /// One file of a plan, for `--dry-run` and `--json`.
@@ -188,6 +193,9 @@ pub struct RestoreReport {
     pub integrity_check: &'static str,
     /// Wall time.
     pub duration_ms: u128,
+    /// Decoder threads that ran.
+    #[serde(skip)]
+    pub threads: usize,
 }
 
 /// Applies `plan` into `opts.to` (see the module doc for the guarantees).

@@ -166,16 +166,15 @@ pub(super) struct Decoders {
 pub(super) struct DecoderGone;
 
 impl Decoders {
-    /// Starts one decoder thread per core (at most [`MAX_THREADS`]) in `scope`, writing the
-    /// pages they keep to `out` if given; they stop when this is dropped. Fails only when the
-    /// system gives not even one thread.
+    /// Starts `threads` decoder threads (at least one, at most [`MAX_THREADS`]) in `scope`,
+    /// writing the pages they keep to `out` if given; they stop when this is dropped. Fails
+    /// only when the system gives not even one thread.
     pub(super) fn spawn<'scope>(
         scope: &'scope Scope<'scope, '_>,
         out: Option<&'scope OutputFile>,
+        threads: usize,
     ) -> std::io::Result<Decoders> {
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, MAX_THREADS);
+        let threads = threads.clamp(1, MAX_THREADS);
         let (mut to, mut from) = (Vec::new(), Vec::new());
         for i in 0..threads {
             let (job_tx, job_rx) = sync_channel::<Batch>(PER_THREAD);
@@ -218,6 +217,11 @@ impl Decoders {
             sent: 0,
             received: 0,
         })
+    }
+
+    /// The decoder threads that started.
+    pub(super) fn threads(&self) -> usize {
+        self.to.len()
     }
 
     /// A batch to fill, reused when one was returned.

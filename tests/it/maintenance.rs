@@ -83,6 +83,7 @@ async fn restore_txid(
         force: true,
         integrity_check: true,
         phases: Default::default(),
+        threads: None,
     };
     restore::apply(&client, plan, &opts).await.map(|_| ())
 }
@@ -354,4 +355,51 @@ async fn periodic_verify_reports_a_corrupted_replica() {
         "{text}"
     );
     store.shutdown(std::future::pending()).await;
+}
+
+/// A restore decodes on the threads it is given and checks on as many connections: one for
+/// a daemon's periodic verify, which runs beside the application and should leave it the
+/// other cores; one per core (at most 4) by default. Both restore the same database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_runs_on_the_threads_it_is_given() {
+    let dir = TestDir::new("maint-threads");
+    let db = dir.join("app.db");
+    let replica = dir.join("replica");
+    let mut writer = Writer::open(&db, common::seed("maint-threads"));
+    for _ in 0..20 {
+        writer.commit_txn();
+    }
+    let config = Config::single(
+        db.clone(),
+        &[replica.display().to_string()],
+        fast(Codec::Zstd(3)),
+    )
+    .unwrap();
+    let store = Store::open(&config).await.unwrap();
+    let h = store.dbs()[0].clone();
+    wait_until("the last commit replicated", || {
+        replica_txid(&h) > 0 && replica_txid(&h) == h.stats.txid.load(Ordering::Relaxed)
+    })
+    .await;
+    store.shutdown(std::future::pending()).await;
+
+    let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let cases = [(Some(std::num::NonZeroUsize::MIN), 1), (None, cores.min(4))];
+    for (i, (threads, want)) in cases.into_iter().enumerate() {
+        let out = dir.join(&format!("restored-{i}.db"));
+        let plan = restore::plan(&client, Target::Latest).await.unwrap();
+        let opts = RestoreOptions {
+            to: out.clone(),
+            target: Target::Latest,
+            force: false,
+            integrity_check: true,
+            phases: Default::default(),
+            threads,
+        };
+        let report = restore::apply(&client, plan, &opts).await.unwrap();
+        assert_eq!(report.threads, want, "decoder threads for {threads:?}");
+        assert_eq!(report.integrity_check, "ok");
+        assert_same_content(&db, &out, &format!("restored with {threads:?} threads"));
+    }
 }

@@ -139,6 +139,7 @@ async fn phase_metrics_and_status_endpoint() {
         force: false,
         integrity_check: true,
         phases: phases.clone(),
+        threads: None,
     };
     let (apply0, download0) = (phases.bytes(Phase::Apply), phases.bytes(Phase::Download));
     let plan = restore::plan(&client, Target::Latest).await.unwrap();

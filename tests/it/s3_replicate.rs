@@ -96,6 +96,7 @@ async fn restore_to(client: AnyClient, out: &Path) {
         force: false,
         integrity_check: true,
         phases: Default::default(),
+        threads: None,
     };
     restore::apply(&client, plan, &opts).await.unwrap();
 }
@@ -666,6 +667,7 @@ async fn parallel_chunked_restore_survives_failing_calls() {
         force: false,
         integrity_check: true,
         phases: Default::default(),
+        threads: None,
     };
     restore::apply_parallel(&client, plan, &opts, 4)
         .await

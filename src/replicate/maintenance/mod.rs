@@ -209,12 +209,15 @@ async fn verify(
         force: true,
         integrity_check: true,
         phases: counters.phases.clone(),
+        // One decoder thread and one checking connection: a verify runs beside the
+        // application, whose cores it should not take.
+        threads: Some(std::num::NonZeroUsize::MIN),
     };
     let result = crate::restore::apply(client, plan, &opts).await;
     let _ = std::fs::remove_file(&to);
     match result {
         Ok(report) => {
-            tracing::info!(txid = %report.txid, pages = report.pages, "verify ok: the replica restores and passes integrity_check");
+            tracing::info!(txid = %report.txid, pages = report.pages, threads = report.threads, "verify ok: the replica restores and passes integrity_check");
             Ok(())
         }
         Err(e) => {
