@@ -19,7 +19,8 @@ tokio's blocking pool, so on 2 cores it takes a large share of the machine from 
 
 For each tool:
   1. `replicate` until the level-0 snapshot object is complete (snapshot s, MB/s), then until
-     a level-1 object exists and the server has seen no upload for 5 s (the first
+     a level-1 object exists and the server has seen no upload (a directory replica: no file
+     changed) for 5 s (the first
      compaction round; both tools compact level 0 into level 1 about 30 s after start),
      then SIGTERM;
   2. `restore` of the replica to a fresh path;
@@ -198,7 +199,10 @@ def replicate(tool, source, meta, s3, storage, args):
         if snap is None and os.path.exists(l0):
             snap = now - t0
             log(f"  snapshot complete after {snap:.1f} s")
-        if l1_at is None and os.path.isdir(l1) and os.listdir(l1):
+        # Whole objects only: Litestream's file replica writes `<name>.ltx.tmp` in the level
+        # directory and renames it when complete (s3s-fs shows an object once complete).
+        if l1_at is None and os.path.isdir(l1) and any(
+                n.endswith(".ltx") for n in os.listdir(l1)):
             l1_at = now - t0
             log(f"  level 1 after {l1_at:.1f} s")
         if snap is not None and l1_at is not None:

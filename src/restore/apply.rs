@@ -49,11 +49,11 @@ pub(super) fn apply_blocking(
         );
         let durable = || out.sync_all().map_err(RestoreError::io("fsync", &tmp));
         if !opts.integrity_check {
-            return durable().map(|()| applied);
+            return durable().map(|()| (applied, 0));
         }
         // The check reads the pages from the page cache while they go to disk.
         let checking = Instant::now();
-        std::thread::scope(|s| {
+        let connections = std::thread::scope(|s| {
             let Ok(syncing) = std::thread::Builder::new().spawn_scoped(s, durable) else {
                 // No thread to spare: one after the other.
                 return durable().and_then(|()| integrity_check(&tmp, threads));
@@ -64,15 +64,16 @@ pub(super) fn apply_blocking(
                     "the fsync thread panicked".into(),
                 ))
             });
-            checked.and(synced)
+            checked.and_then(|n| synced.map(|()| n))
         })?;
         tracing::debug!(
             ms = checking.elapsed().as_millis(),
+            connections,
             "integrity check passed, output synced"
         );
-        Ok(applied)
+        Ok((applied, connections))
     });
-    let applied = match result {
+    let (applied, check_connections) = match result {
         Ok(a) => a,
         Err(e) => {
             let _ = fs::remove_file(&tmp);
@@ -99,6 +100,7 @@ pub(super) fn apply_blocking(
         },
         duration_ms: started.elapsed().as_millis(),
         threads: applied.threads,
+        check_connections,
     })
 }
 

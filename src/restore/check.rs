@@ -1,4 +1,4 @@
-//! The integrity check of a restored database, on every core: `PRAGMA quick_check` beside,
+//! The integrity check of a restored database, on several connections: `PRAGMA quick_check` beside,
 //! for each table whose full check does more than the quick one, two sequential scans per
 //! index ([`sums`]) or `PRAGMA integrity_check(T)`. SQLite's own check runs on one core, seeks
 //! once per row and index, and was most of a checked restore's time.
@@ -79,8 +79,9 @@ impl From<Outcome> for RestoreError {
 }
 
 /// Runs the equivalent of `PRAGMA integrity_check` on a database file, without creating a WAL
-/// or SHM beside it, on up to `cores` connections at once (one thread each).
-pub fn integrity_check(path: &Path, cores: usize) -> Result<(), RestoreError> {
+/// or SHM beside it, on up to `cores` connections at once (one thread each). Returns how many
+/// it checked on.
+pub fn integrity_check(path: &Path, cores: usize) -> Result<usize, RestoreError> {
     let conn = open(path)?;
     let mut tasks = plan(&conn).unwrap_or_default();
     let scans = tasks.iter().any(|t| matches!(t, Task::Rows(_)));
@@ -98,8 +99,9 @@ pub fn integrity_check(path: &Path, cores: usize) -> Result<(), RestoreError> {
         }
     }
     if tasks.is_empty() || (conns.len() < 2 && !scans) {
-        return full(&conns[0]);
+        return full(&conns[0]).map(|()| 1);
     }
+    let connections = conns.len();
     let (verdict, again) = parallel(conns, &tasks);
     if !again.is_empty() {
         tracing::debug!(tables = ?again, "the index scans left doubt; SQLite checked these tables");
@@ -107,9 +109,9 @@ pub fn integrity_check(path: &Path, cores: usize) -> Result<(), RestoreError> {
     match verdict {
         Some(Outcome::Refused(why)) => {
             tracing::debug!(reason = %why, "a split integrity check was refused; running the whole check on one connection");
-            full(&open(path)?)
+            full(&open(path)?).map(|()| 1)
         }
-        verdict => verdict.map_or(Ok(()), |o| Err(o.into())),
+        verdict => verdict.map_or(Ok(connections), |o| Err(o.into())),
     }
 }
 

@@ -8,7 +8,7 @@
 //! Apply walks the chain newest first and writes each page number once, the first time it is
 //! seen (the newest copy wins, as upstream's compactor decides), with positional writes into
 //! `<to>.tmp` ([`OutputFile`]: around the page cache when unchecked), decoded by a thread per
-//! core ([`pages`]), which also write the pages when they go through the page cache (direct
+//! core by default ([`RestoreOptions::threads`], [`pages`]), which also write the pages when they go through the page cache (direct
 //! writes go out from the reading thread in 1 MiB runs). Memory is two batches of 256 KiB of
 //! pages and their stored frames per thread, the 1 MiB run, a bitmap of written pages and,
 //! from a remote replica, a [`DownloadWindow`] of `parallelism` chunks, whatever the size of
@@ -140,9 +140,9 @@ pub struct RestoreOptions {
     /// Where the download and apply phases are counted (a Store's for its verifies, else
     /// the restore's own).
     pub phases: Arc<PhaseStats>,
-    /// Threads that decode pages and connections that check the output: `None` for one per
-    /// core (at most 4 decoders). A daemon's periodic verify takes one, so that it leaves the
-    /// application the other cores.
+    /// Threads that decode pages (at most 4) and connections that check the output (at most
+    /// 8): `None` for one per core. A daemon's periodic verify takes one of each, so that it
+    /// leaves the application the other cores (its reading thread runs beside the decoder).
     pub threads: Option<NonZeroUsize>,
 }
 
@@ -196,6 +196,9 @@ pub struct RestoreReport {
     /// Decoder threads that ran.
     #[serde(skip)]
     pub threads: usize,
+    /// Connections the integrity check ran on (0 when it was skipped).
+    #[serde(skip)]
+    pub check_connections: usize,
 }
 
 /// Applies `plan` into `opts.to` (see the module doc for the guarantees).

@@ -1,4 +1,4 @@
-//! Decoding and writing a chain's pages on every core: the apply reads each file's frames in
+//! Decoding and writing a chain's pages on several threads: the apply reads each file's frames in
 //! order on its own thread and decides which pages go to the output; decoder threads
 //! decompress batches of them (most of a restore's CPU) and write the kept pages at their
 //! offsets (copying into the page cache is most of the rest); the apply folds the decoded

@@ -357,15 +357,21 @@ async fn periodic_verify_reports_a_corrupted_replica() {
     store.shutdown(std::future::pending()).await;
 }
 
-/// A restore decodes on the threads it is given and checks on as many connections: one for
-/// a daemon's periodic verify, which runs beside the application and should leave it the
-/// other cores; one per core (at most 4) by default. Both restore the same database.
+/// A restore decodes on the threads it is given and checks on as many connections: one each
+/// for a daemon's periodic verify, which runs beside the application and should leave it the
+/// other cores; one per core (at most 4 decoders) by default. Every count restores the same
+/// database. The table has an index, so the check has tasks to split over its connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_runs_on_the_threads_it_is_given() {
     let dir = TestDir::new("maint-threads");
     let db = dir.join("app.db");
     let replica = dir.join("replica");
     let mut writer = Writer::open(&db, common::seed("maint-threads"));
+    writer.commit_txn();
+    writer
+        .conn
+        .execute_batch("CREATE INDEX t0_a ON t0(a); CREATE INDEX t0_b ON t0(b);")
+        .unwrap();
     for _ in 0..20 {
         writer.commit_txn();
     }
@@ -385,8 +391,16 @@ async fn a_restore_runs_on_the_threads_it_is_given() {
 
     let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let cases = [(Some(std::num::NonZeroUsize::MIN), 1), (None, cores.min(4))];
-    for (i, (threads, want)) in cases.into_iter().enumerate() {
+    let n = |k: usize| std::num::NonZeroUsize::new(k);
+    // (threads asked, decoder threads, check connections): decoders are capped at 4, and the
+    // check's tasks here (the quick check and each table's and index's scans) number 4.
+    let cases = [
+        (n(1), 1, 1),
+        (n(2), 2, 2),
+        (n(9), 4, 4),
+        (None, cores.min(4), cores.min(4)),
+    ];
+    for (i, (threads, decoders, connections)) in cases.into_iter().enumerate() {
         let out = dir.join(&format!("restored-{i}.db"));
         let plan = restore::plan(&client, Target::Latest).await.unwrap();
         let opts = RestoreOptions {
@@ -398,7 +412,11 @@ async fn a_restore_runs_on_the_threads_it_is_given() {
             threads,
         };
         let report = restore::apply(&client, plan, &opts).await.unwrap();
-        assert_eq!(report.threads, want, "decoder threads for {threads:?}");
+        assert_eq!(report.threads, decoders, "decoder threads for {threads:?}");
+        assert_eq!(
+            report.check_connections, connections,
+            "check connections for {threads:?}"
+        );
         assert_eq!(report.integrity_check, "ok");
         assert_same_content(&db, &out, &format!("restored with {threads:?} threads"));
     }
