@@ -74,6 +74,16 @@ async fn restore_txid(
     out: &Path,
     txid: Option<u64>,
 ) -> Result<(), restore::RestoreError> {
+    restore_on(replica, out, txid, None).await.map(|_| ())
+}
+
+/// Restores with its integrity check on `threads` (`None`: one per core).
+async fn restore_on(
+    replica: &Path,
+    out: &Path,
+    txid: Option<u64>,
+    threads: Option<std::num::NonZeroUsize>,
+) -> Result<restore::RestoreReport, restore::RestoreError> {
     let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
     let target = txid.map_or(Target::Latest, |t| Target::TxId(TxId(t)));
     let plan = restore::plan(&client, target).await?;
@@ -83,9 +93,18 @@ async fn restore_txid(
         force: true,
         integrity_check: true,
         phases: Default::default(),
-        threads: None,
+        threads,
     };
-    restore::apply(&client, plan, &opts).await.map(|_| ())
+    restore::apply(&client, plan, &opts).await
+}
+
+/// A daemon replicating `db` to the directory `replica`, and its database's handle.
+async fn start(db: &Path, replica: &Path, settings: DbSettings) -> (Store, DbHandle) {
+    let config = Config::single(db.to_path_buf(), &[replica.display().to_string()], settings)
+        .expect("a valid single-database config");
+    let store = Store::open(&config).await.unwrap();
+    let h = store.dbs()[0].clone();
+    (store, h)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,14 +114,7 @@ async fn every_recorded_txid_restores_through_compacted_levels() {
     let replica = dir.join("replica");
     let mut writer = Writer::open(&db, common::seed("maint-pitr"));
     writer.commit_txn();
-    let config = Config::single(
-        db.clone(),
-        &[replica.display().to_string()],
-        fast(Codec::Zstd(3)),
-    )
-    .unwrap();
-    let store = Store::open(&config).await.unwrap();
-    let h = store.dbs()[0].clone();
+    let (store, h) = start(&db, &replica, fast(Codec::Zstd(3))).await;
     let recorded = write_and_record(&mut writer, &db, &h, 14).await;
     // Let L2 and a snapshot happen after the last write.
     tokio::time::sleep(Duration::from_millis(2000)).await;
@@ -153,9 +165,7 @@ async fn retention_deletes_what_the_window_no_longer_needs() {
         l0_retention: Duration::from_millis(400),
         ..fast(Codec::Lz4)
     };
-    let config = Config::single(db.clone(), &[replica.display().to_string()], settings).unwrap();
-    let store = Store::open(&config).await.unwrap();
-    let h = store.dbs()[0].clone();
+    let (store, h) = start(&db, &replica, settings).await;
     let recorded = write_and_record(&mut writer, &db, &h, 16).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     store.shutdown(std::future::pending()).await;
@@ -213,9 +223,7 @@ async fn litestream_restores_a_replica_replicad_compacted() {
         l0_retention: Duration::from_millis(300),
         ..fast(Codec::Lz4)
     };
-    let config = Config::single(db.clone(), &[replica.display().to_string()], settings).unwrap();
-    let store = Store::open(&config).await.unwrap();
-    let h = store.dbs()[0].clone();
+    let (store, h) = start(&db, &replica, settings).await;
     write_and_record(&mut writer, &db, &h, 10).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     store.shutdown(std::future::pending()).await;
@@ -375,21 +383,13 @@ async fn a_restore_runs_on_the_threads_it_is_given() {
     for _ in 0..20 {
         writer.commit_txn();
     }
-    let config = Config::single(
-        db.clone(),
-        &[replica.display().to_string()],
-        fast(Codec::Zstd(3)),
-    )
-    .unwrap();
-    let store = Store::open(&config).await.unwrap();
-    let h = store.dbs()[0].clone();
+    let (store, h) = start(&db, &replica, fast(Codec::Zstd(3))).await;
     wait_until("the last commit replicated", || {
         replica_txid(&h) > 0 && replica_txid(&h) == h.stats.txid.load(Ordering::Relaxed)
     })
     .await;
     store.shutdown(std::future::pending()).await;
 
-    let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let n = |k: usize| std::num::NonZeroUsize::new(k);
     // (threads asked, decoder threads, check connections): decoders are capped at 4, and the
@@ -402,16 +402,7 @@ async fn a_restore_runs_on_the_threads_it_is_given() {
     ];
     for (i, (threads, decoders, connections)) in cases.into_iter().enumerate() {
         let out = dir.join(&format!("restored-{i}.db"));
-        let plan = restore::plan(&client, Target::Latest).await.unwrap();
-        let opts = RestoreOptions {
-            to: out.clone(),
-            target: Target::Latest,
-            force: false,
-            integrity_check: true,
-            phases: Default::default(),
-            threads,
-        };
-        let report = restore::apply(&client, plan, &opts).await.unwrap();
+        let report = restore_on(&replica, &out, None, threads).await.unwrap();
         assert_eq!(report.threads, decoders, "decoder threads for {threads:?}");
         assert_eq!(
             report.check_connections, connections,
