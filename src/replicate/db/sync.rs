@@ -222,6 +222,13 @@ impl Db {
             }
             Ok(Some(s)) => s,
             Ok(None) => return Ok((false, true)),
+            // The same race, seen as the frame before our mark carrying the old salts under
+            // the new header: only a generation that did not change was overwritten.
+            Err(WalError::PrevFrameMismatch { .. })
+                if header.is_some_and(|h| same_generation(f, (h.salt1, h.salt2)).is_err()) =>
+            {
+                return Ok((false, true));
+            }
             Err(WalError::PrevFrameMismatch { .. }) => {
                 return self
                     .write_full(wal_file.as_ref(), header, "wal overwritten")
