@@ -412,3 +412,84 @@ async fn a_restore_runs_on_the_threads_it_is_given() {
         assert_same_content(&db, &out, &format!("restored with {threads:?} threads"));
     }
 }
+
+/// Maintenance runs beside the uploads: commits reach the replica while a verify (a restore
+/// and check of the whole database) runs. The sampler reads the replica's position, then the
+/// tip of the last finished verify. A verify of tip T that finishes after a sample saw the
+/// position past T, while the verify before it was still the last finished one, was running
+/// when that upload landed: run inline in the upload task, as maintenance once was, the
+/// position stays at T until the verify of T ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_ship_while_a_verify_runs() {
+    let dir = TestDir::new("maint-beside");
+    let db = dir.join("app.db");
+    let replica = dir.join("replica");
+    let mut writer = Writer::open(&db, common::seed("maint-beside"));
+    writer.commit_txn();
+    // About 8 MiB, so that each verify takes a while.
+    writer
+        .conn
+        .execute_batch(
+            "CREATE TABLE big(b BLOB);
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+             INSERT INTO big SELECT randomblob(4000) FROM n;",
+        )
+        .unwrap();
+    let settings = DbSettings {
+        verify_interval: Duration::from_millis(100),
+        levels: vec![Duration::from_secs(3600)],
+        snapshot_interval: Duration::from_secs(3600),
+        ..fast(Codec::Zstd(3))
+    };
+    let (store, h) = start(&db, &replica, settings).await;
+    let counters = h.replicas[0].1.counters.clone();
+    wait_until("first verify ok", || counters.verify_ok.get() == 1).await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let commits = std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            while !stop.load(Ordering::Relaxed) {
+                writer.commit_txn();
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            writer.commits
+        }
+    });
+    // (position, tip of the last finished verify), in the order read.
+    let mut samples: Vec<(i64, i64)> = Vec::new();
+    let (mut verifies, mut beside) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while beside == 0 && Instant::now() < deadline {
+        let position = replica_txid(&h) as i64;
+        let verified = counters.verify_txid.get();
+        if let Some(&(_, last)) = samples.last()
+            && verified != last
+        {
+            verifies += 1;
+            // The verify that just finished checked `verified`; while the one before it was
+            // the last finished, did the position pass `verified`?
+            beside += samples
+                .iter()
+                .filter(|&&(p, v)| v == last && p > verified)
+                .count();
+        }
+        samples.push((position, verified));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let committed = commits.join().unwrap();
+    assert!(
+        beside > 0,
+        "no upload landed while a verify ran ({verifies} verifies finished, {committed} commits)"
+    );
+    assert_eq!(counters.verify_ok.get(), 1, "every verify passes");
+    wait_until("the last commit replicated", || {
+        replica_txid(&h) == h.stats.txid.load(Ordering::Relaxed)
+    })
+    .await;
+    store.shutdown(std::future::pending()).await;
+    let out = dir.join("restored.db");
+    restore_txid(&replica, &out, None).await.unwrap();
+    assert_same_content(&db, &out, "restored after verifies ran beside uploads");
+}

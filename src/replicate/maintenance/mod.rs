@@ -7,6 +7,11 @@
 //! - Level-0 inputs are read from local staging when present (staging keeps level-0 segments
 //!   until level 1 covers them), so an L1 compaction costs no GET.
 //! - Planning reads only the in-memory index: an idle replica makes no request.
+//! - A job never holds up the replica's uploads. It is planned from the index ([`plan`]) into
+//!   [`Work`] that owns the files it reads or deletes, all older than anything an upload adds,
+//!   runs as a task of its own ([`run`]), and its [`Done`] enters the index when it ends. One
+//!   job runs at a time per replica, and the replica waits for it before anything that
+//!   replaces its index (a wipe, a divergence, a seed).
 
 pub mod compactor;
 pub mod schedule;
@@ -115,84 +120,157 @@ impl Schedule {
 /// One input of a compaction.
 type Input = Box<dyn Read + Send>;
 
-/// Runs one job. Returns the files it uploaded or deleted, for the caller's index.
-pub async fn run_job(
-    job: Job,
-    m: &Maintenance,
-    client: &AnyClient,
-    staging: &Staging,
-    index: &mut RemoteIndex,
-    counters: &ReplicaCounters,
-) -> Result<usize, StorageError> {
-    match job {
-        Job::Verify => {
-            let tip = index.tip();
-            let done = counters.verify_ok.get() == 1 && counters.verify_txid.get() == tip.0 as i64;
-            if tip.0 == 0 || done {
-                return Ok(0);
+/// A due job with something to do, planned from the replica's index. It owns the files it
+/// reads or deletes, so it can run beside the replica's uploads, which only add newer files.
+#[derive(Debug)]
+pub enum Work {
+    /// Restore a chain and check the result.
+    Verify {
+        /// The chain's files.
+        plan: Vec<LtxFileInfo>,
+        /// Its newest TXID.
+        tip: TxId,
+    },
+    /// Merge files into one file of a level.
+    Compact {
+        /// The level written.
+        level: u8,
+        /// The files merged.
+        inputs: Vec<LtxFileInfo>,
+    },
+    /// Merge a restore plan into one level-9 snapshot.
+    Snapshot {
+        /// The plan's files.
+        plan: Vec<LtxFileInfo>,
+    },
+    /// Delete files.
+    Retention {
+        /// The files deleted.
+        doomed: Vec<LtxFileInfo>,
+    },
+}
+
+/// What a finished job changed on the replica, for the index.
+#[derive(Debug)]
+pub enum Done {
+    /// Nothing (a verify).
+    Checked,
+    /// This file was stored.
+    Stored(LtxFileInfo),
+    /// These files were deleted.
+    Deleted(Vec<LtxFileInfo>),
+}
+
+impl Done {
+    /// Records the change in `index`; returns how many files it uploaded or deleted.
+    pub fn apply(self, index: &mut RemoteIndex) -> usize {
+        match self {
+            Done::Checked => 0,
+            Done::Stored(f) => {
+                index.insert(f);
+                1
             }
-            let result = verify(m, client, index, counters).await;
-            counters.verify_ok.set(i64::from(result.is_ok()));
-            counters.verify_txid.set(tip.0 as i64);
-            result.map(|()| 1)
-        }
-        Job::Compact(level) => {
-            let inputs = schedule::compaction_inputs(index, level);
-            if inputs.is_empty() {
-                return Ok(0);
+            Done::Deleted(doomed) => {
+                index.remove(&doomed);
+                doomed.len()
             }
-            let out = build(m, client, staging, &inputs, None, level, counters).await?;
-            index.insert(out);
-            Ok(1)
-        }
-        Job::Snapshot => {
-            if index.max_txid(SNAPSHOT_LEVEL) >= index.tip() {
-                return Ok(0);
-            }
-            let plan = crate::restore::calc_plan(&index.all(), None).map_err(|e| {
-                StorageError::Permanent {
-                    op: "snapshot",
-                    key: client.location(),
-                    reason: e.to_string(),
-                }
-            })?;
-            let out = build(
-                m,
-                client,
-                staging,
-                &plan,
-                Some(TxId(1)),
-                SNAPSHOT_LEVEL,
-                counters,
-            )
-            .await?;
-            index.insert(out);
-            Ok(1)
-        }
-        Job::Retention => {
-            if !m.retention_enabled {
-                return Ok(0);
-            }
-            let doomed = schedule::retention_deletes(index, chrono::Utc::now(), m.retention);
-            if doomed.is_empty() {
-                return Ok(0);
-            }
-            let started = Instant::now();
-            let deleted = client.delete(&doomed).await;
-            counters.observe(3, started, &deleted);
-            deleted?;
-            index.remove(&doomed);
-            Ok(doomed.len())
         }
     }
 }
 
-/// Restores the replica's latest state into the temporary directory and checks it
-/// (file checksums, database checksum where present, `PRAGMA integrity_check`).
-async fn verify(
+/// Plans `job` from `index` (no request): `None` when it has nothing to do.
+pub fn plan(
+    job: Job,
     m: &Maintenance,
     client: &AnyClient,
     index: &RemoteIndex,
+    counters: &ReplicaCounters,
+) -> Result<Option<Work>, StorageError> {
+    let failed = |op: &'static str, reason: String| StorageError::Permanent {
+        op,
+        key: client.location(),
+        reason,
+    };
+    Ok(match job {
+        Job::Verify => {
+            let tip = index.tip();
+            let done = counters.verify_ok.get() == 1 && counters.verify_txid.get() == tip.0 as i64;
+            if tip.0 == 0 || done {
+                return Ok(None);
+            }
+            let plan = crate::restore::calc_plan(&index.all(), None)
+                .map_err(|e| failed("verify", e.to_string()))?;
+            Some(Work::Verify { plan, tip })
+        }
+        Job::Compact(level) => {
+            let inputs = schedule::compaction_inputs(index, level);
+            (!inputs.is_empty()).then_some(Work::Compact { level, inputs })
+        }
+        Job::Snapshot => {
+            if index.max_txid(SNAPSHOT_LEVEL) >= index.tip() {
+                return Ok(None);
+            }
+            let plan = crate::restore::calc_plan(&index.all(), None)
+                .map_err(|e| failed("snapshot", e.to_string()))?;
+            Some(Work::Snapshot { plan })
+        }
+        Job::Retention => {
+            if !m.retention_enabled {
+                return Ok(None);
+            }
+            let doomed = schedule::retention_deletes(index, chrono::Utc::now(), m.retention);
+            (!doomed.is_empty()).then_some(Work::Retention { doomed })
+        }
+    })
+}
+
+/// Runs planned work.
+pub async fn run(
+    work: Work,
+    m: &Maintenance,
+    client: &AnyClient,
+    staging: &Staging,
+    counters: &ReplicaCounters,
+) -> Result<Done, StorageError> {
+    match work {
+        Work::Verify { plan, tip } => {
+            let result = verify(m, client, plan, counters).await;
+            counters.verify_ok.set(i64::from(result.is_ok()));
+            counters.verify_txid.set(tip.0 as i64);
+            result.map(|()| Done::Checked)
+        }
+        Work::Compact { level, inputs } => {
+            build(m, client, staging, &inputs, None, level, counters)
+                .await
+                .map(Done::Stored)
+        }
+        Work::Snapshot { plan } => build(
+            m,
+            client,
+            staging,
+            &plan,
+            Some(TxId(1)),
+            SNAPSHOT_LEVEL,
+            counters,
+        )
+        .await
+        .map(Done::Stored),
+        Work::Retention { doomed } => {
+            let started = Instant::now();
+            let deleted = client.delete(&doomed).await;
+            counters.observe(3, started, &deleted);
+            deleted?;
+            Ok(Done::Deleted(doomed))
+        }
+    }
+}
+
+/// Restores the chain `plan` into the temporary directory and checks it (file checksums,
+/// database checksum where present, `PRAGMA integrity_check`).
+async fn verify(
+    m: &Maintenance,
+    client: &AnyClient,
+    plan: Vec<LtxFileInfo>,
     counters: &ReplicaCounters,
 ) -> Result<(), StorageError> {
     let failed = |reason: String| StorageError::Permanent {
@@ -200,7 +278,6 @@ async fn verify(
         key: client.location(),
         reason,
     };
-    let plan = crate::restore::calc_plan(&index.all(), None).map_err(|e| failed(e.to_string()))?;
     fsutil::create_dir_all_durable(&m.tmp_dir).map_err(|e| failed(e.to_string()))?;
     let to = m.tmp_dir.join("verify.db");
     let opts = crate::restore::RestoreOptions {
@@ -213,11 +290,12 @@ async fn verify(
         // application, whose cores it should not take.
         threads: Some(std::num::NonZeroUsize::MIN),
     };
+    let started = Instant::now();
     let result = crate::restore::apply(client, plan, &opts).await;
     let _ = std::fs::remove_file(&to);
     match result {
         Ok(report) => {
-            tracing::info!(txid = %report.txid, pages = report.pages, threads = report.threads, "verify ok: the replica restores and passes integrity_check");
+            tracing::info!(txid = %report.txid, pages = report.pages, threads = report.threads, elapsed = ?started.elapsed(), "verify ok: the replica restores and passes integrity_check");
             Ok(())
         }
         Err(e) => {

@@ -84,6 +84,7 @@ impl Replica {
     /// and ours after), its files are history and the chain continues after them with a
     /// seed snapshot, never with our staged segments on top of its state.
     pub(super) async fn diverged(&mut self, txid: TxId) -> Result<(), RoundError> {
+        Box::pin(self.settle_maintenance()).await;
         self.lease.check(&self.stats.counters).await?;
         let started = Instant::now();
         let listed = self.client.list_all().await;
@@ -121,6 +122,7 @@ impl Replica {
         reason: SeedReason,
         db_txid: TxId,
     ) -> Result<(), RoundError> {
+        Box::pin(self.settle_maintenance()).await;
         let seed_err = |why: String| {
             RoundError::Seed(StorageError::Transient {
                 op: "seed",
@@ -195,6 +197,7 @@ impl Replica {
     /// equal and are kept). An upload racing the wipe can leave the newest file standing with
     /// nothing under it, so the test is the restore plan, not the tip. True when it was wiped.
     pub(super) async fn recheck_listing(&mut self) -> Result<bool, RoundError> {
+        Box::pin(self.settle_maintenance()).await;
         self.recheck = false;
         let started = Instant::now();
         let listed = self.client.list_all().await;

@@ -15,9 +15,12 @@
 //! - An error streak is logged once when it starts and once when it ends, not per retry.
 //! - Nothing is written before the single-writer lease ([`crate::replicate::lease`]) is acquired; an
 //!   upload round first checks it (one GET; with conditional writes, only once
-//!   [`Lease::reread_after`] has passed since a check found it ours), maintenance runs only
-//!   while it is fresh, and a replica whose lease was taken stops for good (logged as an
-//!   error, shown by `/readyz`). A clean shutdown releases it.
+//!   [`Lease::reread_after`] has passed since a check found it ours), a maintenance job starts
+//!   only after a round found it fresh, and a replica whose lease was taken stops for good
+//!   (logged as an error, shown by `/readyz`; its running job is aborted). A clean shutdown
+//!   waits for the running job, then releases it.
+//! - Maintenance runs beside uploads, never in their way: a commit ships while a snapshot or
+//!   a verify of the whole database is being built (see [`crate::replicate::maintenance`]).
 //! - Every replica converges: when its chain cannot be continued from staging (a new or
 //!   emptied replica, one wiped behind our back, or one behind what staging still holds),
 //!   it is re-seeded with a snapshot of the live database ([`crate::replicate::db::SeedSnapshot`],
@@ -31,12 +34,14 @@
 //! - A replica that cannot be written says so: its [`HealthCell`] holds the reason from the
 //!   first failed round until a round succeeds.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::ltx::{self, TxId};
 use crate::replicate::counters::ReplicaCounters;
@@ -44,7 +49,7 @@ use crate::replicate::db::{DbPos, RemoteTip, SeedRequests};
 use crate::replicate::health::HealthCell;
 use crate::replicate::lease::{Lease, LeaseError};
 use crate::replicate::maintenance::schedule::RemoteIndex;
-use crate::replicate::maintenance::{self, Maintenance, Schedule};
+use crate::replicate::maintenance::{self, Done, Job, Maintenance, Schedule};
 use crate::replicate::staging::Staging;
 use crate::storage::feed::GrowingSegment;
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, StorageError, put_new};
@@ -121,7 +126,14 @@ pub struct Replica {
     pending_seed: Option<SeedReason>,
     /// A file of ours was found missing: list the replica before the next upload.
     recheck: bool,
+    /// Maintenance jobs that came due and wait for the running one, in order.
+    due: VecDeque<Job>,
+    /// The maintenance job running beside the uploads (aborted if the replica stops).
+    job: Option<AbortOnDropHandle<(Job, Result<Done, StorageError>)>>,
 }
+
+/// A finished maintenance job, or its task's failure.
+type Finished = Result<(Job, Result<Done, StorageError>), tokio::task::JoinError>;
 
 impl Replica {
     /// A replica named `name` of database `db` (for logs), uploading from `staging`, under
@@ -157,6 +169,8 @@ impl Replica {
             deferred: false,
             pending_seed: None,
             recheck: false,
+            due: VecDeque::new(),
+            job: None,
         }
     }
 
@@ -342,33 +356,80 @@ impl Replica {
         });
     }
 
-    /// Runs the maintenance jobs that are due (never while uploads are failing).
-    async fn maintain(&mut self, schedule: &mut Schedule) {
+    /// Starts the next due maintenance job with work to do, unless one is running (call it
+    /// only after a successful round: never while uploads are failing).
+    fn start_maintenance(&mut self, schedule: &mut Schedule) {
+        if self.job.is_some() {
+            return;
+        }
         for job in schedule.take_due(Instant::now()) {
-            match maintenance::run_job(
+            if !self.due.contains(&job) {
+                self.due.push_back(job);
+            }
+        }
+        while let Some(job) = self.due.pop_front() {
+            let planned = maintenance::plan(
                 job,
                 &self.maint,
                 &self.client,
-                &self.staging,
-                &mut self.index,
+                &self.index,
                 &self.stats.counters,
-            )
-            .await
-            {
-                Ok(0) => {}
-                Ok(n) => {
+            );
+            let work = match planned {
+                Ok(Some(work)) => work,
+                Ok(None) => continue,
+                Err(e) => {
+                    self.finished(Ok((job, Err(e))));
+                    continue;
+                }
+            };
+            let (m, client) = (self.maint.clone(), self.client.clone());
+            let (staging, counters) = (self.staging.clone(), self.stats.counters.clone());
+            let run = async move {
+                let done = maintenance::run(work, &m, &client, &staging, &counters).await;
+                (job, done)
+            };
+            let span = tracing::Span::current();
+            let task = tokio::spawn(tracing::Instrument::instrument(run, span));
+            self.job = Some(AbortOnDropHandle::new(task));
+            return;
+        }
+    }
+
+    /// Records what a finished maintenance job did.
+    fn finished(&mut self, finished: Finished) {
+        let (job, done) = match finished {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(db = %self.db, replica = %self.name, error = %e, "a maintenance task failed; it runs again at its next interval");
+                return;
+            }
+        };
+        match done {
+            Ok(done) => {
+                let n = done.apply(&mut self.index);
+                if n > 0 {
                     tracing::debug!(db = %self.db, replica = %self.name, ?job, files = n, "maintenance");
                     self.send_ack();
                 }
-                Err(e) => {
-                    tracing::warn!(db = %self.db, replica = %self.name, ?job, error = %e, "maintenance failed; retrying at its next interval");
-                    // A file we stored is gone: the replica may have been wiped around a
-                    // lease write (which then survived); the next round lists it.
-                    if matches!(e, StorageError::NotFound(_)) {
-                        self.recheck = true;
-                    }
+            }
+            Err(e) => {
+                tracing::warn!(db = %self.db, replica = %self.name, ?job, error = %e, "maintenance failed; retrying at its next interval");
+                // A file we stored is gone: the replica may have been wiped around a
+                // lease write (which then survived); the next round lists it.
+                if matches!(e, StorageError::NotFound(_)) {
+                    self.recheck = true;
                 }
             }
+        }
+    }
+
+    /// Waits for the running maintenance job, if any, and records it: before anything that
+    /// replaces the index, and at a clean shutdown.
+    pub(super) async fn settle_maintenance(&mut self) {
+        if let Some(task) = self.job.take() {
+            let finished = task.await;
+            self.finished(finished);
         }
     }
 
@@ -559,6 +620,7 @@ impl Replica {
                     self.stats.health.recover();
                     backoff.reset();
                     if closed {
+                        Box::pin(self.settle_maintenance()).await;
                         Box::pin(self.lease.release(&self.stats.counters)).await;
                         return;
                     }
@@ -586,30 +648,37 @@ impl Replica {
                 }
             };
             if retry.is_none() {
-                tokio::select! {
-                    _ = abort.cancelled() => return,
-                    _ = Box::pin(self.maintain(&mut schedule)) => {}
-                }
+                self.start_maintenance(&mut schedule);
             }
             // While retrying, the backoff alone paces requests (a failed refresh leaves the
             // lease due, which must not turn into a busy loop).
-            // Maintenance runs only after a successful round: a deadline it has passed must
-            // not shorten the backoff to nothing.
+            // Maintenance starts only after a successful round: a deadline it has passed must
+            // not shorten the backoff to nothing. While a job runs, its end wakes the task.
             let wait = match retry {
                 Some(delay) => delay,
+                None if self.job.is_some() => self.heartbeat.min(self.lease.refresh_in()),
                 None => self
                     .heartbeat
                     .min(self.lease.refresh_in())
                     .min(schedule.until_next(Instant::now())),
             };
-            tokio::select! {
+            let running = self.job.is_some();
+            let finished = tokio::select! {
                 _ = abort.cancelled() => return,
-                _ = pos_rx.changed(), if retry.is_none() && !closed => {}
+                _ = pos_rx.changed(), if retry.is_none() && !closed => None,
                 Some(Ok(())) = async { match feed.as_mut() {
                     Some(rx) => Some(rx.changed().await),
                     None => None,
-                } }, if retry.is_none() && !closed => {}
-                _ = tokio::time::sleep_until(crate::replicate::tick::coarse_deadline(wait)) => {}
+                } }, if retry.is_none() && !closed => None,
+                r = async { match self.job.as_mut() {
+                    Some(task) => task.await,
+                    None => std::future::pending().await,
+                } }, if running => Some(r),
+                _ = tokio::time::sleep_until(crate::replicate::tick::coarse_deadline(wait)) => None,
+            };
+            if let Some(r) = finished {
+                self.job = None;
+                self.finished(r);
             }
         }
     }
