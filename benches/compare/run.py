@@ -15,7 +15,8 @@ every raw figure (phase_s and setup_s: the wall times).
 
 Figures: idle CPU / RSS / threads / fds at 1, 100 and 400 databases, syscalls per idle tick
 per database (strace -c -f), S3 requests per database per idle hour, lag commit -> object
-(p50/p99, one commit every 100 ms), app write throughput (none / Litestream / replicad),
+(p50/p99, one commit every 100 ms), the same lag while a level-9 snapshot of the 1 GiB
+database is written every 20 s (and, for replicad, a verify; maint_lag.py), app write throughput (none / Litestream / replicad),
 the application's own wal_checkpoint(TRUNCATE) beside a writer (latency, calls ended busy),
 initial snapshot of the 1 GiB database (MB/s, peak RSS), restore of it (MB/s, peak RSS), on
 S3 and on a directory replica (where replicad's snapshot seconds go: start-up, build with its
@@ -43,6 +44,7 @@ from datetime import datetime, timezone
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import s3_snapshot as h  # noqa: E402
 import restore as rst  # noqa: E402
+import maint_lag  # noqa: E402
 
 REPO, DATA = h.REPO, h.DATA
 WORK = os.path.join(DATA, "compare")
@@ -774,6 +776,12 @@ def build_table(r):
     for k, fig in (("puts_per_commit", "PUTs per commit"), ("requests_per_commit", "requests per commit")):
         add(f"{fig} (busy, 100 ms gaps)", lag.get("replicad", {}).get(k),
             lag.get("litestream", {}).get(k), "<= 1" if k == "puts_per_commit" else "")
+    mt = r.get("maint", {})
+    for key, what in (("replicad", "snapshot"), ("replicad-verify", "snapshot and verify")):
+        for k in ("p99_ms", "max_ms"):
+            add(f"lag {k[:-3]} ms, busy, 1 GiB dir replica, {what} every 20 s (Litestream: snapshot)",
+                mt.get(key, {}).get(k), mt.get("litestream", {}).get(k),
+                "<= 1" if k == "p99_ms" else "")
     w = r.get("write", {})
     base = w.get("none", {}).get("rows_per_s")
     add("app write rows/s (no replication: %s, mean of %d)"
@@ -883,6 +891,8 @@ def main():
     p.add_argument("--strace-seconds", type=float, default=10.0)
     p.add_argument("--startup-timeout", type=float, default=180.0)
     p.add_argument("--lag-seconds", type=float, default=30.0)
+    p.add_argument("--maint-seconds", type=float, default=70.0,
+                   help="writer window of each maint run (a 1 GiB snapshot every 20 s)")
     p.add_argument("--sparse-commits", type=int, default=40,
                    help="commits of the sparse lag run (2-5 s apart)")
     p.add_argument("--write-seconds", type=float, default=15.0)
@@ -902,11 +912,11 @@ def main():
                    help="application TRUNCATE checkpoints per tool in the appckpt phase")
     p.add_argument("--appckpt-busy", type=float, default=5.0,
                    help="the application's busy timeout for its checkpoints, s")
-    p.add_argument("--skip", default="", help="comma list of: idle,scale,lag,write,appckpt,snapshot,restore,dir")
+    p.add_argument("--skip", default="", help="comma list of: idle,scale,lag,maint,write,appckpt,snapshot,restore,dir")
     args = p.parse_args()
     if args.quick:  # shorter windows, unless given on the command line
         given = {a.split("=")[0] for a in sys.argv[1:] if a.startswith("--")}
-        for key, val in (("window", 10.0), ("settle", 35.0), ("dbs", "1,100"), ("lag_seconds", 10.0), ("sparse_commits", 8),
+        for key, val in (("window", 10.0), ("settle", 35.0), ("dbs", "1,100"), ("lag_seconds", 10.0), ("sparse_commits", 8), ("maint_seconds", 25.0),
                          ("write_seconds", 5.0), ("write_rounds", 1), ("strace_seconds", 5.0), ("size_mib", 64),
                          ("scale", 1000)):
             if "--" + key.replace("_", "-") not in given:
@@ -930,7 +940,7 @@ def main():
          "cpus": os.cpu_count(), "idle": {}, "idle_dbs": [int(x) for x in args.dbs.split(",")],
          "phase_s": phase_s, "setup_s": setup_s}
     source = meta = None
-    if not {"snapshot", "restore", "dir"} <= skip:
+    if not {"snapshot", "restore", "dir", "maint"} <= skip:
         t = time.monotonic()
         source, meta = h.ensure_db(args.size_mib)
         setup_s["database"] = round(time.monotonic() - t, 1)
@@ -995,6 +1005,17 @@ def main():
             r["lag"] = timed("lag", lambda: {t: lag_run(t, s3, args) for t in tools[::-1]})
             r["lag_sparse"] = timed("lag_sparse", lambda: {
                 t: lag_run(t, s3, args, "sparse") for t in tools[::-1]})
+        if "maint" not in skip:
+            ml = argparse.Namespace(seconds=args.maint_seconds, snapshot_interval="20s")
+
+            def maint():
+                out = {}
+                for tool in tools[::-1]:
+                    out[tool] = maint_lag.run_case(tool, False, source, ml)
+                    if tool == "replicad":
+                        out["replicad-verify"] = maint_lag.run_case(tool, True, source, ml)
+                return out
+            r["maint"] = timed("maint", maint)
         if "write" not in skip:
             # Rounds of (none, litestream, replicad), then none again: the VM's own rate drifts
             # by 10-15 % between 15 s windows, so each mode's figure is the mean of its runs.
