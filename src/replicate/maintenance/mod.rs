@@ -1,5 +1,6 @@
-//! Replica maintenance: level compactions, level-9 snapshots and retention, run by the
-//! replica's own task on their intervals, each only when there is something new.
+//! Replica maintenance: level compactions, level-9 snapshots, retention and verifies, each on
+//! its interval and only when there is something new, planned by the replica's upload task and
+//! run as a task of their own beside it.
 //!
 //! Invariants:
 //! - Outputs are built in a local temporary file, fsynced, then uploaded whole; a crash

@@ -84,8 +84,8 @@ impl Replica {
     /// and ours after), its files are history and the chain continues after them with a
     /// seed snapshot, never with our staged segments on top of its state.
     pub(super) async fn diverged(&mut self, txid: TxId) -> Result<(), RoundError> {
-        Box::pin(self.settle_maintenance()).await;
         self.lease.check(&self.stats.counters).await?;
+        Box::pin(self.settle_maintenance()).await;
         let started = Instant::now();
         let listed = self.client.list_all().await;
         self.stats.counters.observe(2, started, &listed);
@@ -185,6 +185,8 @@ impl Replica {
     /// Our lease vanished: one listing tells a wiped (or truncated) replica from a lease
     /// deleted alone. Then the lease is taken again.
     pub(super) async fn lease_vanished(&mut self) -> Result<(), RoundError> {
+        // Not waited for: the lease is retaken as soon as the listing has spoken.
+        self.abort_maintenance("the replica's lease vanished");
         if !self.recheck_listing().await? {
             tracing::warn!(db = %self.db, replica = %self.name, "the replica's lease object was removed but its files are intact; taking the lease again");
         }
@@ -196,6 +198,8 @@ impl Replica {
     /// a seed, then every staged segment after it again (objects that survived compare
     /// equal and are kept). An upload racing the wipe can leave the newest file standing with
     /// nothing under it, so the test is the restore plan, not the tip. True when it was wiped.
+    /// Either way the listing becomes the index (a dropped maintenance job's last request may
+    /// have landed; a file of ours may be gone).
     pub(super) async fn recheck_listing(&mut self) -> Result<bool, RoundError> {
         Box::pin(self.settle_maintenance()).await;
         self.recheck = false;
@@ -206,14 +210,15 @@ impl Replica {
         let restorable = crate::restore::calc_plan(&files, None)
             .ok()
             .and_then(|plan| plan.last().map(|f| f.max_txid));
-        if restorable.is_some_and(|t| t >= self.remote) {
-            return Ok(false);
-        }
-        tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, restorable = ?restorable, "the replica was emptied or truncated behind replicad's back");
         self.index = RemoteIndex::default();
         for f in files {
             self.index.insert(f);
         }
+        if restorable.is_some_and(|t| t >= self.remote) {
+            self.send_ack();
+            return Ok(false);
+        }
+        tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, restorable = ?restorable, "the replica was emptied or truncated behind replicad's back");
         self.remote = TxId(0);
         self.stats.remote_txid.store(0, Ordering::Relaxed);
         self.stats.counters.txid.set(0);

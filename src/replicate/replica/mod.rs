@@ -1,7 +1,7 @@
 //! One destination of one database, and its upload task.
 //!
 //! The upload task sleeps until the database's position changes, an idle heartbeat fires (it
-//! sends no request when nothing is new), or a retry timer fires. It uploads staged segments
+//! sends no request when nothing is new), a retry timer fires, or its maintenance job ends. It uploads staged segments
 //! strictly in TXID order and advances its remote position only after a whole object is
 //! stored; the position it acknowledges lets the database prune staging.
 //!
@@ -17,10 +17,13 @@
 //!   upload round first checks it (one GET; with conditional writes, only once
 //!   [`Lease::reread_after`] has passed since a check found it ours), a maintenance job starts
 //!   only after a round found it fresh, and a replica whose lease was taken stops for good
-//!   (logged as an error, shown by `/readyz`; its running job is aborted). A clean shutdown
-//!   waits for the running job, then releases it.
-//! - Maintenance runs beside uploads, never in their way: a commit ships while a snapshot or
-//!   a verify of the whole database is being built (see [`crate::replicate::maintenance`]).
+//!   (logged as an error, shown by `/readyz`; its running job is aborted, though one request
+//!   already sent may still land). A vanished lease aborts the running job before the listing
+//!   that decides what to do. A clean shutdown drops a running verify, waits for any other
+//!   job unless the shutdown's timeout cancels it, then releases the lease.
+//! - Maintenance runs beside uploads: a commit ships while a snapshot or a verify of the
+//!   whole database is being built (see [`crate::replicate::maintenance`]). Only the rare
+//!   paths that replace the index (a seed, a divergence, a wipe) wait for the running job.
 //! - Every replica converges: when its chain cannot be continued from staging (a new or
 //!   emptied replica, one wiped behind our back, or one behind what staging still holds),
 //!   it is re-seeded with a snapshot of the live database ([`crate::replicate::db::SeedSnapshot`],
@@ -129,11 +132,11 @@ pub struct Replica {
     /// Maintenance jobs that came due and wait for the running one, in order.
     due: VecDeque<Job>,
     /// The maintenance job running beside the uploads (aborted if the replica stops).
-    job: Option<AbortOnDropHandle<(Job, Result<Done, StorageError>)>>,
+    job: Option<(Job, AbortOnDropHandle<Result<Done, StorageError>>)>,
 }
 
-/// A finished maintenance job, or its task's failure.
-type Finished = Result<(Job, Result<Done, StorageError>), tokio::task::JoinError>;
+/// A finished maintenance job's result, or its task's failure.
+type Finished = Result<Result<Done, StorageError>, tokio::task::JoinError>;
 
 impl Replica {
     /// A replica named `name` of database `db` (for logs), uploading from `staging`, under
@@ -379,29 +382,26 @@ impl Replica {
                 Ok(Some(work)) => work,
                 Ok(None) => continue,
                 Err(e) => {
-                    self.finished(Ok((job, Err(e))));
+                    self.finished(job, Ok(Err(e)));
                     continue;
                 }
             };
             let (m, client) = (self.maint.clone(), self.client.clone());
             let (staging, counters) = (self.staging.clone(), self.stats.counters.clone());
-            let run = async move {
-                let done = maintenance::run(work, &m, &client, &staging, &counters).await;
-                (job, done)
-            };
+            let run = async move { maintenance::run(work, &m, &client, &staging, &counters).await };
             let span = tracing::Span::current();
             let task = tokio::spawn(tracing::Instrument::instrument(run, span));
-            self.job = Some(AbortOnDropHandle::new(task));
+            self.job = Some((job, AbortOnDropHandle::new(task)));
             return;
         }
     }
 
     /// Records what a finished maintenance job did.
-    fn finished(&mut self, finished: Finished) {
-        let (job, done) = match finished {
+    fn finished(&mut self, job: Job, finished: Finished) {
+        let done = match finished {
             Ok(r) => r,
             Err(e) => {
-                tracing::error!(db = %self.db, replica = %self.name, error = %e, "a maintenance task failed; it runs again at its next interval");
+                tracing::error!(db = %self.db, replica = %self.name, ?job, error = %e, "a maintenance task failed; it runs again at its next interval");
                 return;
             }
         };
@@ -427,9 +427,16 @@ impl Replica {
     /// Waits for the running maintenance job, if any, and records it: before anything that
     /// replaces the index, and at a clean shutdown.
     pub(super) async fn settle_maintenance(&mut self) {
-        if let Some(task) = self.job.take() {
+        if let Some((job, task)) = self.job.take() {
             let finished = task.await;
-            self.finished(finished);
+            self.finished(job, finished);
+        }
+    }
+
+    /// Aborts the running maintenance job, if any (a request already sent may still land).
+    pub(super) fn abort_maintenance(&mut self, why: &str) {
+        if let Some((job, _)) = self.job.take() {
+            tracing::info!(db = %self.db, replica = %self.name, ?job, "maintenance job dropped: {why}");
         }
     }
 
@@ -561,9 +568,8 @@ impl Replica {
                 .filter(|s| self.remote >= target && s.txid == TxId(self.remote.0 + 1));
             // An upload round checks the lease first (one GET) unless a recent check spares
             // it; an idle wake-up only refreshes it when half its TTL has passed. The round
-            // and maintenance futures are boxed: inline they would make every idle replica
-            // task ~15 KB (the task holds its largest state), 6 MB of the daemon's RSS at 400
-            // databases.
+            // future is boxed: inline it would make every idle replica task ~15 KB (the task
+            // holds its largest state), 6 MB of the daemon's RSS at 400 databases.
             let round = Box::pin(async {
                 if self.deferred {
                     if target.0 == 0 {
@@ -620,7 +626,15 @@ impl Replica {
                     self.stats.health.recover();
                     backoff.reset();
                     if closed {
-                        Box::pin(self.settle_maintenance()).await;
+                        // A verify writes nothing worth waiting for; another job is waited for
+                        // unless the shutdown's timeout cancels it.
+                        if matches!(self.job, Some((Job::Verify, _))) {
+                            self.abort_maintenance("shutting down");
+                        }
+                        tokio::select! {
+                            _ = abort.cancelled() => return,
+                            _ = Box::pin(self.settle_maintenance()) => {}
+                        }
                         Box::pin(self.lease.release(&self.stats.counters)).await;
                         return;
                     }
@@ -647,7 +661,8 @@ impl Replica {
                     Some(backoff.next_delay())
                 }
             };
-            if retry.is_none() {
+            // Nothing new starts once the database has stopped (the next round is the last).
+            if retry.is_none() && pos_rx.has_changed().is_ok() {
                 self.start_maintenance(&mut schedule);
             }
             // While retrying, the backoff alone paces requests (a failed refresh leaves the
@@ -663,6 +678,7 @@ impl Replica {
                     .min(schedule.until_next(Instant::now())),
             };
             let running = self.job.is_some();
+            let deadline = crate::replicate::tick::coarse_deadline(wait);
             let finished = tokio::select! {
                 _ = abort.cancelled() => return,
                 _ = pos_rx.changed(), if retry.is_none() && !closed => None,
@@ -671,14 +687,22 @@ impl Replica {
                     None => None,
                 } }, if retry.is_none() && !closed => None,
                 r = async { match self.job.as_mut() {
-                    Some(task) => task.await,
+                    Some((_, task)) => task.await,
                     None => std::future::pending().await,
                 } }, if running => Some(r),
-                _ = tokio::time::sleep_until(crate::replicate::tick::coarse_deadline(wait)) => None,
+                _ = tokio::time::sleep_until(deadline) => None,
             };
-            if let Some(r) = finished {
-                self.job = None;
-                self.finished(r);
+            if let Some(r) = finished
+                && let Some((job, _)) = self.job.take()
+            {
+                self.finished(job, r);
+                if retry.is_some() {
+                    // A job that ends does not cut a retry's backoff short.
+                    tokio::select! {
+                        _ = abort.cancelled() => return,
+                        _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
             }
         }
     }
