@@ -3,7 +3,7 @@
 
 Usage (from anywhere; paths are relative to the repository root):
 
-    python3 benches/compare/run.py            # everything, ~9 min on 2 cores once tools are built
+    python3 benches/compare/run.py            # everything, ~22 min on 2 cores once tools are built
     python3 benches/compare/run.py --quick    # shorter windows (~3.5 min), for a smoke run
 
 Both tools run alternately (the order flips from one figure to the next) against the same
