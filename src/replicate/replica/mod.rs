@@ -19,8 +19,8 @@
 //!   only after a round found it fresh, and a replica whose lease was taken stops for good
 //!   (logged as an error, shown by `/readyz`; its running job is aborted, though one request
 //!   already sent may still land). A vanished lease aborts the running job before the listing
-//!   that decides what to do. A clean shutdown drops a running verify, waits for any other
-//!   job unless the shutdown's timeout cancels it, then releases the lease.
+//!   that decides what to do. A clean shutdown waits for the running job unless the
+//!   shutdown's timeout cancels it, then releases the lease.
 //! - Maintenance runs beside uploads: a commit ships while a snapshot or a verify of the
 //!   whole database is being built (see [`crate::replicate::maintenance`]). Only the rare
 //!   paths that replace the index (a seed, a divergence, a wipe) wait for the running job.
@@ -626,11 +626,9 @@ impl Replica {
                     self.stats.health.recover();
                     backoff.reset();
                     if closed {
-                        // A verify writes nothing worth waiting for; another job is waited for
-                        // unless the shutdown's timeout cancels it.
-                        if matches!(self.job, Some((Job::Verify, _))) {
-                            self.abort_maintenance("shutting down");
-                        }
+                        // The running job is waited for unless the shutdown's timeout cancels
+                        // it. Not dropped at once: a restore's blocking threads would run on
+                        // after it, past the Store's shutdown.
                         tokio::select! {
                             _ = abort.cancelled() => return,
                             _ = Box::pin(self.settle_maintenance()) => {}
