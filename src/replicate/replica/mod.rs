@@ -1,9 +1,10 @@
 //! One destination of one database, and its upload task.
 //!
 //! The upload task sleeps until the database's position changes, an idle heartbeat fires (it
-//! sends no request when nothing is new), a retry timer fires, or its maintenance job ends. It uploads staged segments
-//! strictly in TXID order and advances its remote position only after a whole object is
-//! stored; the position it acknowledges lets the database prune staging.
+//! sends no request when nothing is new), a retry timer fires, or its maintenance job ends.
+//! It uploads staged segments strictly in TXID order and advances its remote position only
+//! after a whole object is stored; the position it acknowledges lets the database prune
+//! staging.
 //!
 //! Invariants:
 //! - An idle replica makes no call to its client: the remote contents are known from one
