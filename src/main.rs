@@ -31,9 +31,17 @@ fn main() {
                 _ => cli.log_level.as_str(),
             };
             init_tracing(level, config.logging.format);
-            let code = runtime()
+            let rt = runtime();
+            let code = rt
                 .block_on(cli::replicate::run_config(config))
                 .unwrap_or_else(|e| fail(&e));
+            // Blocking work still running here was abandoned by its owner (a write to a hung
+            // NFS replica, say); a runtime's plain drop would wait for it without end.
+            let started = std::time::Instant::now();
+            rt.shutdown_timeout(EXIT_WAIT);
+            if started.elapsed() >= EXIT_WAIT {
+                tracing::warn!(waited = ?EXIT_WAIT, "blocking work was still running at exit; abandoned");
+            }
             std::process::exit(code);
         }
         command => {
@@ -48,6 +56,9 @@ fn main() {
         }
     }
 }
+
+/// How long `replicate` waits at exit for blocking work whose owner is gone.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Prints `e` and exits with its code.
 fn fail(e: &cli::CliError) -> ! {

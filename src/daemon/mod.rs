@@ -630,11 +630,11 @@ impl Store {
         let drained = tokio::select! {
             _ = core.tracker.wait() => true,
             _ = tokio::time::sleep(self.shutdown_timeout) => {
-                tracing::warn!(timeout = ?self.shutdown_timeout, "shutdown sync timed out; segments stay staged for the next start");
+                tracing::warn!(timeout = ?self.shutdown_timeout, "shutdown-sync-timeout passed: stopping the uploads and maintenance still running");
                 false
             }
             _ = abort => {
-                tracing::warn!("second signal: aborting the shutdown sync; segments stay staged for the next start");
+                tracing::warn!("second signal: aborting the shutdown sync and the maintenance still running");
                 false
             }
         };
@@ -649,6 +649,9 @@ impl Store {
             for line in &left {
                 tracing::error!("shutdown: {line}");
             }
+            tracing::warn!(
+                "the next start uploads what was not (from staging, or from the WAL when a sync failed)"
+            );
         }
         left
     }

@@ -3,12 +3,14 @@
 
 use super::pages::{BatchError, DecoderGone, Decoders};
 use crate::restore::output::AlignedBuf;
+use crate::util::stop::Stoppable;
 
 /// Most bytes of consecutive pages a direct write carries.
 const WRITE_RUN: usize = 1024 * 1024;
 #[allow(unused_imports)]
 use super::*;
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn apply_blocking(
     client: &AnyClient,
     plan: &[LtxFileInfo],
@@ -17,6 +19,7 @@ pub(super) fn apply_blocking(
     started: Instant,
     window: Option<&Arc<DownloadWindow>>,
     progress: &Progress,
+    stop: &CancellationToken,
 ) -> Result<RestoreReport, RestoreError> {
     let last = plan
         .last()
@@ -34,7 +37,7 @@ pub(super) fn apply_blocking(
         usize::from,
     );
     let written = write_tmp(
-        client, plan, &tmp, handle, window, progress, direct, threads,
+        client, plan, &tmp, handle, window, progress, direct, threads, stop,
     );
     opts.phases.record(
         Phase::Apply,
@@ -56,9 +59,9 @@ pub(super) fn apply_blocking(
         let connections = std::thread::scope(|s| {
             let Ok(syncing) = std::thread::Builder::new().spawn_scoped(s, durable) else {
                 // No thread to spare: one after the other.
-                return durable().and_then(|()| integrity_check(&tmp, threads));
+                return durable().and_then(|()| integrity_check(&tmp, threads, stop));
             };
-            let checked = integrity_check(&tmp, threads);
+            let checked = integrity_check(&tmp, threads, stop);
             let synced = syncing.join().unwrap_or_else(|_| {
                 Err(RestoreError::Inconsistent(
                     "the fsync thread panicked".into(),
@@ -72,6 +75,11 @@ pub(super) fn apply_blocking(
             "integrity check passed, output synced"
         );
         Ok((applied, connections))
+    });
+    // A stopped restore publishes nothing, whatever step the stop reached.
+    let result = result.and_then(|r| match stop.is_cancelled() {
+        true => Err(RestoreError::Cancelled),
+        false => Ok(r),
     });
     let (applied, check_connections) = match result {
         Ok(a) => a,
@@ -135,6 +143,7 @@ pub(super) fn write_tmp(
     progress: &Progress,
     direct: bool,
     threads: usize,
+    stop: &CancellationToken,
 ) -> Result<(Applied, OutputFile), RestoreError> {
     let _ = fs::remove_file(tmp);
     let out = OutputFile::create_new(tmp, direct).map_err(RestoreError::io("create", tmp))?;
@@ -164,6 +173,7 @@ pub(super) fn write_tmp(
                     Box::new(SyncIoBridge::new_with_handle(body, handle.clone()))
                 }
             };
+            let reader = Stoppable::new(reader, stop.clone());
             let mut dec = Decoder::new(reader).map_err(ltx_err)?;
             let h = *dec.header();
             if (h.min_txid, h.max_txid) != (info.min_txid, info.max_txid) {

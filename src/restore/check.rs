@@ -25,6 +25,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rusqlite::{Connection, OpenFlags};
+use tokio_util::sync::CancellationToken;
 
 use super::RestoreError;
 
@@ -78,11 +79,24 @@ impl From<Outcome> for RestoreError {
     }
 }
 
+/// SQLite virtual-machine steps between two looks at the stop token: about a millisecond.
+const STOP_CHECK_STEPS: i32 = 10_000;
+
 /// Runs the equivalent of `PRAGMA integrity_check` on a database file, without creating a WAL
 /// or SHM beside it, on up to `cores` connections at once (one thread each). Returns how many
-/// it checked on.
-pub fn integrity_check(path: &Path, cores: usize) -> Result<usize, RestoreError> {
-    let conn = open(path)?;
+/// it checked on. Once `stop` is cancelled, every statement ends within about a millisecond
+/// and the check fails with [`RestoreError::Cancelled`].
+pub fn integrity_check(
+    path: &Path,
+    cores: usize,
+    stop: &CancellationToken,
+) -> Result<usize, RestoreError> {
+    let connect = || open(path, stop);
+    let cancelled = |r: Result<usize, RestoreError>| match stop.is_cancelled() {
+        true => Err(RestoreError::Cancelled),
+        false => r,
+    };
+    let conn = connect()?;
     let mut tasks = plan(&conn).unwrap_or_default();
     let scans = tasks.iter().any(|t| matches!(t, Task::Rows(_)));
     if cores < 2 && !scans {
@@ -93,13 +107,13 @@ pub fn integrity_check(path: &Path, cores: usize) -> Result<usize, RestoreError>
     let mut conns = vec![conn];
     // Too many open files, say: as many as open, and the whole check on one if that is all.
     while conns.len() < workers {
-        match open(path) {
+        match connect() {
             Ok(c) => conns.push(c),
             Err(_) => break,
         }
     }
     if tasks.is_empty() || (conns.len() < 2 && !scans) {
-        return full(&conns[0]).map(|()| 1);
+        return cancelled(full(&conns[0]).map(|()| 1));
     }
     let connections = conns.len();
     let (verdict, again) = parallel(conns, &tasks);
@@ -107,19 +121,27 @@ pub fn integrity_check(path: &Path, cores: usize) -> Result<usize, RestoreError>
         tracing::debug!(tables = ?again, "the index scans left doubt; SQLite checked these tables");
     }
     match verdict {
+        // An interrupted statement is a refusal too: no whole check after a stop.
+        _ if stop.is_cancelled() => Err(RestoreError::Cancelled),
         Some(Outcome::Refused(why)) => {
             tracing::debug!(reason = %why, "a split integrity check was refused; running the whole check on one connection");
-            full(&open(path)?).map(|()| 1)
+            cancelled(full(&connect()?).map(|()| 1))
         }
         verdict => verdict.map_or(Ok(connections), |o| Err(o.into())),
     }
 }
 
-fn open(path: &Path) -> Result<Connection, RestoreError> {
+/// A read-only connection to the file whose statements are interrupted once `stop` is
+/// cancelled.
+fn open(path: &Path, stop: &CancellationToken) -> Result<Connection, RestoreError> {
     let uri = format!("file:{}?immutable=1", path.display());
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI;
-    Connection::open_with_flags(&uri, flags)
-        .map_err(|e| RestoreError::Integrity(format!("cannot open: {e}")))
+    let mut conn = Connection::open_with_flags(&uri, flags)
+        .map_err(|e| RestoreError::Integrity(format!("cannot open: {e}")))?;
+    let stop = stop.clone();
+    conn.progress_handler(STOP_CHECK_STEPS, Some(move || stop.is_cancelled()))
+        .map_err(|e| RestoreError::Integrity(format!("cannot watch for a stop: {e}")))?;
+    Ok(conn)
 }
 
 /// SQLite's whole check on one connection.
@@ -304,7 +326,7 @@ mod tests {
     }
 
     fn pragma(p: &Path, sql: &str) -> Vec<String> {
-        let c = open(p).expect("open");
+        let c = open(p, &CancellationToken::new()).expect("open");
         let mut stmt = c.prepare(sql).expect("prepare");
         stmt.query_map([], |r| r.get::<_, String>(0))
             .expect("query")
@@ -313,13 +335,16 @@ mod tests {
     }
 
     fn two(p: &Path) -> Vec<Connection> {
-        vec![open(p).expect("open"), open(p).expect("open")]
+        vec![
+            open(p, &CancellationToken::new()).expect("open"),
+            open(p, &CancellationToken::new()).expect("open"),
+        ]
     }
 
     /// The split check itself (no fallback to the whole one): its verdict on `p`, and the
     /// tables its scans left to SQLite's check.
     fn split(p: &Path) -> (Option<Outcome>, Vec<String>) {
-        let tasks = plan(&open(p).expect("open")).expect("plan");
+        let tasks = plan(&open(p, &CancellationToken::new()).expect("open")).expect("plan");
         parallel(two(p), &tasks)
     }
 
@@ -385,7 +410,7 @@ mod tests {
                 INSERT INTO docs VALUES ('the quick brown fox');"
             ),
         );
-        let tasks = plan(&open(&p).expect("open")).expect("plan");
+        let tasks = plan(&open(&p, &CancellationToken::new()).expect("open")).expect("plan");
         assert_eq!(tasks[0], Task::Quick);
         let (scanned, checked) = scanned_and_checked(&tasks);
         assert_eq!(scanned, ["100", "it's", "t"], "{tasks:?}");
@@ -399,8 +424,9 @@ mod tests {
         let (verdict, again) = split(&p);
         assert!(verdict.is_none(), "no task refused or found damage");
         assert!(again.is_empty(), "the scans settled every table: {again:?}");
-        integrity_check(&p, 2).expect("a sound file passes on two connections");
-        integrity_check(&p, 1).expect("and on one");
+        integrity_check(&p, 2, &CancellationToken::new())
+            .expect("a sound file passes on two connections");
+        integrity_check(&p, 1, &CancellationToken::new()).expect("and on one");
     }
 
     /// An index that misses a row's new value: the quick check passes it, SQLite's whole
@@ -416,7 +442,7 @@ mod tests {
     /// Runs `update` while index `index` is out of the schema, so the index keeps the old
     /// values, then puts it back under `tbl_name`.
     fn stale(p: &Path, index: &str, tbl_name: &str, update: &str) {
-        let c = open(p).expect("open");
+        let c = open(p, &CancellationToken::new()).expect("open");
         let (root, sql): (i64, String) = c
             .query_row(
                 "SELECT rootpage, sql FROM sqlite_schema WHERE name = ?1",
@@ -453,7 +479,7 @@ mod tests {
         );
         if tbl_name != "t" {
             // SQLite 3.54 calls such a schema malformed: every check refuses the file.
-            let err = integrity_check(&p, 2)
+            let err = integrity_check(&p, 2, &CancellationToken::new())
                 .expect_err("a malformed schema")
                 .to_string();
             assert!(err.contains("malformed"), "{err}");
@@ -464,11 +490,11 @@ mod tests {
             rows.iter().any(|r| r.contains("t_a")),
             "the table's own check, run after the scans, names it: {rows:?}"
         );
-        let err = integrity_check(&p, 2)
+        let err = integrity_check(&p, 2, &CancellationToken::new())
             .expect_err("the stale index is found")
             .to_string();
         assert!(err.contains("t_a"), "{err}");
-        assert!(integrity_check(&p, 1).is_err());
+        assert!(integrity_check(&p, 1, &CancellationToken::new()).is_err());
     }
 
     /// Pages no table uses: only the quick check (of the whole file) can see them.
@@ -486,7 +512,7 @@ mod tests {
         );
         edit_schema(&p, "DELETE FROM sqlite_schema WHERE name = 'junk';");
         assert_eq!(pragma(&p, "PRAGMA integrity_check('t')"), ["ok"]);
-        let err = integrity_check(&p, 2)
+        let err = integrity_check(&p, 2, &CancellationToken::new())
             .expect_err("orphan pages are found")
             .to_string();
         assert!(err.contains("never used"), "{err}");
@@ -504,7 +530,7 @@ mod tests {
              VALUES ('table', 'v', 'v', 0, 'CREATE VIRTUAL TABLE v USING no_such_module(x)');",
         );
         assert_eq!(pragma(&p, "PRAGMA integrity_check"), ["ok"]);
-        integrity_check(&p, 2).expect("the check SQLite runs passes");
+        integrity_check(&p, 2, &CancellationToken::new()).expect("the check SQLite runs passes");
     }
 
     /// A task SQLite refuses is reported as refused (the caller then runs the whole check),
@@ -578,7 +604,7 @@ mod tests {
             INSERT INTO virt(j) VALUES ('5'), ('x');
             INSERT INTO twice VALUES (1, 2), (2, 1);",
         );
-        let tasks = plan(&open(&p).expect("open")).expect("plan");
+        let tasks = plan(&open(&p, &CancellationToken::new()).expect("open")).expect("plan");
         let (scanned, checked) = scanned_and_checked(&tasks);
         assert_eq!(scanned, ["s"], "{tasks:?}");
         assert_eq!(
@@ -592,7 +618,7 @@ mod tests {
         let (verdict, again) = split(&p);
         assert!(verdict.is_none());
         assert!(again.is_empty(), "the scans alone passed it: {again:?}");
-        integrity_check(&p, 1).expect("one connection scans too");
+        integrity_check(&p, 1, &CancellationToken::new()).expect("one connection scans too");
     }
 
     /// An index whose entries are all there but not in its key order (its schema turned to
@@ -606,7 +632,7 @@ mod tests {
             "UPDATE sqlite_schema SET sql = 'CREATE INDEX t_a ON t(a DESC)' WHERE name = 't_a';",
         );
         found_after_the_scans(&p, "t");
-        assert!(integrity_check(&p, 2).is_err());
+        assert!(integrity_check(&p, 2, &CancellationToken::new()).is_err());
     }
 
     /// A UTF-16 file: its text reaches the scans through a lossy conversion, so SQLite checks
@@ -619,9 +645,9 @@ mod tests {
             "utf16.db",
             &format!("PRAGMA encoding = 'UTF-16le'; {ROWS}"),
         );
-        let tasks = plan(&open(&p).expect("open")).expect("plan");
+        let tasks = plan(&open(&p, &CancellationToken::new()).expect("open")).expect("plan");
         assert_eq!(scanned_and_checked(&tasks), (vec![], vec!["t".to_string()]));
-        integrity_check(&p, 2).expect("a sound file passes");
+        integrity_check(&p, 2, &CancellationToken::new()).expect("a sound file passes");
     }
 
     /// A UNIQUE index holding one key twice (its schema says UNIQUE, its entries were written
@@ -648,7 +674,7 @@ mod tests {
             rows.iter().any(|r| r.contains("non-unique")),
             "SQLite's check of the table names the duplicate: {rows:?}"
         );
-        assert!(integrity_check(&p, 2).is_err());
+        assert!(integrity_check(&p, 2, &CancellationToken::new()).is_err());
         // Two NULL keys are not a duplicate: the same file without the second 'y' passes.
         let c = Connection::open(&p).expect("open");
         c.execute("DELETE FROM t WHERE id = 5", []).expect("delete");
@@ -689,11 +715,12 @@ mod tests {
             copy[at] ^= 1 << (next() % 8);
             let p = dir.path().join(format!("copy{i}.db"));
             std::fs::write(&p, &copy).expect("write");
-            let sqlite_ok = open(&p).is_ok_and(|c| run(&c, "PRAGMA integrity_check").is_none());
-            let ours_ok = integrity_check(&p, 2).is_ok();
+            let sqlite_ok = open(&p, &CancellationToken::new())
+                .is_ok_and(|c| run(&c, "PRAGMA integrity_check").is_none());
+            let ours_ok = integrity_check(&p, 2, &CancellationToken::new()).is_ok();
             assert_eq!(ours_ok, sqlite_ok, "copy {i}: byte {at} flipped");
             assert_eq!(
-                integrity_check(&p, 1).is_ok(),
+                integrity_check(&p, 1, &CancellationToken::new()).is_ok(),
                 sqlite_ok,
                 "copy {i} on one connection"
             );
@@ -728,5 +755,42 @@ mod tests {
             "UPDATE g SET a = 'a much longer value' WHERE id = 7",
         );
         found_after_the_scans(&p, "g");
+    }
+
+    /// A stop ends the check at its next progress callback, not when the check is done: a
+    /// stop a tenth of the way in returns `Cancelled` in well under the uninterrupted time.
+    #[test]
+    fn a_stop_interrupts_the_check() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = db(
+            dir.path(),
+            "big.db",
+            "PRAGMA journal_mode=DELETE;
+            CREATE TABLE t(id INTEGER PRIMARY KEY, b TEXT);
+            CREATE INDEX t_b ON t(b);
+            WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 200000)
+            INSERT INTO t(b) SELECT hex(randomblob(16)) FROM r;",
+        );
+        let started = std::time::Instant::now();
+        integrity_check(&p, 1, &CancellationToken::new()).expect("a sound file passes");
+        let whole = started.elapsed();
+
+        let stop = CancellationToken::new();
+        let stopper = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(whole / 10);
+                stop.cancel();
+            })
+        };
+        let started = std::time::Instant::now();
+        let r = integrity_check(&p, 1, &stop);
+        let took = started.elapsed();
+        stopper.join().expect("the stopper thread");
+        assert!(matches!(r, Err(RestoreError::Cancelled)), "{r:?}");
+        assert!(
+            took < whole / 2,
+            "stopped after {took:?}; the whole check takes {whole:?}"
+        );
     }
 }

@@ -36,6 +36,7 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_util::io::SyncIoBridge;
+use tokio_util::sync::CancellationToken;
 
 use crate::ltx::checksum::DbChecksum;
 use crate::ltx::{self, Decoder, Header, LtxError, TxId, lock_pgno};
@@ -117,6 +118,10 @@ pub enum RestoreError {
     /// SQLite found the rebuilt database damaged.
     #[error("restored database fails PRAGMA integrity_check: {0}")]
     Integrity(String),
+    /// The restore's future was dropped (a daemon's verify at shutdown, say) and its blocking
+    /// side stopped.
+    #[error("the restore was cancelled")]
+    Cancelled,
 }
 
 impl RestoreError {
@@ -237,7 +242,14 @@ pub async fn apply_parallel(
         None => 0,
     };
     let progress = Progress::start(total + downloaded);
+    // Dropped with this future (or at its end): the blocking side stops instead of running
+    // on, or waiting for chunks no download brings, past the restore.
+    let stop = StopOnDrop {
+        token: CancellationToken::new(),
+        window: window.clone(),
+    };
     let apply = {
+        let stop = stop.token.clone();
         let client = client.clone();
         let opts = opts.clone();
         let handle = tokio::runtime::Handle::current();
@@ -245,7 +257,8 @@ pub async fn apply_parallel(
         let plan = plan.clone();
         let window = window.clone();
         tokio::task::spawn_blocking(move || {
-            apply_blocking(&client, &plan, &opts, &handle, started, window.as_ref(), &p)
+            let window = window.as_ref();
+            apply_blocking(&client, &plan, &opts, &handle, started, window, &p, &stop)
         })
     };
     let result = match &window {
@@ -284,6 +297,23 @@ pub async fn apply_parallel(
     };
     progress.finish();
     result
+}
+
+/// Stops a restore's blocking side when dropped: the decoders at their next read, a reader
+/// waiting for a chunk at once, the integrity check at its next progress callback. The
+/// blocking side then removes its temporary output as after any failure.
+struct StopOnDrop {
+    token: CancellationToken,
+    window: Option<Arc<DownloadWindow>>,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.token.cancel();
+        if let Some(w) = &self.window {
+            w.fail("the restore was cancelled");
+        }
+    }
 }
 
 fn joined(

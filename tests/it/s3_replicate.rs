@@ -757,3 +757,91 @@ async fn large_snapshot_is_uploaded_while_staged_and_restores_exactly() {
     restore_to(AnyClient::S3(s3_client(&server, &url)), &out).await;
     assert_same_content(&db, &out, "streamed snapshot");
 }
+
+/// A shutdown drops a running verify at once (its verdict would not outlive the process), and
+/// the verify leaves nothing behind: its restore is cancelled (downloads stop, the blocking
+/// decoder ends, the temporary output is removed) instead of running on, or waiting forever
+/// for chunks nobody fetches any more, past the end of the daemon. Here the verify's GETs
+/// stall in the server, so a shutdown that waited for it would last its whole 30 s timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_a_stalled_verify_at_once_and_it_leaves_no_files() {
+    let server = S3Server::start().await;
+    if server.is_external() {
+        eprintln!("SKIPPED: cannot stall an external S3 endpoint");
+        return;
+    }
+    let dir = TestDir::new("s3-verify-stop");
+    let db = dir.join("app.db");
+    let url = server.url("verify-stop/app.db");
+    let mut writer = Writer::open(&db, common::seed("s3-verify-stop"));
+    for _ in 0..20 {
+        writer.step();
+    }
+    let cfg = dir.join("replicad.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "monitor-interval: 50ms\nverify-interval: 200ms\nshutdown-sync-timeout: 30s\n\
+             dbs:\n  - path: {}\n    replica:\n      url: {}\n",
+            db.display(),
+            url
+        ),
+    )
+    .unwrap();
+    let mut child = replicad_cmd(
+        &server,
+        dir.path(),
+        &["replicate", "-config", cfg.to_str().unwrap()],
+        "daemon.log",
+    );
+    let log = || std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log().contains("verify ok") {
+        assert!(Instant::now() < deadline, "no verify passed:\n{}", log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The next verify's GETs wait in the server; the shutdown comes while they do.
+    server.hold_ltx_gets(true);
+    writer.step();
+    while server.held_ltx_gets() == 0 {
+        assert!(Instant::now() < deadline, "no verify started:\n{}", log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stopping = Instant::now();
+    common::sigterm(&child);
+    let status = common::wait_timeout(&mut child, Duration::from_secs(20));
+    let took = stopping.elapsed();
+    server.hold_ltx_gets(false);
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("replicad still running 20 s after SIGTERM:\n{}", log());
+    };
+    eprintln!("exited {status:?} {took:?} after SIGTERM");
+    assert!(status.success(), "exit {status:?}:\n{}", log());
+
+    // Nothing of the verify is left beside the database: no output, no temporary file.
+    let mut left = Vec::new();
+    let mut dirs = vec![dir.path().to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("verify"))
+            {
+                left.push(p);
+            }
+        }
+    }
+    assert!(left.is_empty(), "the dropped verify left {left:?}");
+
+    // The commit made just before the shutdown was shipped and restores.
+    let out = dir.join("restored.db");
+    run_ok(&server, &["restore", "--to", out.to_str().unwrap(), &url]);
+    assert_same_content(&db, &out, "restore after a shutdown during a verify");
+}

@@ -22,12 +22,14 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tokio_util::io::SyncIoBridge;
+use tokio_util::sync::CancellationToken;
 
 use crate::ltx::{self, Codec, Decoder, TxId};
 use crate::replicate::counters::ReplicaCounters;
 use crate::replicate::staging::Staging;
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::util::fsutil;
+use crate::util::stop::Stoppable;
 use compactor::CompactOptions;
 use schedule::{RemoteIndex, RetentionPolicy};
 
@@ -329,6 +331,9 @@ async fn build(
         .await
         .expect("the build semaphore is never closed");
     let handle = tokio::runtime::Handle::current();
+    // Dropping this job stops the build at its next read, which then removes its output.
+    let stop = CancellationToken::new();
+    let _stop_on_drop = stop.clone().drop_guard();
     let mut readers: Vec<Input> = Vec::with_capacity(inputs.len());
     for f in inputs {
         let local = staging.path(f.min_txid);
@@ -361,7 +366,7 @@ async fn build(
         fsutil::create_dir_all_durable(&tmp_dir).map_err(|e| e.to_string())?;
         let decoders = readers
             .into_iter()
-            .map(Decoder::new)
+            .map(|r| Decoder::new(Stoppable::new(r, stop.clone())))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
         let file = fsutil::create_fresh(&out_path).map_err(|e| e.to_string())?;

@@ -20,8 +20,8 @@
 //!   only after a round found it fresh, and a replica whose lease was taken stops for good
 //!   (logged as an error, shown by `/readyz`; its running job is aborted, though one request
 //!   already sent may still land). A vanished lease aborts the running job before the listing
-//!   that decides what to do. A clean shutdown waits for the running job unless the
-//!   shutdown's timeout cancels it, then releases the lease.
+//!   that decides what to do. A clean shutdown drops a running verify, waits for any
+//!   other job unless the shutdown's timeout cancels it, then releases the lease.
 //! - Maintenance runs beside uploads: a commit ships while a snapshot or a verify of the
 //!   whole database is being built (see [`crate::replicate::maintenance`]). Only the rare
 //!   paths that replace the index (a seed, a divergence, a wipe) wait for the running job.
@@ -627,9 +627,12 @@ impl Replica {
                     self.stats.health.recover();
                     backoff.reset();
                     if closed {
-                        // The running job is waited for unless the shutdown's timeout cancels
-                        // it. Not dropped at once: a restore's blocking threads would run on
-                        // after it, past the Store's shutdown.
+                        // A verify's verdict would not outlive the process: it stops now (its
+                        // restore stops with it). Any other job is waited for, unless the
+                        // shutdown's timeout cancels it: what it stores is kept.
+                        if matches!(self.job, Some((Job::Verify, _))) {
+                            self.abort_maintenance("the database stopped");
+                        }
                         tokio::select! {
                             _ = abort.cancelled() => return,
                             _ = Box::pin(self.settle_maintenance()) => {}

@@ -7,7 +7,8 @@
 //! runtime, and it can be stopped and restarted on the same port ([`S3Server::stop`],
 //! [`S3Server::restart`]) to test outages. Every request is counted ([`S3Server::request_count`],
 //! [`S3Server::requests_by_op`]), which is what "no requests while idle" tests assert on, and
-//! server errors can be injected per operation ([`S3Server::fail_next`]). Conditional writes
+//! server errors can be injected per operation ([`S3Server::fail_next`]), and GETs of LTX files
+//! held as behind a stalled network ([`S3Server::hold_ltx_gets`]). Conditional writes
 //! (`If-None-Match`, `If-Match`) are decided atomically, as S3 decides them: s3s-fs alone
 //! checks the condition before reading the body.
 //!
@@ -110,6 +111,10 @@ struct Counters {
     /// Every signed request is refused with AccessDenied, as under a bucket policy that
     /// denies these credentials ([`S3Server::deny_access`]).
     deny: std::sync::atomic::AtomicBool,
+    /// GETs of `.ltx` objects wait in the server while set ([`S3Server::hold_ltx_gets`]).
+    hold_ltx: std::sync::atomic::AtomicBool,
+    /// GETs of `.ltx` objects that have waited so far.
+    held: AtomicU64,
 }
 
 /// Counts operations. s3s calls `check` for every request it routed to an operation (when
@@ -146,6 +151,16 @@ impl S3Access for CountingAccess {
         {
             *left -= 1;
             return Err(s3s::s3_error!(InternalError, "injected by the test"));
+        }
+        let ltx = cx
+            .s3_path()
+            .as_object()
+            .is_some_and(|(_, key)| key.ends_with(".ltx"));
+        if op == "GetObject" && ltx && self.counters.hold_ltx.load(Ordering::SeqCst) {
+            self.counters.held.fetch_add(1, Ordering::SeqCst);
+            while self.counters.hold_ltx.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
         if let Some(bucket) = cx.s3_path().get_bucket_name()
             && op != "CreateBucket"
@@ -384,6 +399,24 @@ impl S3Server {
             .lock()
             .unwrap()
             .insert(op.to_string(), n);
+    }
+
+    /// While `on`, every GET of an `.ltx` object waits in the server before it is served, as
+    /// behind a stalled network; `false` lets the waiting ones go on. Panics for an external
+    /// endpoint.
+    pub fn hold_ltx_gets(&self, on: bool) {
+        let local = self
+            .local
+            .as_ref()
+            .expect("S3Server::hold_ltx_gets is not possible with REPLICAD_TEST_S3_ENDPOINT");
+        local.counters.hold_ltx.store(on, Ordering::SeqCst);
+    }
+
+    /// GETs of `.ltx` objects that [`S3Server::hold_ltx_gets`] has held so far.
+    pub fn held_ltx_gets(&self) -> u64 {
+        self.local
+            .as_ref()
+            .map_or(0, |l| l.counters.held.load(Ordering::SeqCst))
     }
 
     /// Injected failures of `op` not served yet.
