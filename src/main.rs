@@ -50,14 +50,18 @@ fn main() {
                 log_level: cli.log_level,
                 command,
             };
-            if let Err(e) = runtime().block_on(cli::run(cli)) {
+            let rt = runtime();
+            let result = rt.block_on(cli::run(cli));
+            // An interrupted restore's threads remove its temporary output before exit.
+            rt.shutdown_timeout(EXIT_WAIT);
+            if let Err(e) = result {
                 fail(&e);
             }
         }
     }
 }
 
-/// How long `replicate` waits at exit for blocking work whose owner is gone.
+/// How long the binary waits at exit for blocking work whose owner is gone.
 const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Prints `e` and exits with its code.

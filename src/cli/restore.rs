@@ -200,9 +200,19 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         phases: Default::default(),
         threads: None,
     };
-    let report = restore::apply_parallel(&client, plan, &opts, args.parallelism)
-        .await
-        .map_err(|e| anyhow!(e))?;
+    let stopped = stop_signal().map_err(CliError::Runtime)?;
+    let report = tokio::select! {
+        r = restore::apply_parallel(&client, plan, &opts, args.parallelism) => {
+            r.map_err(|e| anyhow!(e))?
+        }
+        // Dropping the restore stops its threads, which remove the temporary output.
+        signal = stopped => {
+            return Err(CliError::Runtime(anyhow!(
+                "{signal}: restore stopped; nothing was written to {}",
+                opts.to.display()
+            )));
+        }
+    };
     if args.json {
         println!(
             "{}",
@@ -260,17 +270,26 @@ async fn follow_until_signal(
     client: &crate::storage::AnyClient,
     opts: &crate::restore::follow::FollowOptions,
 ) -> anyhow::Result<()> {
+    let stopped = stop_signal()?;
+    let shutdown = async move {
+        let signal = stopped.await;
+        tracing::info!("{signal}: stopping");
+    };
+    crate::restore::follow::run(client, opts, shutdown).await?;
+    Ok(())
+}
+
+/// Resolves to the signal's name at the first SIGINT or SIGTERM (handlers installed now).
+fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = &'static str>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| anyhow::anyhow!("install SIGTERM handler: {e}"))?;
     let mut int = signal(SignalKind::interrupt())
         .map_err(|e| anyhow::anyhow!("install SIGINT handler: {e}"))?;
-    let shutdown = async move {
+    Ok(async move {
         tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-            _ = int.recv() => tracing::info!("SIGINT: stopping"),
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
         }
-    };
-    crate::restore::follow::run(client, opts, shutdown).await?;
-    Ok(())
+    })
 }

@@ -845,3 +845,80 @@ async fn shutdown_stops_a_stalled_verify_at_once_and_it_leaves_no_files() {
     run_ok(&server, &["restore", "--to", out.to_str().unwrap(), &url]);
     assert_same_content(&db, &out, "restore after a shutdown during a verify");
 }
+
+/// Ctrl-C during a restore stops it cleanly: exit 1 naming the signal, no output and no
+/// temporary file left beside it (the restore's threads remove it before the process exits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_restore_leaves_no_files() {
+    let server = S3Server::start().await;
+    if server.is_external() {
+        eprintln!("SKIPPED: cannot stall an external S3 endpoint");
+        return;
+    }
+    let dir = TestDir::new("s3-restore-int");
+    let db = dir.join("app.db");
+    let url = server.url("restore-int/app.db");
+    let mut writer = Writer::open(&db, common::seed("s3-restore-int"));
+    for _ in 0..20 {
+        writer.step();
+    }
+    let mut daemon = replicad_cmd(
+        &server,
+        dir.path(),
+        &["replicate", db.to_str().unwrap(), &url],
+        "daemon.log",
+    );
+    let client = s3_client(&server, &url);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !caught_up_remote(&client).await {
+        assert!(Instant::now() < deadline, "the replica got no file");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop(&mut daemon);
+
+    // The restore's GETs wait in the server; SIGINT comes while they do.
+    server.hold_ltx_gets(true);
+    let out = dir.join("restored.db");
+    let tmp = dir.join("restored.db.tmp");
+    let mut restore = replicad_cmd(
+        &server,
+        dir.path(),
+        &["restore", "--to", out.to_str().unwrap(), &url],
+        "restore.log",
+    );
+    let log = || std::fs::read_to_string(dir.join("restore.log")).unwrap_or_default();
+    while server.held_ltx_gets() == 0 || !tmp.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the restore did not start:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    common::sigint(&restore);
+    let status = common::wait_timeout(&mut restore, Duration::from_secs(20));
+    server.hold_ltx_gets(false);
+    let Some(status) = status else {
+        let _ = restore.kill();
+        let _ = restore.wait();
+        panic!("restore still running 20 s after SIGINT:\n{}", log());
+    };
+    assert_eq!(status.code(), Some(1), "{}", log());
+    assert!(log().contains("SIGINT: restore stopped"), "{}", log());
+    assert!(
+        !out.exists(),
+        "an interrupted restore wrote {}",
+        out.display()
+    );
+    assert!(
+        !tmp.exists(),
+        "an interrupted restore left {}",
+        tmp.display()
+    );
+}
+
+/// True once the replica holds at least one level-0 file.
+async fn caught_up_remote(client: &S3Client) -> bool {
+    use replicad::storage::ReplicaClient;
+    client.list(0).await.is_ok_and(|files| !files.is_empty())
+}
