@@ -81,10 +81,37 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Restore(args) => restore::run(args).await,
         Command::Ltx(args) => ltx::run(args).await,
         Command::Databases(args) => databases::run(args).await,
-        Command::Snapshot(args) => snapshot::run(args).await,
-        Command::Verify(args) => verify::run(args).await,
+        Command::Snapshot(args) => until_stopped(snapshot::run(args)).await,
+        Command::Verify(args) => until_stopped(verify::run(args)).await,
         Command::Status(args) => status::run(args).await,
         Command::Sync(args) => sync::run(args).await,
         Command::AgeKeygen(args) => age_keygen::run(args).await,
     }
+}
+
+/// Runs `work` until SIGINT or SIGTERM. A stop drops it: the restore inside stops its threads,
+/// which remove their temporary files before the process exits (see `main`).
+async fn until_stopped(work: impl Future<Output = Result<(), CliError>>) -> Result<(), CliError> {
+    let stopped = stop_signal().map_err(CliError::Runtime)?;
+    tokio::select! {
+        r = work => r,
+        signal = stopped => Err(CliError::Runtime(anyhow::anyhow!(
+            "{signal}: stopped before the end; no output was written"
+        ))),
+    }
+}
+
+/// Resolves to the signal's name at the first SIGINT or SIGTERM (handlers installed now).
+fn stop_signal() -> anyhow::Result<impl Future<Output = &'static str>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| anyhow::anyhow!("install SIGTERM handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| anyhow::anyhow!("install SIGINT handler: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    })
 }

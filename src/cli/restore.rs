@@ -200,7 +200,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         phases: Default::default(),
         threads: None,
     };
-    let stopped = stop_signal().map_err(CliError::Runtime)?;
+    let stopped = super::stop_signal().map_err(CliError::Runtime)?;
     let report = tokio::select! {
         r = restore::apply_parallel(&client, plan, &opts, args.parallelism) => {
             r.map_err(|e| anyhow!(e))?
@@ -270,26 +270,11 @@ async fn follow_until_signal(
     client: &crate::storage::AnyClient,
     opts: &crate::restore::follow::FollowOptions,
 ) -> anyhow::Result<()> {
-    let stopped = stop_signal()?;
+    let stopped = super::stop_signal()?;
     let shutdown = async move {
         let signal = stopped.await;
         tracing::info!("{signal}: stopping");
     };
     crate::restore::follow::run(client, opts, shutdown).await?;
     Ok(())
-}
-
-/// Resolves to the signal's name at the first SIGINT or SIGTERM (handlers installed now).
-fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = &'static str>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())
-        .map_err(|e| anyhow::anyhow!("install SIGTERM handler: {e}"))?;
-    let mut int = signal(SignalKind::interrupt())
-        .map_err(|e| anyhow::anyhow!("install SIGINT handler: {e}"))?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        }
-    })
 }

@@ -846,10 +846,11 @@ async fn shutdown_stops_a_stalled_verify_at_once_and_it_leaves_no_files() {
     assert_same_content(&db, &out, "restore after a shutdown during a verify");
 }
 
-/// Ctrl-C during a restore stops it cleanly: exit 1 naming the signal, no output and no
-/// temporary file left beside it (the restore's threads remove it before the process exits).
+/// Ctrl-C or SIGTERM during `restore`, `snapshot` or `verify` stops it cleanly: exit 1 naming
+/// the signal, no output and no temporary file left (the restore inside removes its own
+/// before the process exits).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_interrupted_restore_leaves_no_files() {
+async fn an_interrupted_restore_snapshot_or_verify_leaves_no_files() {
     let server = S3Server::start().await;
     if server.is_external() {
         eprintln!("SKIPPED: cannot stall an external S3 endpoint");
@@ -876,45 +877,95 @@ async fn an_interrupted_restore_leaves_no_files() {
     }
     stop(&mut daemon);
 
-    // The restore's GETs wait in the server; SIGINT comes while they do.
+    // Each command's GETs wait in the server; the signal comes while they do.
     server.hold_ltx_gets(true);
     let out = dir.join("restored.db");
-    let tmp = dir.join("restored.db.tmp");
-    let mut restore = replicad_cmd(
-        &server,
-        dir.path(),
-        &["restore", "--to", out.to_str().unwrap(), &url],
-        "restore.log",
-    );
-    let log = || std::fs::read_to_string(dir.join("restore.log")).unwrap_or_default();
-    while server.held_ltx_gets() == 0 || !tmp.exists() {
+    let snap = dir.join("snap.db");
+    type Signal = fn(&Child);
+    let cases: [(&str, Vec<&str>, Signal); 3] = [
+        (
+            "SIGINT",
+            vec!["restore", "--to", out.to_str().unwrap(), &url],
+            common::sigint,
+        ),
+        (
+            "SIGTERM",
+            vec!["snapshot", "--to", snap.to_str().unwrap(), &url],
+            common::sigterm,
+        ),
+        ("SIGINT", vec!["verify", &url], common::sigint),
+    ];
+    for (signal, args, send) in cases {
+        let held = server.held_ltx_gets();
+        // `verify` works in a directory under TMPDIR.
+        let tmpdir = dir.join("tmpdir");
+        std::fs::create_dir_all(&tmpdir).unwrap();
+        let mut child = Command::new(common::bin())
+            .args(&args)
+            .env("AWS_ACCESS_KEY_ID", &server.access_key)
+            .env("AWS_SECRET_ACCESS_KEY", &server.secret_key)
+            .env("TMPDIR", &tmpdir)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("cmd.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let log = || std::fs::read_to_string(dir.join("cmd.log")).unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Held GETs, and the temporary output the restore inside creates as it starts.
+        while server.held_ltx_gets() == held || files_named(dir.path(), ".tmp").is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{args:?} did not start:\n{}",
+                log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        send(&child);
+        let status = common::wait_timeout(&mut child, Duration::from_secs(20));
+        let Some(status) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} still running 20 s after {signal}:\n{}", log());
+        };
+        assert_eq!(status.code(), Some(1), "{args:?}: {}", log());
         assert!(
-            Instant::now() < deadline,
-            "the restore did not start:\n{}",
+            log().contains(&format!("{signal}: ")),
+            "{args:?}: {}",
             log()
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!out.exists() && !snap.exists(), "{args:?} wrote an output");
+        let left: Vec<_> = [".tmp", ".replicad-snapshot-", "verify"]
+            .iter()
+            .flat_map(|p| files_named(dir.path(), p))
+            .collect();
+        assert!(left.is_empty(), "{args:?} after {signal} left {left:?}");
+        let dirs = std::fs::read_dir(&tmpdir).unwrap().count();
+        assert_eq!(
+            dirs, 0,
+            "{args:?} after {signal} left a directory in TMPDIR"
+        );
     }
-    common::sigint(&restore);
-    let status = common::wait_timeout(&mut restore, Duration::from_secs(20));
     server.hold_ltx_gets(false);
-    let Some(status) = status else {
-        let _ = restore.kill();
-        let _ = restore.wait();
-        panic!("restore still running 20 s after SIGINT:\n{}", log());
-    };
-    assert_eq!(status.code(), Some(1), "{}", log());
-    assert!(log().contains("SIGINT: restore stopped"), "{}", log());
-    assert!(
-        !out.exists(),
-        "an interrupted restore wrote {}",
-        out.display()
-    );
-    assert!(
-        !tmp.exists(),
-        "an interrupted restore left {}",
-        tmp.display()
-    );
+}
+
+/// Files under `dir` (not its test server's data) whose name contains `part`.
+fn files_named(dir: &Path, part: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().contains(part))
+            {
+                found.push(p);
+            }
+        }
+    }
+    found
 }
 
 /// True once the replica holds at least one level-0 file.
