@@ -157,8 +157,8 @@ struct Core {
     awake: Arc<crate::replicate::db::AwakeBudget>,
     /// Phase totals of every database and replica.
     phases: Arc<crate::util::phase::PhaseStats>,
-    /// Turns for the maintenance builds of every replica.
-    builds: Arc<Semaphore>,
+    /// Turns for the maintenance builds and verifies of every replica.
+    turns: crate::replicate::maintenance::Turns,
     /// SDK clients shared by the replicas of one endpoint, region and credentials.
     s3_clients: crate::storage::s3::S3Clients,
     started_ms: i64,
@@ -392,7 +392,7 @@ impl StoreCore {
                 staging.clone(),
                 dbc.settings.heartbeat_interval,
                 counters,
-                maintenance_of(&dbc.settings, meta.join("tmp").join(&rc.name), &core.builds),
+                maintenance_of(&dbc.settings, meta.join("tmp").join(&rc.name), &core.turns),
                 lease,
             );
             if let Some(why) = deferred {
@@ -530,7 +530,7 @@ impl Store {
                 prometheus: prometheus.clone(),
                 counters: ReplicaMetrics::register(&prometheus, phases.clone()),
                 phases,
-                builds: Arc::new(Semaphore::new(crate::replicate::maintenance::MAX_BUILDS)),
+                turns: Default::default(),
                 s3_clients: Default::default(),
                 awake,
                 started_ms: crate::util::clock::now_ms(),
@@ -760,7 +760,7 @@ fn codec_for(dbc: &DbConfig, replicas: &mut [Replica]) -> crate::config::DbSetti
 fn maintenance_of(
     s: &crate::config::DbSettings,
     tmp_dir: std::path::PathBuf,
-    builds: &Arc<Semaphore>,
+    turns: &crate::replicate::maintenance::Turns,
 ) -> Maintenance {
     // Leftovers are partial outputs of a crashed compaction: never uploaded, safe to drop.
     let _ = std::fs::remove_dir_all(&tmp_dir);
@@ -777,6 +777,6 @@ fn maintenance_of(
         codec: s.compression,
         tmp_dir,
         verify_interval: s.verify_interval,
-        builds: builds.clone(),
+        turns: turns.clone(),
     }
 }

@@ -493,3 +493,89 @@ async fn commits_ship_while_a_verify_runs() {
     restore_txid(&replica, &out, None).await.unwrap();
     assert_same_content(&db, &out, "restored after verifies ran beside uploads");
 }
+
+/// Verifies take turns across the Store: with four databases due for a verify at the same
+/// moments, at most one is restored at a time (each verify holds a whole copy of its database
+/// on disk and a core), and every database is still verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verifies_take_turns_across_databases() {
+    let dir = TestDir::new("maint-turns");
+    let mut yaml = String::from(
+        "monitor-interval: 40ms\nheartbeat-interval: 100ms\nverify-interval: 100ms\n\
+         levels:\n  - interval: 1h\nsnapshot:\n  interval: 1h\ndbs:\n",
+    );
+    let mut writers = Vec::new();
+    for i in 0..4 {
+        let db = dir.join(&format!("db{i}.db"));
+        let mut w = Writer::open(&db, common::seed(&format!("maint-turns-{i}")));
+        w.commit_txn();
+        // About 2 MiB, so that each verify takes a while.
+        w.conn
+            .execute_batch(
+                "CREATE TABLE big(b BLOB);
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500)
+                 INSERT INTO big SELECT randomblob(4000) FROM n;",
+            )
+            .unwrap();
+        writers.push(w);
+        yaml += &format!(
+            "  - path: {}\n    replica:\n      path: {}\n",
+            db.display(),
+            dir.join(&format!("replica{i}")).display()
+        );
+    }
+    let config = Config::parse(&yaml, "test", false).unwrap();
+    let store = Store::open(&config).await.unwrap();
+
+    // Sample the verifies' outputs on disk while every database commits.
+    let mut most = 0;
+    let mut commits = Instant::now();
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        if commits.elapsed() >= Duration::from_millis(50) {
+            for w in &mut writers {
+                w.commit_txn();
+            }
+            commits = Instant::now();
+        }
+        most = most.max(verifying(dir.path()));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for h in store.dbs().iter() {
+        let c = &h.replicas[0].1.counters;
+        assert!(
+            c.verify_ok.get() == 1 && c.verify_txid.get() > 1,
+            "{}: verify ok {} at TXID {}",
+            h.path.display(),
+            c.verify_ok.get(),
+            c.verify_txid.get()
+        );
+    }
+    assert_eq!(
+        most, 1,
+        "databases being verified at once, at most (0: no verify was seen)"
+    );
+    store.shutdown(std::future::pending()).await;
+}
+
+/// How many replicas' temporary directories under `dir` hold a verify's output now.
+fn verifying(dir: &Path) -> usize {
+    let mut n = 0;
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let mut here = false;
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p
+                .file_name()
+                .is_some_and(|f| f.to_string_lossy().starts_with("verify.db"))
+            {
+                here = true;
+            }
+        }
+        n += usize::from(here);
+    }
+    n
+}

@@ -13,6 +13,11 @@
 //!   runs as a task of its own ([`run`]), and its [`Done`] enters the index when it ends. One
 //!   job runs at a time per replica, and the replica waits for it before anything that
 //!   replaces its index (a wipe, a divergence, a seed).
+//! - A dropped job stops its blocking part too: builds and verifies read through a
+//!   [`Stoppable`] whose token the job holds, and remove their partial output.
+//! - Builds and verifies take turns across the Store ([`Turns`]): at most [`MAX_BUILDS`]
+//!   builds and [`MAX_VERIFIES`] verify at once, verifies handed out in the order replicas
+//!   asked, so every database gets its verify.
 
 pub mod compactor;
 pub mod schedule;
@@ -52,10 +57,33 @@ pub struct Maintenance {
     pub tmp_dir: PathBuf,
     /// How often the replica is restored and checked (zero: never).
     pub verify_interval: Duration,
-    /// Turns for local builds (merge, compress, fsync), shared by every replica of a Store
-    /// ([`MAX_BUILDS`]).
-    pub builds: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Turns shared by every replica of a Store.
+    pub turns: Turns,
 }
+
+/// Turns shared by every replica of a Store: jobs that would all come due together (the
+/// databases started together) take them one after the other.
+#[derive(Debug, Clone)]
+pub struct Turns {
+    /// Local builds (merge, compress, fsync), [`MAX_BUILDS`] at once.
+    pub builds: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Verifies, [`MAX_VERIFIES`] at once.
+    pub verifies: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Turns {
+    fn default() -> Turns {
+        Turns {
+            builds: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_BUILDS)),
+            verifies: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_VERIFIES)),
+        }
+    }
+}
+
+/// Verifies running at once across a Store. Each restores a whole database into the temporary
+/// directory and checks it on one core: 400 databases with the same `verify-interval` would
+/// otherwise hold 400 copies on disk and every core at once, every interval.
+pub const MAX_VERIFIES: usize = 1;
 
 /// A maintenance job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,6 +354,7 @@ async fn build(
 ) -> Result<LtxFileInfo, StorageError> {
     // Taken before the inputs are opened, so that no remote body waits idle for a turn.
     let turn = m
+        .turns
         .builds
         .acquire()
         .await

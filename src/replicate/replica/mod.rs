@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -134,10 +134,20 @@ pub struct Replica {
     due: VecDeque<Job>,
     /// The maintenance job running beside the uploads (aborted if the replica stops).
     job: Option<(Job, AbortOnDropHandle<Result<Done, StorageError>>)>,
+    /// A verify turn this replica waited for in line, used by the next job start.
+    verify_turn: Option<OwnedSemaphorePermit>,
 }
 
 /// A finished maintenance job's result, or its task's failure.
 type Finished = Result<Result<Done, StorageError>, tokio::task::JoinError>;
+
+/// A place in line for a verify turn.
+type TurnWait = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<OwnedSemaphorePermit, tokio::sync::AcquireError>>
+            + Send,
+    >,
+>;
 
 impl Replica {
     /// A replica named `name` of database `db` (for logs), uploading from `staging`, under
@@ -174,6 +184,7 @@ impl Replica {
             pending_seed: None,
             recheck: false,
             due: VecDeque::new(),
+            verify_turn: None,
             job: None,
         }
     }
@@ -371,7 +382,23 @@ impl Replica {
                 self.due.push_back(job);
             }
         }
+        // A verify whose turn is taken by another replica's stays due, and the task waits in
+        // line for a turn (`run`); the other jobs do not wait behind it.
+        let mut waiting = None;
         while let Some(job) = self.due.pop_front() {
+            let turn = match job {
+                Job::Verify => match self.verify_turn.take().or_else(|| {
+                    // Fails while others wait in line: the semaphore hands turns out in order.
+                    self.maint.turns.verifies.clone().try_acquire_owned().ok()
+                }) {
+                    Some(turn) => Some(turn),
+                    None => {
+                        waiting = Some(job);
+                        continue;
+                    }
+                },
+                _ => None,
+            };
             let planned = maintenance::plan(
                 job,
                 &self.maint,
@@ -389,11 +416,17 @@ impl Replica {
             };
             let (m, client) = (self.maint.clone(), self.client.clone());
             let (staging, counters) = (self.staging.clone(), self.stats.counters.clone());
-            let run = async move { maintenance::run(work, &m, &client, &staging, &counters).await };
+            let run = async move {
+                let _turn = turn;
+                maintenance::run(work, &m, &client, &staging, &counters).await
+            };
             let span = tracing::Span::current();
             let task = tokio::spawn(tracing::Instrument::instrument(run, span));
             self.job = Some((job, AbortOnDropHandle::new(task)));
-            return;
+            break;
+        }
+        if let Some(job) = waiting {
+            self.due.push_front(job);
         }
     }
 
@@ -558,6 +591,9 @@ impl Replica {
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
         let mut streak: Option<(Instant, u32)> = None;
         let mut schedule = Schedule::new(&self.maint, Instant::now());
+        // A place in line for a verify turn, kept across wake-ups so that every replica gets
+        // its turn in order (boxed: held only while a verify waits).
+        let mut in_line: Option<TurnWait> = None;
         loop {
             let target = pos_rx.borrow_and_update().txid;
             let closed = pos_rx.has_changed().is_err();
@@ -667,6 +703,8 @@ impl Replica {
             if retry.is_none() && pos_rx.has_changed().is_ok() {
                 self.start_maintenance(&mut schedule);
             }
+            // A turn not used now goes to the next in line.
+            self.verify_turn = None;
             // While retrying, the backoff alone paces requests (a failed refresh leaves the
             // lease due, which must not turn into a busy loop).
             // Maintenance starts only after a successful round: a deadline it has passed must
@@ -680,6 +718,13 @@ impl Replica {
                     .min(schedule.until_next(Instant::now())),
             };
             let running = self.job.is_some();
+            // A verify waits in line for its turn only while nothing else holds the replica:
+            // a turn handed to it meanwhile would sit unused.
+            if running || retry.is_some() || !self.due.contains(&Job::Verify) {
+                in_line = None;
+            } else if in_line.is_none() {
+                in_line = Some(Box::pin(self.maint.turns.verifies.clone().acquire_owned()));
+            }
             let deadline = crate::replicate::tick::coarse_deadline(wait);
             let finished = tokio::select! {
                 _ = abort.cancelled() => return,
@@ -692,6 +737,14 @@ impl Replica {
                     Some((_, task)) => task.await,
                     None => std::future::pending().await,
                 } }, if running => Some(r),
+                turn = async { match in_line.as_mut() {
+                    Some(wait) => wait.await,
+                    None => std::future::pending().await,
+                } }, if in_line.is_some() => {
+                    in_line = None;
+                    self.verify_turn = turn.ok();
+                    None
+                }
                 _ = tokio::time::sleep_until(deadline) => None,
             };
             if let Some(r) = finished
