@@ -25,6 +25,7 @@ use super::CliError;
 use super::source::{source, target};
 use crate::restore::{self, RestoreOptions};
 use crate::util::fsutil;
+use crate::util::stop::{Gate, Stoppable};
 
 /// The gzip level of `.gz` snapshots.
 const GZIP_LEVEL: u32 = 6;
@@ -118,8 +119,11 @@ pub async fn run(args: SnapshotArgs) -> Result<(), CliError> {
         .await
         .map_err(|e| anyhow!(e))?;
 
+    // Dropped with this future (a signal): compression stops and nothing is published.
+    let gate = Gate::default();
+    let _stop = gate.stop_on_drop();
     let (work_path, dest, force) = (work.path.clone(), to.clone(), args.force);
-    tokio::task::spawn_blocking(move || publish(&work_path, &dest, gzip, force))
+    tokio::task::spawn_blocking(move || publish(&work_path, &dest, gzip, force, &gate))
         .await
         .map_err(|e| anyhow!("snapshot task failed: {e}"))??;
     drop(work);
@@ -190,20 +194,28 @@ fn check_output(to: &Path, gzip: bool, force: bool) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Moves the restored `work` file to `to`, gzip-compressing it on the way for `.gz`.
-fn publish(work: &Path, to: &Path, gzip: bool, force: bool) -> anyhow::Result<()> {
+/// Moves the restored `work` file to `to`, gzip-compressing it on the way for `.gz`; nothing
+/// once `gate` is stopped.
+fn publish(work: &Path, to: &Path, gzip: bool, force: bool, gate: &Gate) -> anyhow::Result<()> {
+    let stopped = || Err(anyhow!("stopped"));
     if gzip {
         let tmp = fsutil::tmp_path(to);
-        let result = compress(work, &tmp).and_then(|()| place(&tmp, to, force));
+        let result = compress(work, &tmp, gate).and_then(|()| {
+            gate.unless_stopped(|| place(&tmp, to, force))
+                .unwrap_or_else(stopped)
+        });
         if result.is_err() {
             let _ = fs::remove_file(&tmp);
         }
         result?;
     } else {
-        if force {
-            restore::remove_wal_files(to)?;
-        }
-        place(work, to, force)?;
+        gate.unless_stopped(|| {
+            if force {
+                restore::remove_wal_files(to)?;
+            }
+            place(work, to, force)
+        })
+        .unwrap_or_else(stopped)?;
     }
     let dir = fsutil::parent_dir(to);
     fsutil::fsync_dir(dir).with_context(|| format!("fsync {}", dir.display()))
@@ -232,9 +244,10 @@ fn place(src: &Path, to: &Path, force: bool) -> anyhow::Result<()> {
     fs::rename(src, to).with_context(|| format!("rename to {}", to.display()))
 }
 
-/// Streams `src` through gzip into a new `dest`, then fsyncs it.
-fn compress(src: &Path, dest: &Path) -> anyhow::Result<()> {
-    let mut input = File::open(src).with_context(|| format!("open {}", src.display()))?;
+/// Streams `src` through gzip into a new `dest`, then fsyncs it (until `gate` stops).
+fn compress(src: &Path, dest: &Path, gate: &Gate) -> anyhow::Result<()> {
+    let input = File::open(src).with_context(|| format!("open {}", src.display()))?;
+    let mut input = Stoppable::new(input, gate.token().clone());
     let out = File::create(dest).with_context(|| format!("create {}", dest.display()))?;
     let mut enc = GzEncoder::new(out, Compression::new(GZIP_LEVEL));
     let mut buf = vec![0u8; COPY_BUFFER];

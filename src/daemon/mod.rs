@@ -545,6 +545,11 @@ impl Store {
         core.inner
             .tracker
             .spawn(watcher.run(core.inner.ingest.child_token()));
+        core.inner
+            .tracker
+            .spawn(crate::util::malloc::trim_periodically(
+                core.inner.ingest.child_token(),
+            ));
         // Databases start concurrently (listing a replica is a network round trip: thousands
         // started one by one would take minutes).
         // Every start runs to its end (a start dropped half-way would keep its leases).

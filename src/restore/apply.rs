@@ -3,7 +3,8 @@
 
 use super::pages::{BatchError, DecoderGone, Decoders};
 use crate::restore::output::AlignedBuf;
-use crate::util::stop::Stoppable;
+use crate::util::stop::{Gate, Stoppable};
+use tokio_util::sync::CancellationToken;
 
 /// Most bytes of consecutive pages a direct write carries.
 const WRITE_RUN: usize = 1024 * 1024;
@@ -19,7 +20,7 @@ pub(super) fn apply_blocking(
     started: Instant,
     window: Option<&Arc<DownloadWindow>>,
     progress: &Progress,
-    stop: &CancellationToken,
+    gate: &Gate,
 ) -> Result<RestoreReport, RestoreError> {
     let last = plan
         .last()
@@ -36,6 +37,7 @@ pub(super) fn apply_blocking(
         || std::thread::available_parallelism().map_or(1, usize::from),
         usize::from,
     );
+    let stop = gate.token();
     let written = write_tmp(
         client, plan, &tmp, handle, window, progress, direct, threads, stop,
     );
@@ -62,6 +64,11 @@ pub(super) fn apply_blocking(
                 return durable().and_then(|()| integrity_check(&tmp, threads, stop));
             };
             let checked = integrity_check(&tmp, threads, stop);
+            if matches!(checked, Err(RestoreError::Cancelled)) {
+                // Gone before the fsync ends (seconds for a large file): the stopped restore's
+                // owner may not wait that long.
+                let _ = fs::remove_file(&tmp);
+            }
             let synced = syncing.join().unwrap_or_else(|_| {
                 Err(RestoreError::Inconsistent(
                     "the fsync thread panicked".into(),
@@ -77,9 +84,16 @@ pub(super) fn apply_blocking(
         Ok((applied, connections))
     });
     // A stopped restore publishes nothing, whatever step the stop reached.
-    let result = result.and_then(|r| match stop.is_cancelled() {
-        true => Err(RestoreError::Cancelled),
-        false => Ok(r),
+    let result = result.and_then(|r| {
+        let published = gate.unless_stopped(|| {
+            if opts.force {
+                remove_wal_files(&opts.to)?;
+            }
+            fsutil::publish(&tmp, &opts.to).map_err(RestoreError::io("publish", &opts.to))
+        });
+        published
+            .unwrap_or(Err(RestoreError::Cancelled))
+            .map(|()| r)
     });
     let (applied, check_connections) = match result {
         Ok(a) => a,
@@ -88,10 +102,6 @@ pub(super) fn apply_blocking(
             return Err(e);
         }
     };
-    if opts.force {
-        remove_wal_files(&opts.to)?;
-    }
-    fsutil::publish(&tmp, &opts.to).map_err(RestoreError::io("publish", &opts.to))?;
     Ok(RestoreReport {
         db_path: opts.to.clone(),
         replica: client.location(),

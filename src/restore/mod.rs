@@ -33,10 +33,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::util::stop::Gate;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_util::io::SyncIoBridge;
-use tokio_util::sync::CancellationToken;
 
 use crate::ltx::checksum::DbChecksum;
 use crate::ltx::{self, Decoder, Header, LtxError, TxId, lock_pgno};
@@ -245,11 +245,11 @@ pub async fn apply_parallel(
     // Dropped with this future (or at its end): the blocking side stops instead of running
     // on, or waiting for chunks no download brings, past the restore.
     let stop = StopOnDrop {
-        token: CancellationToken::new(),
+        gate: Gate::default(),
         window: window.clone(),
     };
     let apply = {
-        let stop = stop.token.clone();
+        let gate = stop.gate.clone();
         let client = client.clone();
         let opts = opts.clone();
         let handle = tokio::runtime::Handle::current();
@@ -258,7 +258,7 @@ pub async fn apply_parallel(
         let window = window.clone();
         tokio::task::spawn_blocking(move || {
             let window = window.as_ref();
-            apply_blocking(&client, &plan, &opts, &handle, started, window, &p, &stop)
+            apply_blocking(&client, &plan, &opts, &handle, started, window, &p, &gate)
         })
     };
     let result = match &window {
@@ -303,13 +303,13 @@ pub async fn apply_parallel(
 /// waiting for a chunk at once, the integrity check at its next progress callback. The
 /// blocking side then removes its temporary output as after any failure.
 struct StopOnDrop {
-    token: CancellationToken,
+    gate: Gate,
     window: Option<Arc<DownloadWindow>>,
 }
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        self.token.cancel();
+        self.gate.stop();
         if let Some(w) = &self.window {
             w.fail("the restore was cancelled");
         }

@@ -141,3 +141,14 @@ pub fn write_durable(path: &Path, data: &[u8]) -> io::Result<()> {
     std::fs::write(&tmp, data)?;
     publish(&tmp, path)
 }
+
+/// Removes a file when dropped, whatever happened: a temporary output whose owner may be
+/// dropped mid-way (an aborted maintenance job).
+#[derive(Debug)]
+pub struct RemoveOnDrop(pub PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

@@ -337,6 +337,8 @@ impl Db {
         self.continuous = false;
         self.dirty_since_checkpoint = false;
         self.stats.dormant.store(true, Ordering::Relaxed);
+        // The connection's page cache was freed.
+        crate::util::malloc::note_freed();
         tracing::debug!(db = %self.path.display(), txid = %self.pos, "dormant");
         Ok(())
     }

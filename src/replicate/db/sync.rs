@@ -23,9 +23,14 @@ impl Db {
         if let Some(m) = self.mark {
             self.stats.wal_size.store(m.offset, Ordering::Relaxed);
         }
-        if result.is_err() {
-            self.stats.sync_errors.fetch_add(1, Ordering::Relaxed);
-            self.fast = None;
+        match &result {
+            Err(_) => {
+                self.stats.sync_errors.fetch_add(1, Ordering::Relaxed);
+                self.fast = None;
+            }
+            // A segment's buffers were freed.
+            Ok(n) if *n > 0 => crate::util::malloc::note_freed(),
+            Ok(_) => {}
         }
         result
     }

@@ -311,6 +311,8 @@ async fn verify(
     };
     fsutil::create_dir_all_durable(&m.tmp_dir).map_err(|e| failed(e.to_string()))?;
     let to = m.tmp_dir.join("verify.db");
+    // Also when this job is dropped after its restore published the file.
+    let _remove = fsutil::RemoveOnDrop(to.clone());
     let opts = crate::restore::RestoreOptions {
         to: to.clone(),
         target: crate::restore::Target::Latest,
@@ -323,7 +325,6 @@ async fn verify(
     };
     let started = Instant::now();
     let result = crate::restore::apply(client, plan, &opts).await;
-    let _ = std::fs::remove_file(&to);
     match result {
         Ok(report) => {
             tracing::info!(txid = %report.txid, pages = report.pages, threads = report.threads, elapsed = ?started.elapsed(), "verify ok: the replica restores and passes integrity_check");
@@ -387,6 +388,8 @@ async fn build(
     let max = inputs[inputs.len() - 1].max_txid;
     let name = format!("{level}-{}", ltx::format_filename(min, max));
     let tmp = fsutil::unique_tmp_path(&m.tmp_dir.join(name));
+    // Also when this job is dropped during the build or the upload.
+    let _remove = fsutil::RemoveOnDrop(tmp.clone());
     let tmp_dir = m.tmp_dir.clone();
     let codec = m.codec;
     let out_path = tmp.clone();
@@ -433,7 +436,6 @@ async fn build(
     if let Ok(info) = &put {
         counters.bytes[0].inc_by(info.size);
     }
-    let _ = std::fs::remove_file(&tmp);
     let info = put?;
     tracing::info!(level, min = %min, max = %max, inputs = inputs.len(), bytes = info.size, elapsed = ?started.elapsed(), "compacted");
     Ok(info)

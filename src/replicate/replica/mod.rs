@@ -1,7 +1,8 @@
 //! One destination of one database, and its upload task.
 //!
 //! The upload task sleeps until the database's position changes, an idle heartbeat fires (it
-//! sends no request when nothing is new), a retry timer fires, or its maintenance job ends.
+//! sends no request when nothing is new), a retry timer fires, its maintenance job ends, or
+//! the verify turn it waits for comes.
 //! It uploads staged segments strictly in TXID order and advances its remote position only
 //! after a whole object is stored; the position it acknowledges lets the database prune
 //! staging.
@@ -432,6 +433,7 @@ impl Replica {
 
     /// Records what a finished maintenance job did.
     fn finished(&mut self, job: Job, finished: Finished) {
+        crate::util::malloc::note_freed();
         let done = match finished {
             Ok(r) => r,
             Err(e) => {
@@ -703,8 +705,11 @@ impl Replica {
             if retry.is_none() && pos_rx.has_changed().is_ok() {
                 self.start_maintenance(&mut schedule);
             }
-            // A turn not used now goes to the next in line.
-            self.verify_turn = None;
+            // A turn not used now goes to the next in line; one that came while a job runs is
+            // kept for when it ends (a failing replica keeps none).
+            if self.job.is_none() || retry.is_some() {
+                self.verify_turn = None;
+            }
             // While retrying, the backoff alone paces requests (a failed refresh leaves the
             // lease due, which must not turn into a busy loop).
             // Maintenance starts only after a successful round: a deadline it has passed must
@@ -718,11 +723,12 @@ impl Replica {
                     .min(schedule.until_next(Instant::now())),
             };
             let running = self.job.is_some();
-            // A verify waits in line for its turn only while nothing else holds the replica:
-            // a turn handed to it meanwhile would sit unused.
-            if running || retry.is_some() || !self.due.contains(&Job::Verify) {
+            // A due verify waits in line for its turn, also while another job of this replica
+            // runs (a turn that comes meanwhile waits for that job); a failing replica leaves
+            // the line.
+            if retry.is_some() || !self.due.contains(&Job::Verify) {
                 in_line = None;
-            } else if in_line.is_none() {
+            } else if in_line.is_none() && self.verify_turn.is_none() {
                 in_line = Some(Box::pin(self.maint.turns.verifies.clone().acquire_owned()));
             }
             let deadline = crate::replicate::tick::coarse_deadline(wait);
