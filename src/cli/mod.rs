@@ -94,6 +94,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
 async fn until_stopped(work: impl Future<Output = Result<(), CliError>>) -> Result<(), CliError> {
     let stopped = stop_signal().map_err(CliError::Runtime)?;
     tokio::select! {
+        // Work that finished as the signal came reports what it wrote.
+        biased;
         r = work => r,
         signal = stopped => Err(CliError::Runtime(anyhow::anyhow!(
             "{signal}: stopped before the end; no output was written"

@@ -202,6 +202,8 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
     };
     let stopped = super::stop_signal().map_err(CliError::Runtime)?;
     let report = tokio::select! {
+        // A restore that finished as the signal came reports what it wrote.
+        biased;
         r = restore::apply_parallel(&client, plan, &opts, args.parallelism) => {
             r.map_err(|e| anyhow!(e))?
         }
