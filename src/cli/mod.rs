@@ -90,7 +90,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
 }
 
 /// Runs `work` until SIGINT or SIGTERM. A stop drops it: the restore inside stops its threads,
-/// which remove their temporary files before the process exits (see `main`).
+/// which remove their temporary files before the process exits (see `main`); an output
+/// already published as the signal came stays (a stop waits for a publish under way).
 async fn until_stopped(work: impl Future<Output = Result<(), CliError>>) -> Result<(), CliError> {
     let stopped = stop_signal().map_err(CliError::Runtime)?;
     tokio::select! {
@@ -98,7 +99,7 @@ async fn until_stopped(work: impl Future<Output = Result<(), CliError>>) -> Resu
         biased;
         r = work => r,
         signal = stopped => Err(CliError::Runtime(anyhow::anyhow!(
-            "{signal}: stopped before the end; no output was written"
+            "{signal}: stopped before the end; nothing partial is left"
         ))),
     }
 }

@@ -10,6 +10,7 @@ use super::CliError;
 use super::source::{source, target};
 use crate::restore::{self, RestoreError, RestoreOptions};
 use crate::storage::ReplicaClient;
+use crate::util::stop::Gate;
 
 /// Arguments of `replicad restore`.
 #[derive(Debug, Args)]
@@ -200,20 +201,38 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         phases: Default::default(),
         threads: None,
     };
-    let stopped = super::stop_signal().map_err(CliError::Runtime)?;
-    let report = tokio::select! {
-        // A restore that finished as the signal came reports what it wrote.
+    // A signal stops the restore and waits for it: it removes its temporary output, or had
+    // already published the output, and says which. A second signal does not wait.
+    let gate = Gate::default();
+    let restore = restore::apply_until(&client, plan, &opts, args.parallelism, &gate);
+    tokio::pin!(restore);
+    let first = super::stop_signal().map_err(CliError::Runtime)?;
+    let (result, signal) = tokio::select! {
         biased;
-        r = restore::apply_parallel(&client, plan, &opts, args.parallelism) => {
-            r.map_err(|e| anyhow!(e))?
+        r = &mut restore => (r, None),
+        signal = first => {
+            gate.stop();
+            let second = super::stop_signal().map_err(CliError::Runtime)?;
+            tokio::select! {
+                biased;
+                r = &mut restore => (r, Some(signal)),
+                again = second => {
+                    return Err(CliError::Runtime(anyhow!(
+                        "{again} again: restore abandoned before it ended; {} may be left",
+                        crate::util::fsutil::tmp_path(&opts.to).display()
+                    )));
+                }
+            }
         }
-        // Dropping the restore stops its threads, which remove the temporary output.
-        signal = stopped => {
+    };
+    let report = match (result, signal) {
+        (Err(RestoreError::Cancelled), Some(signal)) => {
             return Err(CliError::Runtime(anyhow!(
                 "{signal}: restore stopped; nothing was written to {}",
                 opts.to.display()
             )));
         }
+        (r, _) => r.map_err(|e| anyhow!(e))?,
     };
     if args.json {
         println!(

@@ -233,6 +233,20 @@ pub async fn apply_parallel(
     opts: &RestoreOptions,
     parallelism: usize,
 ) -> Result<RestoreReport, RestoreError> {
+    apply_until(client, plan, opts, parallelism, &Gate::default()).await
+}
+
+/// [`apply_parallel`] until `gate` is stopped: the restore then ends with
+/// [`RestoreError::Cancelled`] having removed its temporary output, or with its report if it
+/// had already published the output (a stop waits for a publish under way). Dropping the
+/// future stops it too.
+pub async fn apply_until(
+    client: &AnyClient,
+    plan: Vec<LtxFileInfo>,
+    opts: &RestoreOptions,
+    parallelism: usize,
+    gate: &Gate,
+) -> Result<RestoreReport, RestoreError> {
     let started = Instant::now();
     check_output(&opts.to, opts.force)?;
     let total: u64 = plan.iter().map(|f| f.size).sum();
@@ -245,7 +259,7 @@ pub async fn apply_parallel(
     // Dropped with this future (or at its end): the blocking side stops instead of running
     // on, or waiting for chunks no download brings, past the restore.
     let stop = StopOnDrop {
-        gate: Gate::default(),
+        gate: gate.clone(),
         window: window.clone(),
     };
     let apply = {
@@ -275,6 +289,7 @@ pub async fn apply_parallel(
             tokio::pin!(fetched);
             tokio::pin!(apply);
             let mut fetch_error = None;
+            let mut stopping = false;
             let applied = loop {
                 tokio::select! {
                     // Fetch first: a failed fetch wakes the apply, whose error only repeats it.
@@ -283,6 +298,11 @@ pub async fn apply_parallel(
                         // Wall time of the whole fetch; bytes are counted per chunk.
                         opts.phases.record(Phase::Download, 0, fetching.elapsed());
                         fetch_error = Some(r.err());
+                    }
+                    // A reader waiting for a chunk the download may never bring wakes now.
+                    _ = gate.token().cancelled(), if !stopping => {
+                        stopping = true;
+                        w.fail("the restore was cancelled");
                     }
                     r = &mut apply => break r,
                 }
@@ -296,7 +316,11 @@ pub async fn apply_parallel(
         None => joined(apply.await),
     };
     progress.finish();
-    result
+    // After a stop, whatever failed failed because of it.
+    match result {
+        Err(_) if gate.is_stopped() => Err(RestoreError::Cancelled),
+        r => r,
+    }
 }
 
 /// Stops a restore's blocking side when dropped: the decoders at their next read, a reader

@@ -2,9 +2,11 @@
 //!
 //! A future that hands work to `spawn_blocking` cannot stop it by being dropped: the thread
 //! runs on, and a tokio runtime's drop waits for it. Such work reads through a [`Stoppable`]
-//! and its owner holds a [`StopOnDrop`] of the same [`Gate`], so that dropping the owner makes
-//! the next read fail and the work end (removing its partial output as after any failure).
-//! A read already blocked (a network read through `SyncIoBridge`) ends only when it returns.
+//! and its owner holds a guard that cancels the token when dropped (a [`StopOnDrop`] of the
+//! work's [`Gate`] when the work publishes an output, a plain `drop_guard` otherwise), so
+//! that dropping the owner makes the next read fail and the work end (removing its partial
+//! output as after any failure). A read already blocked (a network read through
+//! `SyncIoBridge`) ends only when it returns.
 //!
 //! Invariant: the work's last step, publishing its output, runs under [`Gate::unless_stopped`]
 //! and a stop takes the same lock, so an output is never published after its owner stopped.
@@ -93,6 +95,38 @@ mod tests {
         drop(gate.stop_on_drop());
         assert!(gate.is_stopped());
         assert_eq!(gate.unless_stopped(|| 2), None);
+    }
+
+    #[test]
+    fn a_stop_waits_for_a_publish_under_way() {
+        let gate = Gate::default();
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let (finish_tx, finish_rx) = std::sync::mpsc::channel::<()>();
+        let publisher = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                gate.unless_stopped(|| {
+                    entered_tx.send(()).expect("the test waits for this");
+                    finish_rx.recv().expect("the test lets it finish");
+                    "published"
+                })
+            })
+        };
+        entered_rx.recv().expect("the publish started");
+        let (stopped_tx, stopped_rx) = std::sync::mpsc::channel();
+        let stopper = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                gate.stop();
+                stopped_tx.send(()).expect("the test waits for this");
+            })
+        };
+        let waited = stopped_rx.recv_timeout(std::time::Duration::from_millis(200));
+        assert!(waited.is_err(), "the stop returned while the publish ran");
+        finish_tx.send(()).expect("the publisher waits for this");
+        assert_eq!(publisher.join().expect("publisher"), Some("published"));
+        stopper.join().expect("stopper");
+        assert!(gate.is_stopped());
     }
 
     #[test]

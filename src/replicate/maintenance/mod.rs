@@ -310,7 +310,8 @@ async fn verify(
         reason,
     };
     fsutil::create_dir_all_durable(&m.tmp_dir).map_err(|e| failed(e.to_string()))?;
-    let to = m.tmp_dir.join("verify.db");
+    // Its own name: a dropped verify's restore may still be ending under the last one.
+    let to = fsutil::unique_tmp_path(&m.tmp_dir.join("verify.db"));
     // Also when this job is dropped after its restore published the file.
     let _remove = fsutil::RemoveOnDrop(to.clone());
     let opts = crate::restore::RestoreOptions {
@@ -361,9 +362,6 @@ async fn build(
         .await
         .expect("the build semaphore is never closed");
     let handle = tokio::runtime::Handle::current();
-    // Dropping this job stops the build at its next read, which then removes its output.
-    let stop = CancellationToken::new();
-    let _stop_on_drop = stop.clone().drop_guard();
     let mut readers: Vec<Input> = Vec::with_capacity(inputs.len());
     for f in inputs {
         let local = staging.path(f.min_txid);
@@ -388,8 +386,12 @@ async fn build(
     let max = inputs[inputs.len() - 1].max_txid;
     let name = format!("{level}-{}", ltx::format_filename(min, max));
     let tmp = fsutil::unique_tmp_path(&m.tmp_dir.join(name));
-    // Also when this job is dropped during the build or the upload.
+    // Dropping this job stops the build at its next read, then removes the output (the
+    // guards drop in reverse order: the stop first). A build past its reads checks the stop
+    // after its fsync, so an output created after the removal goes too.
     let _remove = fsutil::RemoveOnDrop(tmp.clone());
+    let stop = CancellationToken::new();
+    let _stop_on_drop = stop.clone().drop_guard();
     let tmp_dir = m.tmp_dir.clone();
     let codec = m.codec;
     let out_path = tmp.clone();
@@ -418,6 +420,10 @@ async fn build(
         std::fs::File::open(&out_path)
             .and_then(|f| f.sync_all())
             .map_err(|e| e.to_string())?;
+        if stop.is_cancelled() {
+            let _ = std::fs::remove_file(&out_path);
+            return Err("the build was stopped".into());
+        }
         Ok(summary)
     })
     .await
