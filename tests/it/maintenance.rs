@@ -564,24 +564,8 @@ async fn verifies_take_turns_across_databases() {
 
 /// The replicas' temporary directories under `dir` that hold a verify's output now.
 fn verifying(dir: &Path) -> std::collections::BTreeSet<std::path::PathBuf> {
-    let mut found = std::collections::BTreeSet::new();
-    let mut dirs = vec![dir.to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        let mut here = false;
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p
-                .file_name()
-                .is_some_and(|f| f.to_string_lossy().starts_with("verify.db"))
-            {
-                here = true;
-            }
-        }
-        if here {
-            found.insert(d);
-        }
-    }
-    found
+    common::files_under(dir, |n| n.starts_with("verify.db"))
+        .into_iter()
+        .filter_map(|p| p.parent().map(Path::to_path_buf))
+        .collect()
 }

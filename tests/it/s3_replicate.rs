@@ -827,21 +827,7 @@ async fn shutdown_stops_a_stalled_verify_at_once_and_it_leaves_no_files() {
     );
 
     // Nothing of the verify is left beside the database: no output, no temporary file.
-    let mut left = Vec::new();
-    let mut dirs = vec![dir.path().to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("verify"))
-            {
-                left.push(p);
-            }
-        }
-    }
+    let left = common::files_under(dir.path(), |n| n.starts_with("verify"));
     assert!(left.is_empty(), "the dropped verify left {left:?}");
 
     // The commit made just before the shutdown was shipped and restores.
@@ -916,7 +902,9 @@ async fn an_interrupted_restore_snapshot_or_verify_leaves_no_files() {
         let log = || std::fs::read_to_string(dir.join("cmd.log")).unwrap_or_default();
         let deadline = Instant::now() + Duration::from_secs(30);
         // Held GETs, and the temporary output the restore inside creates as it starts.
-        while server.held_ltx_gets() == held || files_named(dir.path(), ".tmp").is_empty() {
+        while server.held_ltx_gets() == held
+            || common::files_under(dir.path(), |n| n.contains(".tmp")).is_empty()
+        {
             assert!(
                 Instant::now() < deadline,
                 "{args:?} did not start:\n{}",
@@ -940,7 +928,7 @@ async fn an_interrupted_restore_snapshot_or_verify_leaves_no_files() {
         assert!(!out.exists() && !snap.exists(), "{args:?} wrote an output");
         let left: Vec<_> = [".tmp", ".replicad-snapshot-", "verify"]
             .iter()
-            .flat_map(|p| files_named(dir.path(), p))
+            .flat_map(|p| common::files_under(dir.path(), |n| n.contains(p)))
             .collect();
         assert!(left.is_empty(), "{args:?} after {signal} left {left:?}");
         let dirs = std::fs::read_dir(&tmpdir).unwrap().count();
@@ -950,26 +938,6 @@ async fn an_interrupted_restore_snapshot_or_verify_leaves_no_files() {
         );
     }
     server.hold_ltx_gets(false);
-}
-
-/// Files under `dir` (not its test server's data) whose name contains `part`.
-fn files_named(dir: &Path, part: &str) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    let mut dirs = vec![dir.to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().contains(part))
-            {
-                found.push(p);
-            }
-        }
-    }
-    found
 }
 
 /// True once the replica holds at least one level-0 file.

@@ -746,3 +746,20 @@ pub async fn steps(w: &mut Writer, n: usize) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Every file under `dir`, at any depth, whose name satisfies `pick`.
+pub fn files_under(dir: &Path, pick: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.file_name().is_some_and(|n| pick(&n.to_string_lossy())) {
+                found.push(p);
+            }
+        }
+    }
+    found
+}
