@@ -383,6 +383,30 @@ impl Replica {
                 self.due.push_back(job);
             }
         }
+        self.start_next();
+    }
+
+    /// Starts the due verify now, with the turn that came for it, rather than after the next
+    /// round: a verify writes nothing, so it needs no fresh lease check, and the only turn of
+    /// the Store is not held through a long round.
+    fn start_verify(&mut self) {
+        let Some(at) = self.due.iter().position(|j| *j == Job::Verify) else {
+            self.verify_turn = None;
+            return;
+        };
+        if self.job.is_some() {
+            return;
+        }
+        let _ = self.due.remove(at);
+        let others = std::mem::replace(&mut self.due, VecDeque::from([Job::Verify]));
+        self.start_next();
+        // The others keep their order (the verify is not left: its turn was there).
+        self.due = others;
+    }
+
+    /// Starts the first job of `due` that has work to do (one at a time; see
+    /// `start_maintenance`).
+    fn start_next(&mut self) {
         // A verify whose turn is taken by another replica's stays due, and the task waits in
         // line for a turn (`run`); the other jobs do not wait behind it.
         let mut waiting = None;
@@ -753,6 +777,9 @@ impl Replica {
                 }
                 _ = tokio::time::sleep_until(deadline) => None,
             };
+            if self.verify_turn.is_some() && self.job.is_none() && !closed {
+                self.start_verify();
+            }
             if let Some(r) = finished
                 && let Some((job, _)) = self.job.take()
             {
