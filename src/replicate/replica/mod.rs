@@ -17,8 +17,9 @@
 //! - An error streak is logged once when it starts and once when it ends, not per retry.
 //! - Nothing is written before the single-writer lease ([`crate::replicate::lease`]) is acquired; an
 //!   upload round first checks it (one GET; with conditional writes, only once
-//!   [`Lease::reread_after`] has passed since a check found it ours), a maintenance job starts
-//!   only after a round found it fresh, and a replica whose lease was taken stops for good
+//!   [`Lease::reread_after`] has passed since a check found it ours), a maintenance job that
+//!   writes starts only after a round found it fresh (a verify, which only reads, starts as
+//!   soon as its turn comes), and a replica whose lease was taken stops for good
 //!   (logged as an error, shown by `/readyz`; its running job is aborted, though one request
 //!   already sent may still land). A vanished lease aborts the running job before the listing
 //!   that decides what to do. A clean shutdown drops a running verify, waits for any
