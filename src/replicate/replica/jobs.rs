@@ -1,0 +1,142 @@
+//! The replica's maintenance jobs: which due job starts, the verify turns it waits for, and
+//! what a finished job records (see the module doc of [`super`] and of
+//! [`crate::replicate::maintenance`]).
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use tokio_util::task::AbortOnDropHandle;
+
+use super::{Finished, Replica};
+use crate::replicate::maintenance::{self, Job, Schedule};
+use crate::storage::StorageError;
+
+impl Replica {
+    /// Starts the next due maintenance job with work to do, unless one is running (call it
+    /// only after a successful round: never while uploads are failing).
+    pub(super) fn start_maintenance(&mut self, schedule: &mut Schedule) {
+        if self.job.is_some() {
+            return;
+        }
+        for job in schedule.take_due(Instant::now()) {
+            if !self.due.contains(&job) {
+                self.due.push_back(job);
+            }
+        }
+        self.start_next();
+    }
+
+    /// Starts the due verify now, with the turn that came for it, rather than after the next
+    /// round: a verify writes nothing, so it needs no fresh lease check, and the only turn of
+    /// the Store is not held through a long round.
+    pub(super) fn start_verify(&mut self) {
+        let Some(at) = self.due.iter().position(|j| *j == Job::Verify) else {
+            self.verify_turn = None;
+            return;
+        };
+        if self.job.is_some() {
+            return;
+        }
+        let _ = self.due.remove(at);
+        let others = std::mem::replace(&mut self.due, VecDeque::from([Job::Verify]));
+        self.start_next();
+        // The others keep their order (the verify is not left: its turn was there).
+        self.due = others;
+    }
+
+    /// Starts the first job of `due` that has work to do (one at a time; see
+    /// `start_maintenance`).
+    fn start_next(&mut self) {
+        // A verify whose turn is taken by another replica's stays due, and the task waits in
+        // line for a turn (`run`); the other jobs do not wait behind it.
+        let mut waiting = None;
+        while let Some(job) = self.due.pop_front() {
+            let turn = match job {
+                Job::Verify => match self.verify_turn.take().or_else(|| {
+                    // Fails while others wait in line: the semaphore hands turns out in order.
+                    self.maint.turns.verifies.clone().try_acquire_owned().ok()
+                }) {
+                    Some(turn) => Some(turn),
+                    None => {
+                        waiting = Some(job);
+                        continue;
+                    }
+                },
+                _ => None,
+            };
+            let planned = maintenance::plan(
+                job,
+                &self.maint,
+                &self.client,
+                &self.index,
+                &self.stats.counters,
+            );
+            let work = match planned {
+                Ok(Some(work)) => work,
+                Ok(None) => continue,
+                Err(e) => {
+                    self.finished(job, Ok(Err(e)));
+                    continue;
+                }
+            };
+            let (m, client) = (self.maint.clone(), self.client.clone());
+            let (staging, counters) = (self.staging.clone(), self.stats.counters.clone());
+            let run = async move {
+                let _turn = turn;
+                maintenance::run(work, &m, &client, &staging, &counters).await
+            };
+            let span = tracing::Span::current();
+            let task = tokio::spawn(tracing::Instrument::instrument(run, span));
+            self.job = Some((job, AbortOnDropHandle::new(task)));
+            break;
+        }
+        if let Some(job) = waiting {
+            self.due.push_front(job);
+        }
+    }
+
+    /// Records what a finished maintenance job did.
+    pub(super) fn finished(&mut self, job: Job, finished: Finished) {
+        crate::util::malloc::note_freed();
+        let done = match finished {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(db = %self.db, replica = %self.name, ?job, error = %e, "a maintenance task failed; it runs again at its next interval");
+                return;
+            }
+        };
+        match done {
+            Ok(done) => {
+                let n = done.apply(&mut self.index);
+                if n > 0 {
+                    tracing::debug!(db = %self.db, replica = %self.name, ?job, files = n, "maintenance");
+                    self.send_ack();
+                }
+            }
+            Err(e) => {
+                tracing::warn!(db = %self.db, replica = %self.name, ?job, error = %e, "maintenance failed; retrying at its next interval");
+                // A file we stored is gone: the replica may have been wiped around a
+                // lease write (which then survived); the next round lists it.
+                if matches!(e, StorageError::NotFound(_)) {
+                    self.recheck = true;
+                }
+            }
+        }
+    }
+
+    /// Waits for the running maintenance job, if any, and records it: before anything that
+    /// replaces the index, and at a clean shutdown.
+    pub(super) async fn settle_maintenance(&mut self) {
+        if let Some((job, task)) = self.job.take() {
+            let finished = task.await;
+            self.finished(job, finished);
+        }
+    }
+
+    /// Aborts the running maintenance job, if any (a request already sent may still land).
+    pub(super) fn abort_maintenance(&mut self, why: &str) {
+        if let Some((job, _)) = self.job.take() {
+            tracing::info!(db = %self.db, replica = %self.name, ?job, "maintenance job dropped: {why}");
+        }
+    }
+}
