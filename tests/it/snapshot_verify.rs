@@ -470,3 +470,62 @@ fn verify_with_config_compares_with_the_live_database() {
         "snapshot content"
     );
 }
+
+/// SIGTERM while a `.gz` snapshot is being compressed (after its restore): exit 1, and no
+/// `.gz`, no `.gz.tmp` and no work file is left (the compression reads through a stop and
+/// its output is placed only under the gate).
+#[test]
+fn a_gz_snapshot_stopped_while_compressing_leaves_no_files() {
+    let t = TestDir::new("snap-gz-stop");
+    let db = t.join("app.db");
+    let rep = t.join("replica");
+    let conn = Connection::open(&db).unwrap();
+    // About 24 MB that gzip cannot shrink: seconds of compression in a debug build.
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; CREATE TABLE t(v BLOB);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 6000)
+         INSERT INTO t SELECT randomblob(4000) FROM n;",
+    )
+    .unwrap();
+    let daemon = spawn_replicate(t.path(), &["--monitor-interval", "50ms", s(&db), s(&rep)]);
+    assert!(
+        wait_for_txid(&rep, 1, WAIT),
+        "nothing replicated; log:\n{}",
+        daemon.log_text()
+    );
+    daemon.stop_ok();
+
+    let out = t.join("snap.db.gz");
+    let gz_tmp = t.join("snap.db.gz.tmp");
+    let log = t.join("cmd.log");
+    let mut child = Command::new(common::bin())
+        .args(["snapshot", "--to", s(&out), s(&rep)])
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while !gz_tmp.exists() {
+        let exited = child.try_wait().unwrap();
+        assert!(
+            exited.is_none() && std::time::Instant::now() < deadline,
+            "compression not caught under way ({exited:?}): {}",
+            fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    common::sigterm(&child);
+    let status = common::wait_timeout(&mut child, std::time::Duration::from_secs(20));
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("snapshot still running 20 s after SIGTERM");
+    };
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{text}");
+    assert!(text.contains("SIGTERM: "), "{text}");
+    let left = common::files_under(t.path(), |n| {
+        n.starts_with("snap") || n.starts_with(".snap")
+    });
+    assert!(left.is_empty(), "the stopped snapshot left {left:?}");
+}
