@@ -336,7 +336,8 @@ impl StoreCore {
             };
             // Every replica sees both plain and `.age` names, so a switch is never silent.
             let client = client.with_age(rc.age.clone().unwrap_or_default());
-            let counters = core.counters.replica(&db_label, &rc.name);
+            let verifies = !dbc.settings.verify_interval.is_zero();
+            let counters = core.counters.replica(&db_label, &rc.name, verifies);
             let mut lease = Lease::new(client.clone(), &db_label, dbc.settings.lease_ttl);
             let _permit = core
                 .permits

@@ -98,11 +98,18 @@ impl ReplicaMetrics {
         }
     }
 
-    /// Counters of one replica of one database.
-    pub fn replica(&self, db: &str, replica: &str) -> ReplicaCounters {
+    /// Counters of one replica of one database. The verify series are exported only when the
+    /// replica `verifies` (`verify-interval` set), so that -1 means "not run yet", never "off".
+    pub fn replica(&self, db: &str, replica: &str, verifies: bool) -> ReplicaCounters {
         let per_op =
             |vec: &IntCounterVec| OPERATIONS.map(|op| vec.with_label_values(&[db, replica, op]));
-        let verify_ok = self.verify_ok.with_label_values(&[db, replica]);
+        let (verify_ok, verify_txid) = match verifies {
+            true => (
+                self.verify_ok.with_label_values(&[db, replica]),
+                self.verify_txid.with_label_values(&[db, replica]),
+            ),
+            false => (detached("verify_ok"), detached("verify_txid")),
+        };
         verify_ok.set(-1);
         ReplicaCounters {
             ops: per_op(&self.ops),
@@ -111,7 +118,7 @@ impl ReplicaMetrics {
             seconds: OPERATIONS.map(|op| self.seconds.with_label_values(&[db, replica, op])),
             txid: self.txid.with_label_values(&[db, replica]),
             verify_ok,
-            verify_txid: self.verify_txid.with_label_values(&[db, replica]),
+            verify_txid,
             reseeds: SeedReason::ALL
                 .map(|r| self.reseeds.with_label_values(&[db, replica, r.label()])),
             phases: self.phases.clone(),
@@ -134,6 +141,11 @@ impl ReplicaMetrics {
             let _ = self.reseeds.remove_label_values(&[db, replica, r.label()]);
         }
     }
+}
+
+/// A gauge in no registry (a series that is not exported).
+fn detached(name: &str) -> IntGauge {
+    IntGauge::new(name, "not exported").expect("a static name and help are valid")
 }
 
 /// Counters of one replica (handles into the registry: counting is an atomic add).

@@ -138,6 +138,8 @@ async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
     }
     assert_eq!(sample(&m, "replicad_db_protected", &dbl), Some(1.0), "{m}");
     assert!(m.contains("# TYPE replicad_db_syncs_total counter"), "{m}");
+    // verify-interval is 0s here: no verify series, so -1 always means "not run yet".
+    assert!(!m.contains("replicad_replica_verify_ok{"), "{m}");
     assert!(m.contains("# TYPE replicad_db_txid gauge"), "{m}");
     assert!(sample(&m, "replicad_db_syncs_total", &dbl).unwrap() >= 1.0);
     assert!(sample(&m, "replicad_db_segments_total", &dbl).unwrap() >= 1.0);
