@@ -35,13 +35,7 @@ fn main() {
             let code = rt
                 .block_on(cli::replicate::run_config(config))
                 .unwrap_or_else(|e| fail(&e));
-            // Blocking work still running here was abandoned by its owner (a write to a hung
-            // NFS replica, say); a runtime's plain drop would wait for it without end.
-            let started = std::time::Instant::now();
-            rt.shutdown_timeout(EXIT_WAIT);
-            if started.elapsed() >= EXIT_WAIT {
-                tracing::warn!(waited = ?EXIT_WAIT, "blocking work was still running at exit; abandoned");
-            }
+            shut_down(rt);
             std::process::exit(code);
         }
         command => {
@@ -52,8 +46,7 @@ fn main() {
             };
             let rt = runtime();
             let result = rt.block_on(cli::run(cli));
-            // An interrupted restore's threads remove its temporary output before exit.
-            rt.shutdown_timeout(EXIT_WAIT);
+            shut_down(rt);
             if let Err(e) = result {
                 fail(&e);
             }
@@ -63,6 +56,17 @@ fn main() {
 
 /// How long the binary waits at exit for blocking work whose owner is gone.
 const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Ends the runtime, waiting at most [`EXIT_WAIT`] for blocking work: a stopped restore's
+/// threads remove their temporary output, while work abandoned for good (a write to a hung
+/// NFS replica, say) would hold a plain drop without end.
+fn shut_down(rt: tokio::runtime::Runtime) {
+    let started = std::time::Instant::now();
+    rt.shutdown_timeout(EXIT_WAIT);
+    if started.elapsed() >= EXIT_WAIT {
+        tracing::warn!(waited = ?EXIT_WAIT, "blocking work was still running at exit; abandoned");
+    }
+}
 
 /// Prints `e` and exits with its code.
 fn fail(e: &cli::CliError) -> ! {

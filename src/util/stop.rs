@@ -2,10 +2,9 @@
 //!
 //! A future that hands work to `spawn_blocking` cannot stop it by being dropped: the thread
 //! runs on, and a tokio runtime's drop waits for it. Such work reads through a [`Stoppable`]
-//! and its owner holds a guard that cancels the token when dropped (a [`StopOnDrop`] of the
-//! work's [`Gate`] when the work publishes an output, a plain `drop_guard` otherwise), so
-//! that dropping the owner makes the next read fail and the work end (removing its partial
-//! output as after any failure). A read already blocked (a network read through
+//! and its owner holds a [`StopOnDrop`] of the work's [`Gate`], so that dropping the owner
+//! makes the next read fail and the work end (removing its partial output as after any
+//! failure). A read already blocked (a network read through
 //! `SyncIoBridge`) ends only when it returns.
 //!
 //! Invariant: the work's last step, publishing its output, runs under [`Gate::unless_stopped`]

@@ -27,14 +27,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tokio_util::io::SyncIoBridge;
-use tokio_util::sync::CancellationToken;
 
 use crate::ltx::{self, Codec, Decoder, TxId};
 use crate::replicate::counters::ReplicaCounters;
 use crate::replicate::staging::Staging;
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::util::fsutil;
-use crate::util::stop::Stoppable;
+use crate::util::stop::{Gate, Stoppable};
 use compactor::CompactOptions;
 use schedule::{RemoteIndex, RetentionPolicy};
 
@@ -387,11 +386,11 @@ async fn build(
     let name = format!("{level}-{}", ltx::format_filename(min, max));
     let tmp = fsutil::unique_tmp_path(&m.tmp_dir.join(name));
     // Dropping this job stops the build at its next read, then removes the output (the
-    // guards drop in reverse order: the stop first). A build past its reads checks the stop
-    // after its fsync, so an output created after the removal goes too.
+    // guards drop in reverse order: the stop first). A build past its reads hands its output
+    // over only under the gate, so an output created after the removal goes too.
     let _remove = fsutil::RemoveOnDrop(tmp.clone());
-    let stop = CancellationToken::new();
-    let _stop_on_drop = stop.clone().drop_guard();
+    let gate = Gate::default();
+    let _stop = gate.stop_on_drop();
     let tmp_dir = m.tmp_dir.clone();
     let codec = m.codec;
     let out_path = tmp.clone();
@@ -400,7 +399,7 @@ async fn build(
         fsutil::create_dir_all_durable(&tmp_dir).map_err(|e| e.to_string())?;
         let decoders = readers
             .into_iter()
-            .map(|r| Decoder::new(Stoppable::new(r, stop.clone())))
+            .map(|r| Decoder::new(Stoppable::new(r, gate.token().clone())))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
         let file = fsutil::create_fresh(&out_path).map_err(|e| e.to_string())?;
@@ -420,11 +419,10 @@ async fn build(
         std::fs::File::open(&out_path)
             .and_then(|f| f.sync_all())
             .map_err(|e| e.to_string())?;
-        if stop.is_cancelled() {
+        gate.unless_stopped(|| summary).ok_or_else(|| {
             let _ = std::fs::remove_file(&out_path);
-            return Err("the build was stopped".into());
-        }
-        Ok(summary)
+            "the build was stopped".to_string()
+        })
     })
     .await
     .map_err(|e| e.to_string())
