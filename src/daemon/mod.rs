@@ -162,6 +162,8 @@ struct Core {
     /// SDK clients shared by the replicas of one endpoint, region and credentials.
     s3_clients: crate::storage::s3::S3Clients,
     started_ms: i64,
+    /// The config's `max-lag`: a replica further behind is not protected.
+    max_lag: Duration,
     wrap: Option<ClientWrapper>,
     registry: DbRegistry,
     /// The tasks of each database started and not yet finished, removed ones included until
@@ -535,6 +537,7 @@ impl Store {
                 s3_clients: Default::default(),
                 awake,
                 started_ms: crate::util::clock::now_ms(),
+                max_lag: config.max_lag,
                 wrap,
                 registry: DbRegistry::default(),
                 running: tokio::sync::Mutex::new(HashMap::new()),
@@ -600,6 +603,11 @@ impl Store {
     /// When the Store started (ms since the epoch).
     pub fn started_ms(&self) -> i64 {
         self.core.inner.started_ms
+    }
+
+    /// The config's `max-lag`: how far behind a replica may be and still be protected.
+    pub fn max_lag(&self) -> Duration {
+        self.core.inner.max_lag
     }
 
     /// The current databases.

@@ -274,7 +274,7 @@ fn view(d: &DbHandle, max_lag: Duration, since_ms: i64) -> DbView {
             .replicas
             .iter()
             .map(|(name, r)| {
-                let behind = crate::ops::http::behind(pos, r, max_lag, since_ms);
+                let behind = crate::ops::metrics::behind(pos, r, max_lag, since_ms);
                 ReplicaView {
                     name: name.clone(),
                     location: r.location.clone(),

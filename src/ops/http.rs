@@ -38,9 +38,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::daemon::registry::DbRegistry;
 use crate::daemon::{DbHandle, Store};
-use crate::ops::metrics::{Metrics, replica_lag};
-use crate::replicate::db::DbPos;
-use crate::replicate::replica::ReplicaStats;
+use crate::ops::metrics::{Metrics, behind, replica_lag};
 
 /// Longest time a connection may take to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -103,7 +101,11 @@ impl Status {
                             "lag_txids": lag.txids,
                             "lag_seconds": lag.seconds,
                             "lease_lost": r.lease_lost.load(Ordering::Relaxed),
-                            "protected": r.health.is_ok() && !r.lease_lost.load(Ordering::Relaxed),
+                            // Also false while it is max-lag behind, as /readyz says: a stuck
+                            // upload reports no error.
+                            "protected": r.health.is_ok()
+                                && !r.lease_lost.load(Ordering::Relaxed)
+                                && behind(pos, r, self.max_lag, since_ms).is_none(),
                             "error": r.health.problem().map(|p| p.reason),
                             "reseeds": r.reseeds.load(Ordering::Relaxed),
                         })
@@ -184,21 +186,6 @@ pub fn readiness(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Result<(
     } else {
         Err(reasons)
     }
-}
-
-/// Why replica `r` is not ready for lag: it misses TXIDs of `pos` and its newest upload is
-/// `max_lag` or more older than the database's newest segment (`/readyz`, and the webhooks'
-/// `replica-failing`).
-pub fn behind(pos: DbPos, r: &ReplicaStats, max_lag: Duration, since_ms: i64) -> Option<String> {
-    let lag = replica_lag(pos, r, since_ms);
-    (lag.txids > 0 && lag.seconds >= max_lag.as_secs_f64()).then(|| {
-        format!(
-            "{} txids and {:.3}s behind (max-lag {})",
-            lag.txids,
-            lag.seconds,
-            humantime::format_duration(max_lag)
-        )
-    })
 }
 
 /// Binds `addr`, with an error that names it.

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use prometheus::Registry;
 use prometheus::core::{Collector, Desc};
@@ -34,7 +35,11 @@ impl Metrics {
         let started_ms = store.started_ms();
         for c in [
             Box::new(PhaseCollector::new(store.phases().clone())) as Box<dyn Collector>,
-            Box::new(DbCollector::new(store.registry().clone(), started_ms)),
+            Box::new(DbCollector::new(
+                store.registry().clone(),
+                started_ms,
+                store.max_lag(),
+            )),
         ] {
             match registry.register(c) {
                 Ok(()) | Err(prometheus::Error::AlreadyReg) => {}
@@ -74,8 +79,11 @@ impl Metrics {
 pub struct Lag {
     /// Database TXID minus the replica's TXID (0 when the replica is current).
     pub txids: u64,
-    /// Header timestamp of the database's newest segment minus that of the replica's newest
-    /// uploaded segment, in seconds (0 when the replica is current). When the replica has
+    /// How long the replica's copy has been stale, in seconds (0 when it is current): since
+    /// the database's newest segment when that is the only one missing (the replica held
+    /// everything until then), else the larger of that and the header timestamp of the
+    /// newest segment minus that of the replica's newest upload. So it grows on the clock
+    /// while an upload is stuck, also once the database has gone quiet. When the replica has
     /// uploaded nothing since the process started (its timestamp is unknown), the age is
     /// counted from `since_ms` (the process start) instead: a lower bound.
     pub seconds: f64,
@@ -86,6 +94,10 @@ pub struct Lag {
 
 /// The lag of replica `r` behind database position `pos`.
 pub fn replica_lag(pos: DbPos, r: &ReplicaStats, since_ms: i64) -> Lag {
+    lag_at(pos, r, since_ms, crate::util::clock::now_ms())
+}
+
+fn lag_at(pos: DbPos, r: &ReplicaStats, since_ms: i64, now_ms: i64) -> Lag {
     let remote = r.remote_txid.load(Ordering::Relaxed);
     let txids = pos.txid.0.saturating_sub(remote);
     if txids == 0 {
@@ -99,12 +111,32 @@ pub fn replica_lag(pos: DbPos, r: &ReplicaStats, since_ms: i64) -> Lag {
         0 => since_ms,
         ms => i64::try_from(ms).unwrap_or(i64::MAX),
     };
-    let ms = pos.timestamp_ms.saturating_sub(remote_ms).max(0);
+    let waited = now_ms.saturating_sub(pos.timestamp_ms);
+    let ms = match txids {
+        1 => waited,
+        _ => pos.timestamp_ms.saturating_sub(remote_ms).max(waited),
+    }
+    .max(0);
     Lag {
         txids,
         seconds: ms as f64 / 1000.0,
         remote,
     }
+}
+
+/// Why replica `r` is not ready for lag: it misses TXIDs of `pos` and its newest upload is
+/// `max_lag` or more older than the database's newest segment (`/readyz`, and the webhooks'
+/// `replica-failing`).
+pub fn behind(pos: DbPos, r: &ReplicaStats, max_lag: Duration, since_ms: i64) -> Option<String> {
+    let lag = replica_lag(pos, r, since_ms);
+    (lag.txids > 0 && lag.seconds >= max_lag.as_secs_f64()).then(|| {
+        format!(
+            "{} txids and {:.3}s behind (max-lag {})",
+            lag.txids,
+            lag.seconds,
+            humantime::format_duration(max_lag)
+        )
+    })
 }
 
 /// Per-database metrics: `(name, help, type, value)`; labelled `db`.
@@ -258,8 +290,8 @@ const LAG_TXIDS: (&str, &str) = (
 );
 const PROTECTED: (&str, &str) = (
     "replicad_replica_protected",
-    "1 while the replica is being written (its last upload round succeeded), 0 while it is \
-     not (see /status for why).",
+    "1 while the replica is being written (its last upload round succeeded) and is within \
+     max-lag, 0 while it is not (see /status for why).",
 );
 const LEASE_LOST: (&str, &str) = (
     "replicad_replica_lease_lost",
@@ -276,10 +308,11 @@ struct DbCollector {
     dbs: DbRegistry,
     descs: Vec<Desc>,
     since_ms: i64,
+    max_lag: Duration,
 }
 
 impl DbCollector {
-    fn new(dbs: DbRegistry, since_ms: i64) -> DbCollector {
+    fn new(dbs: DbRegistry, since_ms: i64, max_lag: Duration) -> DbCollector {
         let desc = |name: &str, help: &str, labels: &[&str]| {
             Desc::new(
                 name.to_string(),
@@ -300,6 +333,7 @@ impl DbCollector {
             dbs,
             descs,
             since_ms,
+            max_lag,
         }
     }
 }
@@ -369,7 +403,9 @@ impl Collector for DbCollector {
                 txids.push(sample(&l, MetricType::GAUGE, lag.txids as f64));
                 seconds.push(sample(&l, MetricType::GAUGE, lag.seconds));
                 let lost = r.lease_lost.load(Ordering::Relaxed);
-                let ok = r.health.is_ok() && !lost;
+                let ok = r.health.is_ok()
+                    && !lost
+                    && behind(pos, r, self.max_lag, self.since_ms).is_none();
                 protected.push(sample(&l, MetricType::GAUGE, f64::from(u8::from(ok))));
                 lease_lost.push(sample(&l, MetricType::GAUGE, f64::from(u8::from(lost))));
             }
@@ -456,5 +492,48 @@ impl Collector for PhaseCollector {
                 per_phase(&|p| self.phases.seconds(p)),
             ),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ltx::TxId;
+
+    fn replica(txid: u64, timestamp_ms: u64) -> ReplicaStats {
+        let counters = crate::replicate::counters::ReplicaMetrics::register(
+            &prometheus::Registry::new(),
+            std::sync::Arc::default(),
+        )
+        .replica("/a.db", "r", false);
+        let r = ReplicaStats::new(counters, "file:///r");
+        r.remote_txid.store(txid, Ordering::Relaxed);
+        r.remote_timestamp_ms.store(timestamp_ms, Ordering::Relaxed);
+        r
+    }
+
+    fn pos(txid: u64, timestamp_ms: i64) -> DbPos {
+        DbPos {
+            txid: TxId(txid),
+            timestamp_ms,
+        }
+    }
+
+    #[test]
+    fn a_stuck_upload_ages_on_the_clock_and_a_current_replica_has_no_lag() {
+        // An hour idle, then one commit at t = 3,600 s: stale since that commit, not for
+        // the hour the database did not change.
+        let r = replica(5, 0);
+        let lag = |now_ms| lag_at(pos(6, 3_600_000), &r, 0, now_ms).seconds;
+        assert_eq!(lag(3_600_050), 0.05);
+        // Its upload stuck while the database stays quiet: the lag grows with the clock.
+        assert_eq!(lag(3_700_000), 100.0);
+        // Two segments missing: the data between them counts, and so does the wait.
+        let two = |now_ms| lag_at(pos(7, 10_000), &r, 0, now_ms).seconds;
+        assert_eq!(two(10_001), 10.0);
+        assert_eq!(two(60_000), 50.0);
+        // Current: nothing missing, no lag, however old its last upload.
+        let current = lag_at(pos(5, 0), &r, 0, 9_999_999);
+        assert_eq!((current.txids, current.seconds), (0, 0.0));
     }
 }

@@ -166,7 +166,7 @@ pub struct ReplicaCounters {
     /// TXID the last periodic verify restored.
     pub verify_txid: IntGauge,
     /// Re-seeds, indexed like [`SeedReason::ALL`].
-    pub reseeds: [IntCounter; 3],
+    pub reseeds: [IntCounter; 4],
     /// The Store's phase totals (uploads count into them).
     pub phases: Arc<PhaseStats>,
 }

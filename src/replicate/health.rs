@@ -131,11 +131,18 @@ pub enum SeedReason {
     Wiped,
     /// It is behind what local staging still holds (staging pruned or lost meanwhile).
     Behind,
+    /// A verify found that it does not restore (a damaged or missing file).
+    Unrestorable,
 }
 
 impl SeedReason {
     /// Every reason, in metric-label order.
-    pub const ALL: [SeedReason; 3] = [SeedReason::Empty, SeedReason::Wiped, SeedReason::Behind];
+    pub const ALL: [SeedReason; 4] = [
+        SeedReason::Empty,
+        SeedReason::Wiped,
+        SeedReason::Behind,
+        SeedReason::Unrestorable,
+    ];
 
     /// The metric label.
     pub fn label(self) -> &'static str {
@@ -143,6 +150,7 @@ impl SeedReason {
             SeedReason::Empty => "empty",
             SeedReason::Wiped => "wiped",
             SeedReason::Behind => "behind",
+            SeedReason::Unrestorable => "unrestorable",
         }
     }
 
@@ -151,6 +159,7 @@ impl SeedReason {
             SeedReason::Empty => "the replica holds nothing of this database",
             SeedReason::Wiped => "the replica's files vanished while replicad ran",
             SeedReason::Behind => "the replica is behind what local staging still holds",
+            SeedReason::Unrestorable => "a verify found that the replica does not restore",
         }
     }
 }

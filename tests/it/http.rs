@@ -277,6 +277,88 @@ async fn lag_grows_while_a_replica_fails_and_returns_to_zero() {
     store.shutdown(std::future::pending()).await;
 }
 
+/// An upload that hangs without an error, after which the database goes quiet: the replica's
+/// lag grows on the clock, so /readyz, /status and the metric say it is not protected once
+/// it passes max-lag (the lag in data between the last two segments stays a few ms), and
+/// all three say protected again once the upload lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_upload_is_reported_also_once_the_database_is_quiet() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let conn = make_db(&db);
+    let replica = dir.path().join("replica");
+    let mut config = Config::single(
+        db.clone(),
+        &[replica.display().to_string()],
+        settings(Duration::from_millis(20)),
+    )
+    .unwrap();
+    config.max_lag = Duration::from_secs(1);
+    config.dbs[0].replicas[0].name = "r".into();
+    let faults = Faults::new();
+    let f = faults.clone();
+    let wrap: ClientWrapper = Arc::new(move |_db: &str, _name: &str, client: AnyClient| {
+        AnyClient::Faulty(Box::new(FaultyClient::new(client, f.clone())))
+    });
+    let store = Store::open_with(&config, Some(wrap)).await.unwrap();
+    let srv = serve(&store, config.max_lag).await;
+    let a = srv.addr;
+    let h = store.dbs()[0].clone();
+    let insert = |i: i32| {
+        let txid = h.stats.txid.load(Ordering::Relaxed);
+        conn.execute("INSERT INTO t(v) VALUES (?1)", [format!("row {i}")])
+            .unwrap();
+        txid
+    };
+    let txid = insert(0);
+    wait_until("the first insert uploaded", async || {
+        caught_up(&h) && h.stats.txid.load(Ordering::Relaxed) > txid
+    })
+    .await;
+    wait_until("ready", async || get(a, "/readyz").await.0 == 200).await;
+
+    // The next upload waits 5 s, reporting nothing; the database then stays quiet.
+    faults.set_latency(Duration::from_secs(5));
+    let txid = insert(1);
+    wait_until("the second insert synced", async || {
+        h.stats.txid.load(Ordering::Relaxed) > txid
+    })
+    .await;
+    let (code, body) = get(a, "/readyz").await;
+    assert_eq!(code, 200, "within max-lag: {body}");
+    wait_until("not ready", async || get(a, "/readyz").await.0 == 503).await;
+    let remote = h.replicas[0].1.remote_txid.load(Ordering::Relaxed);
+    assert!(remote <= txid, "reported only once it landed");
+    let (_, body) = get(a, "/readyz").await;
+    assert!(body.contains("1 txids and"), "{body}");
+    let (_, status) = get(a, "/status").await;
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["databases"][0]["replicas"][0]["protected"], false, "{v}");
+    let m = get(a, "/metrics").await.1;
+    let l = format!("db=\"{}\",replica=\"r\"", db.display());
+    assert_eq!(
+        sample(&m, "replicad_replica_protected", &l),
+        Some(0.0),
+        "{m}"
+    );
+    assert!(
+        sample(&m, "replicad_replica_lag_seconds", &l).unwrap() >= 1.0,
+        "{m}"
+    );
+
+    // The upload lands: protected again everywhere.
+    faults.set_latency(Duration::ZERO);
+    wait_until("ready again", async || get(a, "/readyz").await.0 == 200).await;
+    let m = get(a, "/metrics").await.1;
+    assert_eq!(
+        sample(&m, "replicad_replica_protected", &l),
+        Some(1.0),
+        "{m}"
+    );
+    srv.stop().await;
+    store.shutdown(std::future::pending()).await;
+}
+
 /// A failing replica's retries are paced by its backoff (1 s, doubling) even once a
 /// maintenance deadline has passed: maintenance runs only after a successful round, and a
 /// passed deadline once cut every retry's wait to nothing (a busy loop of requests).

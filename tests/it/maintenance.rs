@@ -311,8 +311,11 @@ fn kill9_during_compaction_and_snapshots_leaves_no_partial_object() {
     assert_same_content(&db, &out, "after kill -9 during maintenance");
 }
 
+/// A replica that fails its periodic verify is not protected, in every signal, until it is
+/// healed: it gets a seed snapshot, is verified again at once, and is protected again only
+/// once that verify passes; a restore then equals the source.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn periodic_verify_reports_a_corrupted_replica() {
+async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
     let dir = TestDir::new("maint-verify");
     let db = dir.join("app.db");
     let replica = dir.join("replica");
@@ -332,6 +335,15 @@ async fn periodic_verify_reports_a_corrupted_replica() {
     let h = store.dbs()[0].clone();
     let counters = h.replicas[0].1.counters.clone();
     wait_until("first verify ok", || counters.verify_ok.get() == 1).await;
+
+    // The seed that heals the replica cannot be stored yet (an obstacle where its level's
+    // directory goes), so the failed verify's state lasts until the test removes it.
+    let obstacle = replica.join("ltx/9");
+    assert!(
+        !obstacle.exists(),
+        "no snapshot yet: the first segment was a full one"
+    );
+    std::fs::write(&obstacle, b"not a directory").unwrap();
 
     // Damage a middle segment, then commit so the tip moves and the next verify runs.
     let ranges = level_ranges(&replica, 0);
@@ -362,7 +374,50 @@ async fn periodic_verify_reports_a_corrupted_replica() {
             .any(|l| l.starts_with("replicad_replica_verify_ok{") && l.ends_with(" 0")),
         "{text}"
     );
+
+    // Not protected: the replica's health, so /status, the metric and /readyz (no grace).
+    let stats = h.replicas[0].1.clone();
+    let reason = || stats.health.problem().map(|p| p.reason).unwrap_or_default();
+    wait_until("the failed verify and seed in the replica's health", || {
+        reason().contains("re-seeding")
+    })
+    .await;
+    let why = reason();
+    assert!(why.starts_with("verify failed"), "{why}");
+    let text = replicad::ops::metrics::Metrics::of(&store).render();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("replicad_replica_protected{") && l.ends_with(" 0")),
+        "{text}"
+    );
+    let ready = replicad::ops::http::readiness(&store.dbs(), Duration::ZERO, 0);
+    assert!(
+        ready
+            .as_ref()
+            .is_err_and(|r| r.iter().any(|l| l.contains("verify failed"))),
+        "{ready:?}"
+    );
+
+    // Still not protected while the seed fails: uploads alone do not make it restorable.
+    writer.commit_txn();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(counters.verify_ok.get(), 0);
+    assert!(reason().starts_with("verify failed"), "{}", reason());
+
+    // Healed once the seed can be stored: a seed, a verify that passes, protected again.
+    std::fs::remove_file(&obstacle).unwrap();
+    let unrestorable = replicad::replicate::health::SeedReason::Unrestorable as usize;
+    wait_until("a seed after the failed verify", || {
+        counters.reseeds[unrestorable].get() == 1
+    })
+    .await;
+    wait_until("a verify that passes", || counters.verify_ok.get() == 1).await;
+    wait_until("protected again", || stats.health.is_ok()).await;
+    assert!(replicad::ops::http::readiness(&store.dbs(), Duration::ZERO, 0).is_ok());
     store.shutdown(std::future::pending()).await;
+    let out = dir.join("restored.db");
+    common::restore_ok(replica.to_str().unwrap(), &out, None);
+    assert_same_content(&db, &out, "after the seed that healed the replica");
 }
 
 /// A restore decodes on the threads it is given and checks on as many connections: one each

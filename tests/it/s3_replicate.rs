@@ -803,7 +803,8 @@ async fn shutdown_stops_a_stalled_verify_at_once_and_it_leaves_no_files() {
 
     // The next verify's GETs wait in the server; the shutdown comes while they do.
     server.hold_ltx_gets(true);
-    writer.step();
+    // A commit, so that the tip moves (a random step may roll back or only checkpoint).
+    writer.commit_txn();
     while server.held_ltx_gets() == 0 {
         assert!(Instant::now() < deadline, "no verify started:\n{}", log());
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -156,8 +156,8 @@ type Input = Box<dyn Read + Send>;
 pub enum Work {
     /// Restore a chain and check the result.
     Verify {
-        /// The chain's files.
-        plan: Vec<LtxFileInfo>,
+        /// The chain's files, or why the index holds no chain to the tip (a gap, say).
+        plan: Result<Vec<LtxFileInfo>, String>,
         /// Its newest TXID.
         tip: TxId,
     },
@@ -183,8 +183,16 @@ pub enum Work {
 /// What a finished job changed on the replica, for the index.
 #[derive(Debug)]
 pub enum Done {
-    /// Nothing (a verify).
+    /// Nothing: a verify passed.
     Checked,
+    /// Nothing: a verify found that the replica does not restore to `tip`, because of
+    /// `reason` (its content, not a request that failed).
+    Unrestorable {
+        /// The TXID the verify tried to restore.
+        tip: TxId,
+        /// What the restore or its check said.
+        reason: String,
+    },
     /// This file was stored.
     Stored(LtxFileInfo),
     /// These files were deleted.
@@ -195,7 +203,7 @@ impl Done {
     /// Records the change in `index`; returns how many files it uploaded or deleted.
     pub fn apply(self, index: &mut RemoteIndex) -> usize {
         match self {
-            Done::Checked => 0,
+            Done::Checked | Done::Unrestorable { .. } => 0,
             Done::Stored(f) => {
                 index.insert(f);
                 1
@@ -228,8 +236,7 @@ pub fn plan(
             if tip.0 == 0 || done {
                 return Ok(None);
             }
-            let plan = crate::restore::calc_plan(&index.all(), None)
-                .map_err(|e| failed("verify", e.to_string()))?;
+            let plan = crate::restore::calc_plan(&index.all(), None).map_err(|e| e.to_string());
             Some(Work::Verify { plan, tip })
         }
         Job::Compact(level) => {
@@ -264,10 +271,21 @@ pub async fn run(
 ) -> Result<Done, StorageError> {
     match work {
         Work::Verify { plan, tip } => {
-            let result = verify(m, client, plan, counters).await;
-            counters.verify_ok.set(i64::from(result.is_ok()));
+            let verdict = match plan {
+                Ok(plan) => verify(m, client, plan, counters).await,
+                Err(reason) => {
+                    tracing::error!(error = %reason, "verify FAILED: the replica's files hold no chain to their newest TXID");
+                    Ok(Err(reason))
+                }
+            };
+            counters
+                .verify_ok
+                .set(i64::from(matches!(verdict, Ok(Ok(())))));
             counters.verify_txid.set(tip.0 as i64);
-            result.map(|()| Done::Checked)
+            match verdict? {
+                Ok(()) => Ok(Done::Checked),
+                Err(reason) => Ok(Done::Unrestorable { tip, reason }),
+            }
         }
         Work::Compact { level, inputs } => {
             build(m, client, staging, &inputs, None, level, counters)
@@ -296,13 +314,15 @@ pub async fn run(
 }
 
 /// Restores the chain `plan` into the temporary directory and checks it (file checksums,
-/// database checksum where present, `PRAGMA integrity_check`).
+/// database checksum where present, `PRAGMA integrity_check`). The verdict is `Err` with the
+/// reason when the replica's content does not restore; the outer error is a verify that
+/// could not run to a verdict (a request or the local disk failed, or it was stopped).
 async fn verify(
     m: &Maintenance,
     client: &AnyClient,
     plan: Vec<LtxFileInfo>,
     counters: &ReplicaCounters,
-) -> Result<(), StorageError> {
+) -> Result<Result<(), String>, StorageError> {
     let failed = |reason: String| StorageError::Permanent {
         op: "verify",
         key: client.location(),
@@ -328,12 +348,38 @@ async fn verify(
     match result {
         Ok(report) => {
             tracing::info!(txid = %report.txid, pages = report.pages, threads = report.threads, elapsed = ?started.elapsed(), "verify ok: the replica restores and passes integrity_check");
-            Ok(())
+            Ok(Ok(()))
+        }
+        Err(e) if unrestorable(&e) => {
+            tracing::error!(error = %e, "verify FAILED: the replica does not restore cleanly");
+            Ok(Err(e.to_string()))
         }
         Err(e) => {
-            tracing::error!(error = %e, "verify FAILED: the replica does not restore cleanly");
+            tracing::warn!(error = %e, "verify could not run to a verdict; it runs again at its next interval");
             Err(failed(e.to_string()))
         }
+    }
+}
+
+/// Whether a restore failed on the replica's content (a file that does not decode or fit, a
+/// hole, a database that fails its check), not on a request, the local disk or a stop. A
+/// read that failed inside a file's stream counts only when it said the bytes are invalid
+/// (a codec's error): a download cut short is no verdict.
+fn unrestorable(e: &crate::restore::RestoreError) -> bool {
+    use crate::ltx::LtxError;
+    use crate::restore::RestoreError as E;
+    match e {
+        E::Ltx {
+            source: LtxError::Io(io),
+            ..
+        } => io.kind() == std::io::ErrorKind::InvalidData,
+        E::NoBackups(_)
+        | E::Gap { .. }
+        | E::NotAvailable { .. }
+        | E::Ltx { .. }
+        | E::Inconsistent(_)
+        | E::Integrity(_) => true,
+        E::Exists(_) | E::Storage(_) | E::Io { .. } | E::Cancelled => false,
     }
 }
 

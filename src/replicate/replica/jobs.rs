@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio_util::task::AbortOnDropHandle;
 
-use super::{Finished, Replica};
+use super::{Finished, Replica, SeedReason};
 use crate::replicate::maintenance::{self, Job, Schedule};
 use crate::storage::StorageError;
 
@@ -106,7 +106,35 @@ impl Replica {
             }
         };
         match done {
+            Ok(maintenance::Done::Unrestorable { tip, reason }) => {
+                let failed =
+                    format!("verify failed: the replica does not restore to TXID {tip} ({reason})");
+                // One seed per streak: a seed that did not heal it points at the database
+                // itself, and seeding again would only upload whole copies in a loop.
+                let why = match self.unrestorable {
+                    None => format!("{failed}; re-seeding it with a snapshot of the database"),
+                    Some(_) => format!(
+                        "{failed}, also after a seed: check the database itself with PRAGMA integrity_check"
+                    ),
+                };
+                tracing::error!(db = %self.db, replica = %self.name, "{why}");
+                if self.unrestorable.is_none() {
+                    self.pending_seed = Some(SeedReason::Unrestorable);
+                    // Checked again right after the seed (maintenance starts only after a
+                    // round that stored it), not an interval later.
+                    if !self.due.contains(&Job::Verify) {
+                        self.due.push_back(Job::Verify);
+                    }
+                }
+                self.stats.health.fail(why.clone());
+                self.unrestorable = Some(why);
+            }
             Ok(done) => {
+                if matches!(done, maintenance::Done::Checked) && self.unrestorable.take().is_some()
+                {
+                    // The health cell clears at the next round that succeeds.
+                    tracing::info!(db = %self.db, replica = %self.name, "verify passed: the replica restores again");
+                }
                 let n = done.apply(&mut self.index);
                 if n > 0 {
                     tracing::debug!(db = %self.db, replica = %self.name, ?job, files = n, "maintenance");

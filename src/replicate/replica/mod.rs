@@ -131,6 +131,9 @@ pub struct Replica {
     deferred: bool,
     /// A seed to store before anything else (set when a late listing asks for a new chain).
     pending_seed: Option<SeedReason>,
+    /// Why the last verify found that the replica does not restore: it is not protected
+    /// until a verify passes again (after the seed that heals it).
+    unrestorable: Option<String>,
     /// A file of ours was found missing: list the replica before the next upload.
     recheck: bool,
     /// Maintenance jobs that came due and wait for the running one, in order.
@@ -185,6 +188,7 @@ impl Replica {
             remote_codec: None,
             deferred: false,
             pending_seed: None,
+            unrestorable: None,
             recheck: false,
             due: VecDeque::new(),
             verify_turn: None,
@@ -560,7 +564,15 @@ impl Replica {
                     if let Some((since, failures)) = streak.take() {
                         tracing::info!(db = %self.db, replica = %self.name, failures, after = ?since.elapsed(), "replica recovered");
                     }
-                    self.stats.health.recover();
+                    match &self.unrestorable {
+                        // Uploads do not make a replica that failed its verify restorable.
+                        Some(why) => {
+                            self.stats.health.fail(why.clone());
+                        }
+                        None => {
+                            self.stats.health.recover();
+                        }
+                    }
                     backoff.reset();
                     if closed {
                         // A verify's verdict would not outlive the process: it stops now (its
@@ -584,7 +596,11 @@ impl Replica {
                 }
                 Err(RoundError::NotYet) => Some(Duration::from_secs(1)),
                 Err(e) => {
-                    self.stats.health.fail(format!("not written: {e}"));
+                    let why = format!("not written: {e}");
+                    self.stats.health.fail(match &self.unrestorable {
+                        Some(verify) => format!("{verify}; {why}"),
+                        None => why,
+                    });
                     match &mut streak {
                         None => {
                             tracing::error!(db = %self.db, replica = %self.name, error = %e, remote_txid = %self.remote, "upload failed; retrying with backoff");
