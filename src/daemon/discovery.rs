@@ -340,13 +340,14 @@ impl Discovery {
     }
 }
 
+/// Whether nothing is at `path` any more.
+fn gone(path: &Path) -> bool {
+    matches!(std::fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
 /// Databases in `found` not tracked yet, and tracked ones whose file is gone.
 fn changes(found: Vec<PathBuf>, tracked: &HashSet<PathBuf>) -> Changes {
-    let mut removed: Vec<PathBuf> = tracked
-        .iter()
-        .filter(|t| matches!(std::fs::symlink_metadata(t), Err(e) if e.kind() == std::io::ErrorKind::NotFound))
-        .cloned()
-        .collect();
+    let mut removed: Vec<PathBuf> = tracked.iter().filter(|t| gone(t)).cloned().collect();
     removed.sort();
     Changes {
         added: found.into_iter().filter(|p| !tracked.contains(p)).collect(),
@@ -382,6 +383,8 @@ async fn follow(me: Arc<Discovery>, core: StoreCore, mut tracked: HashSet<PathBu
     // created since the start-up scan.
     let mut full = true;
     let mut paths = HashSet::new();
+    // Found, but their start failed: listed as not protected until they start or go.
+    let mut failed: HashSet<PathBuf> = HashSet::new();
     let mut next_rescan = tokio::time::Instant::now();
     loop {
         if full {
@@ -417,17 +420,30 @@ async fn follow(me: Arc<Discovery>, core: StoreCore, mut tracked: HashSet<PathBu
                     "database removed: stopping its replication (final sync, staged files are uploaded)");
             }
         }
+        // A database that never started and is gone is no longer reported.
+        for path in failed.extract_if(|p| gone(p)).collect::<Vec<_>>() {
+            core.remove(&path).await;
+        }
         for path in changes.added {
             if stop.is_cancelled() {
                 break;
             }
             match me.add(&core, &path).await {
                 Ok(true) => {
+                    failed.remove(&path);
                     tracked.insert(path);
                 }
                 Ok(false) => {}
-                Err(e) => tracing::error!(db = %path.display(), error = %e,
-                    "cannot start the discovered database; retrying at the next rescan"),
+                Err(e) => {
+                    tracing::error!(db = %path.display(), error = %e,
+                        "cannot start the discovered database; retrying when its file changes or at the next rescan");
+                    let why = format!(
+                        "not replicated: {e} (retried when the file changes, or within {} s)",
+                        RESCAN_INTERVAL.as_secs()
+                    );
+                    core.registry().unstarted(&path, why);
+                    failed.insert(path);
+                }
             }
         }
         full = false;

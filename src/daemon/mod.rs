@@ -44,6 +44,7 @@ use crate::ltx::TxId;
 use crate::replicate::counters::{ReplicaCounters, ReplicaMetrics};
 use crate::replicate::db::{Db, RemoteTip};
 use crate::replicate::dormant::DormantWatch;
+use crate::replicate::health::stopped_on_panic;
 use crate::replicate::lease::Lease;
 use crate::replicate::maintenance::Maintenance;
 use crate::replicate::maintenance::schedule::RetentionPolicy;
@@ -452,9 +453,10 @@ impl StoreCore {
                 .collect(),
             pos: db.subscribe(),
             sync: trigger.clone(),
+            unstarted: false,
         };
         let acks: Vec<watch::Receiver<TxId>> = replicas.iter().map(Replica::acks).collect();
-        for r in replicas {
+        for (r, (_, stats)) in replicas.into_iter().zip(&handle.replicas) {
             let span =
                 tracing::info_span!("replica", db = %dbc.path.display(), replica = %r.name());
             let rx = db.subscribe();
@@ -466,6 +468,7 @@ impl StoreCore {
                 r.run(rx, feed, abort).await;
                 drop(held);
             };
+            let run = stopped_on_panic(run, stats.health.clone(), "upload");
             let fut = tracing::Instrument::instrument(run, span);
             core.tracker.spawn(tasks.track_future(fut));
         }
@@ -486,6 +489,7 @@ impl StoreCore {
                 dbc.settings.min_sync_interval,
             ),
         );
+        let monitor = stopped_on_panic(monitor, handle.stats.clone(), "monitor");
         let fut = tracing::Instrument::instrument(monitor, span);
         core.tracker.spawn(tasks.track_future(fut));
         Ok(handle)

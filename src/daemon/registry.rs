@@ -8,6 +8,9 @@
 //! - Readers get an immutable snapshot (`Arc<Vec<DbHandle>>`): the lock is held only to clone
 //!   an `Arc` or to change the list, never across an `.await` or any I/O.
 //! - Only the Store changes the set ([`crate::daemon`]); a path appears at most once.
+//! - A database found at run time whose start failed is listed too, as a stand-in with that
+//!   failure as its problem and no replica, until a start succeeds (the real one replaces
+//!   it) or the file is gone: every reader then reports it as not protected.
 //! - A change copies the list only while a reader still holds a snapshot of it
 //!   (`Arc::make_mut`): starting 10,000 databases must not copy the list 10,000 times.
 
@@ -34,6 +37,8 @@ pub struct DbHandle {
     pub pos: watch::Receiver<DbPos>,
     /// "Sync now" requests to the monitor ([`crate::ops::control`]).
     pub sync: Arc<SyncTrigger>,
+    /// A stand-in for a database whose start failed: no monitor reads `sync`.
+    pub unstarted: bool,
 }
 
 /// Wakes a database's monitor for an immediate tick, and tells when a tick has completed.
@@ -89,6 +94,8 @@ struct Listed {
     dbs: Arc<Vec<DbHandle>>,
     /// The paths in `dbs`, for the at-most-once check without a scan.
     paths: HashSet<PathBuf>,
+    /// The paths in `dbs` that are stand-ins for a failed start.
+    unstarted: HashSet<PathBuf>,
 }
 
 impl DbRegistry {
@@ -109,15 +116,47 @@ impl DbRegistry {
         listed.paths.contains(path)
     }
 
-    /// Adds `db`; false (and nothing changed) when its path is already there.
+    /// Adds `db`, in place of its stand-in if its last start had failed; false (and nothing
+    /// changed) when its path is already there.
     pub(crate) fn insert(&self, db: DbHandle) -> bool {
         let mut guard = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let listed = &mut *guard;
+        if listed.unstarted.remove(&db.path) {
+            Arc::make_mut(&mut listed.dbs).retain(|d| d.path != db.path);
+            listed.paths.remove(&db.path);
+        }
         if !listed.paths.insert(db.path.clone()) {
             return false;
         }
         Arc::make_mut(&mut listed.dbs).push(db);
         true
+    }
+
+    /// Lists `path`, whose start failed because of `why`, as not protected (a stand-in with
+    /// that problem), or updates the reason of its stand-in; nothing if it runs.
+    pub(crate) fn unstarted(&self, path: &Path, why: String) {
+        let mut guard = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let listed = &mut *guard;
+        if listed.unstarted.contains(path) {
+            if let Some(d) = listed.dbs.iter().find(|d| d.path == path) {
+                d.stats.health.fail(why);
+            }
+            return;
+        }
+        if !listed.paths.insert(path.to_path_buf()) {
+            return;
+        }
+        let stats = Arc::new(DbStats::default());
+        stats.health.fail(why);
+        listed.unstarted.insert(path.to_path_buf());
+        Arc::make_mut(&mut listed.dbs).push(DbHandle {
+            path: path.to_path_buf(),
+            stats,
+            replicas: Vec::new(),
+            pos: watch::channel(DbPos::default()).1,
+            sync: Arc::default(),
+            unstarted: true,
+        });
     }
 
     /// Removes the database at `path`, returning it.
@@ -126,6 +165,7 @@ impl DbRegistry {
         let listed = &mut *guard;
         let i = listed.dbs.iter().position(|d| d.path == path)?;
         listed.paths.remove(path);
+        listed.unstarted.remove(path);
         Some(Arc::make_mut(&mut listed.dbs).remove(i))
     }
 }
@@ -141,6 +181,7 @@ mod tests {
             replicas: Vec::new(),
             pos: tokio::sync::watch::channel(Default::default()).1,
             sync: Default::default(),
+            unstarted: false,
         }
     }
 
@@ -168,6 +209,29 @@ mod tests {
             paths(&reg.snapshot()),
             [Path::new("/b"), Path::new("/c"), Path::new("/a")]
         );
+    }
+
+    #[test]
+    fn a_failed_start_is_listed_not_protected_until_the_database_starts_or_goes() {
+        let reg = DbRegistry::default();
+        reg.unstarted(Path::new("/a"), "not replicated: first".into());
+        reg.unstarted(Path::new("/a"), "not replicated: second".into());
+        let snap = reg.snapshot();
+        assert_eq!(paths(&snap), [Path::new("/a")]);
+        let problem = snap[0].stats.health.problem().map(|p| p.reason);
+        assert_eq!(problem.as_deref(), Some("not replicated: second"));
+        // The start that succeeds replaces the stand-in.
+        assert!(reg.insert(handle("/a")));
+        let snap = reg.snapshot();
+        assert_eq!(paths(&snap), [Path::new("/a")]);
+        assert!(snap[0].stats.health.is_ok());
+        // A running database is never shadowed by a stand-in.
+        reg.unstarted(Path::new("/a"), "late".into());
+        assert!(reg.snapshot()[0].stats.health.is_ok());
+        // A stand-in whose file is gone leaves.
+        reg.unstarted(Path::new("/b"), "not replicated".into());
+        assert!(reg.remove(Path::new("/b")).is_some());
+        assert_eq!(paths(&reg.snapshot()), [Path::new("/a")]);
     }
 
     #[test]

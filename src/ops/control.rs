@@ -215,6 +215,18 @@ async fn handle(
             format!("database {} is not replicated here\n", q.db.display()),
         );
     };
+    if db.unstarted {
+        let why = db
+            .stats
+            .health
+            .problem()
+            .map(|p| p.reason)
+            .unwrap_or_default();
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("database {}: {why}\n", q.db.display()),
+        );
+    }
     if !q.wait {
         db.sync.request();
         let txid = db.stats.txid.load(Ordering::SeqCst);

@@ -300,6 +300,7 @@ mod tests {
             replicas: Vec::new(),
             pos: tokio::sync::watch::channel(Default::default()).1,
             sync: Default::default(),
+            unstarted: false,
         };
         let dbs = vec![handle("/a.db"), handle("/b.db")];
         assert_eq!(

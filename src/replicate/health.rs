@@ -9,7 +9,8 @@
 //! sync, a completed upload round); any failure it cannot heal on the spot sets a problem
 //! first, so no reader ever sees "fine" for a database or replica that is not.
 
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 
 /// Why something is not protected, since when.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,9 +90,52 @@ impl HealthCell {
     }
 }
 
+/// Runs `task`, the long-lived task that owns `health`; if it panics, its cell says so for
+/// good (and the log at ERROR): a task that died must not read as fine, which its last
+/// state, or the drained replicas of a monitor that is gone, would.
+pub async fn stopped_on_panic<C: AsRef<HealthCell>>(
+    task: impl Future<Output = ()>,
+    health: Arc<C>,
+    what: &str,
+) {
+    use futures_util::FutureExt;
+    let Err(panic) = std::panic::AssertUnwindSafe(task).catch_unwind().await else {
+        return;
+    };
+    let msg = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    tracing::error!(task = what, panic = %msg, "a task panicked: not protected until replicad restarts");
+    (*health).as_ref().stop(format!(
+        "stopped: the {what} task panicked ({msg}); restart replicad"
+    ));
+}
+
+impl AsRef<HealthCell> for HealthCell {
+    fn as_ref(&self) -> &HealthCell {
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_task_that_panics_leaves_its_cell_stopped() {
+        let h = Arc::new(HealthCell::default());
+        stopped_on_panic(async {}, h.clone(), "upload").await;
+        assert!(h.is_ok(), "a task that ends is not a problem");
+        let task = async { panic!("index out of bounds") };
+        stopped_on_panic(task, h.clone(), "upload").await;
+        let p = h.problem().expect("the panic is recorded");
+        assert!(
+            p.stopped && p.reason.contains("index out of bounds"),
+            "{p:?}"
+        );
+    }
 
     #[test]
     fn a_problem_starts_once_and_ends_once() {

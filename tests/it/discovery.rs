@@ -366,3 +366,108 @@ fn a_database_deleted_then_created_again_is_replicated_again() {
     restore_ok(s(&replica.join("a.db")), &out, None);
     assert_eq!(content_hash(&out), content_hash(&a));
 }
+
+/// `GET /readyz` on 127.0.0.1:`port`: the status code and body.
+fn readyz(port: u16) -> (u16, String) {
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(b"GET /readyz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).unwrap();
+    parse_response(&raw)
+}
+
+/// A database found at run time whose start fails is not protected, and every signal says
+/// so: `/readyz`, `/status` (listed, `protected: false`, the error) and the exit code of a
+/// shutdown meanwhile. The next write to its file retries the start; once it starts, it is
+/// replicated and ready like the others.
+#[test]
+fn a_discovered_database_that_cannot_start_is_reported_until_it_starts() {
+    let seed = seed("discovery_unstarted");
+    let t = TestDir::new("discovery-unstarted");
+    let data = t.join("data");
+    let replica = t.join("replica");
+    std::fs::create_dir_all(&data).unwrap();
+    let a = data.join("a.db");
+    let mut wa = Writer::open(&a, seed);
+    wa.run(5);
+    let port = free_port();
+    let cfg = config(t.path(), &data, &replica, port, true);
+    let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
+    wait_until(&d, "listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    caught_up(&d, port, &a);
+    wait_until(&d, "ready", || readyz(port).0 == 200);
+
+    // b.db's staging directory cannot be made: a file is in its place (root or not).
+    let b = data.join("b.db");
+    let obstacle = data.join(".b.db-replicad");
+    std::fs::write(&obstacle, "in the way").unwrap();
+    let mut wb = Writer::open(&b, seed + 1);
+    wb.run(5);
+    wait_until(&d, "b.db reported", || {
+        let (code, body) = readyz(port);
+        code == 503 && body.contains(s(&b))
+    });
+    let (_, body) = readyz(port);
+    assert!(body.contains("not replicated"), "{body}");
+    assert!(!body.contains(&format!("db {}", s(&a))), "{body}");
+    let st = status(port);
+    let entry = st["databases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["path"].as_str() == Some(s(&b)))
+        .unwrap_or_else(|| panic!("b.db not listed: {st}"))
+        .clone();
+    assert_eq!(entry["protected"], false, "{st}");
+    assert!(
+        entry["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not replicated")),
+        "{st}"
+    );
+
+    // Cleared, the next write to its file (a checkpoint) retries the start: replicated and
+    // ready.
+    std::fs::remove_file(&obstacle).unwrap();
+    wb.run(5);
+    wb.checkpoint("TRUNCATE");
+    wait_until(&d, "b.db started", || {
+        status(port)["databases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| {
+                e["path"].as_str() == Some(s(&b))
+                    && e["replicas"].as_array().is_some_and(|r| !r.is_empty())
+            })
+    });
+    caught_up(&d, port, &b);
+    wait_until(&d, "ready again", || readyz(port).0 == 200);
+    drop(wb);
+    d.stop_ok();
+    let out = t.join("restored-b");
+    restore_ok(s(&replica.join("b.db")), &out, None);
+    assert_eq!(content_hash(&out), content_hash(&b));
+
+    // A shutdown while one cannot start exits 1, naming it.
+    std::fs::write(data.join(".c.db-replicad"), "in the way").unwrap();
+    let c = data.join("c.db");
+    let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
+    wait_until(&d, "listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let mut wc = Writer::open(&c, seed + 2);
+    wc.run(5);
+    wait_until(&d, "c.db reported", || {
+        let (code, body) = readyz(port);
+        code == 503 && body.contains(s(&c))
+    });
+    let log = d.log.clone();
+    let status = d.stop();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{text}");
+    assert!(text.contains("c.db"), "{text}");
+}

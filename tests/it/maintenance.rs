@@ -624,3 +624,47 @@ fn verifying(dir: &Path) -> std::collections::BTreeSet<std::path::PathBuf> {
         .filter_map(|p| p.parent().map(Path::to_path_buf))
         .collect()
 }
+
+/// A level-1 compaction that keeps failing does not make local staging keep every segment
+/// until the disk is full: after a few failures staging drops what the replica holds, and
+/// the replica still restores to the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_compaction_does_not_grow_staging_without_bound() {
+    let dir = TestDir::new("maint-l1-fails");
+    let db = dir.join("app.db");
+    let replica = dir.join("replica");
+    let mut writer = Writer::open(&db, common::seed("maint-l1-fails"));
+    writer.commit_txn();
+    // Every build fails: its temporary directory cannot be made (root or not).
+    let meta = dir.join(".app.db-replicad");
+    std::fs::create_dir_all(meta.join("tmp")).unwrap();
+    std::fs::write(meta.join("tmp/file"), "in the way").unwrap();
+    let settings = DbSettings {
+        levels: vec![Duration::from_millis(100)],
+        snapshot_interval: Duration::from_secs(3600),
+        ..fast(Codec::Lz4)
+    };
+    let config = Config::single(db.clone(), &[replica.display().to_string()], settings).unwrap();
+    let store = Store::open(&config).await.unwrap();
+    let h = store.dbs()[0].clone();
+    let staged = || common::files_under(&meta.join("ltx"), |n| n.ends_with(".ltx")).len();
+    let mut most = 0;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        writer.commit_txn();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if started.elapsed() > Duration::from_secs(1) {
+            most = most.max(staged());
+        }
+    }
+    let txid = h.stats.txid.load(Ordering::Relaxed);
+    assert!(txid > 30, "commits were synced: {txid}");
+    assert!(
+        most < 15,
+        "staging kept {most} segments of {txid} while compactions failed"
+    );
+    store.shutdown(std::future::pending()).await;
+    let out = dir.join("restored.db");
+    common::restore_ok(replica.to_str().unwrap(), &out, None);
+    assert_same_content(&db, &out, "while compactions failed");
+}

@@ -166,6 +166,12 @@ pub struct DbStats {
     pub held_since_ms: AtomicU64,
 }
 
+impl AsRef<crate::replicate::health::HealthCell> for DbStats {
+    fn as_ref(&self) -> &crate::replicate::health::HealthCell {
+        &self.health
+    }
+}
+
 impl DbStats {
     /// Seconds the newest changes have waited for `min-sync-interval` (0 when none wait).
     pub fn held_seconds(&self) -> f64 {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio_util::task::AbortOnDropHandle;
 
-use super::{Finished, Replica, SeedReason};
+use super::{Finished, L1_FAILURES_BEFORE_PRUNING, Replica, SeedReason};
 use crate::replicate::maintenance::{self, Job, Schedule};
 use crate::storage::StorageError;
 
@@ -98,6 +98,9 @@ impl Replica {
     /// Records what a finished maintenance job did.
     pub(super) fn finished(&mut self, job: Job, finished: Finished) {
         crate::util::malloc::note_freed();
+        if job == Job::Compact(1) {
+            self.compacted_l1(matches!(finished, Ok(Ok(_))));
+        }
         let done = match finished {
             Ok(r) => r,
             Err(e) => {
@@ -149,6 +152,22 @@ impl Replica {
                     self.recheck = true;
                 }
             }
+        }
+    }
+
+    /// Counts level-1 compactions that failed in a row. From the
+    /// [`L1_FAILURES_BEFORE_PRUNING`]th on, staging no longer keeps level-0 segments for
+    /// them (they then read them from the replica), so one that keeps failing cannot fill the
+    /// disk; the first success restores the keeping.
+    fn compacted_l1(&mut self, ok: bool) {
+        let before = self.l1_failures;
+        self.l1_failures = if ok { 0 } else { before.saturating_add(1) };
+        if self.l1_failures == L1_FAILURES_BEFORE_PRUNING {
+            tracing::error!(db = %self.db, replica = %self.name, failures = self.l1_failures, "level-1 compaction keeps failing: local staging no longer keeps segments for it, and it reads them from the replica");
+            self.send_ack();
+        } else if ok && before >= L1_FAILURES_BEFORE_PRUNING {
+            tracing::info!(db = %self.db, replica = %self.name, failures = before, "level-1 compaction works again");
+            self.send_ack();
         }
     }
 

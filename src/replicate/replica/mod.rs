@@ -131,6 +131,8 @@ pub struct Replica {
     deferred: bool,
     /// A seed to store before anything else (set when a late listing asks for a new chain).
     pending_seed: Option<SeedReason>,
+    /// Level-1 compactions that failed in a row (see `compacted_l1`).
+    l1_failures: u32,
     /// Why the last verify found that the replica does not restore: it is not protected
     /// until a verify passes again (after the seed that heals it).
     unrestorable: Option<String>,
@@ -189,6 +191,7 @@ impl Replica {
             deferred: false,
             pending_seed: None,
             unrestorable: None,
+            l1_failures: 0,
             recheck: false,
             due: VecDeque::new(),
             verify_turn: None,
@@ -364,9 +367,11 @@ impl Replica {
     }
 
     /// Acknowledges what staging may drop: segments on the replica and, when levels are
-    /// configured, covered by level 1 (so L1 compaction reads them locally, without a GET).
+    /// configured, covered by level 1 (so L1 compaction reads them locally, without a GET),
+    /// unless level-1 compaction keeps failing.
     fn send_ack(&self) {
-        let ack = if self.maint.levels.is_empty() {
+        let ack = if self.maint.levels.is_empty() || self.l1_failures >= L1_FAILURES_BEFORE_PRUNING
+        {
             self.remote
         } else {
             self.remote.min(self.index.max_txid(1))
@@ -685,6 +690,9 @@ impl Replica {
         }
     }
 }
+
+/// Level-1 compactions failing in a row after which staging stops keeping segments for them.
+const L1_FAILURES_BEFORE_PRUNING: u32 = 3;
 
 /// Why an upload round failed.
 #[derive(Debug, thiserror::Error)]
