@@ -30,7 +30,6 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -51,7 +50,7 @@ use crate::replicate::maintenance::schedule::RetentionPolicy;
 use crate::replicate::replica::Replica;
 use crate::replicate::staging::{Staging, StagingLock};
 use crate::storage::AnyClient;
-pub use registry::{DbHandle, DbRegistry, SyncTrigger};
+pub use registry::{DbHandle, DbRegistry, SyncTrigger, unprotected};
 
 mod monitor;
 use monitor::monitor;
@@ -688,40 +687,6 @@ impl Store {
             core.tracker.wait().await;
         }
     }
-}
-
-/// What is not protected now: databases with a problem, replicas behind their database or
-/// stopped. One line each, naming them.
-pub fn unprotected(dbs: &[DbHandle]) -> Vec<String> {
-    let mut out = Vec::new();
-    for d in dbs {
-        let db = d.path.display();
-        if let Some(p) = d.stats.health.problem() {
-            out.push(format!("database {db}: {}", p.reason));
-        }
-        let txid = d.pos.borrow().txid;
-        for (name, r) in &d.replicas {
-            let remote = r.remote_txid.load(Ordering::Relaxed);
-            if r.lease_lost.load(Ordering::Relaxed) {
-                out.push(format!(
-                    "database {db}: replica {name}: stopped at TXID {remote}: its single-writer lease was taken"
-                ));
-            } else if remote < txid.0 {
-                let why = r
-                    .health
-                    .problem()
-                    .map_or(String::new(), |p| format!(" ({})", p.reason));
-                out.push(format!(
-                    "database {db}: replica {name}: holds TXID {remote} of {}: not fully uploaded{why}",
-                    txid.0
-                ));
-            } else if let Some(p) = r.health.problem() {
-                // Holding as much as the database, but not its chain (a seed still owed).
-                out.push(format!("database {db}: replica {name}: {}", p.reason));
-            }
-        }
-    }
-    out
 }
 
 /// Releases leases taken by a start that failed: the next start (or another host) must not

@@ -38,7 +38,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::daemon::registry::DbRegistry;
 use crate::daemon::{DbHandle, Store};
-use crate::ops::metrics::{Metrics, behind, replica_lag};
+use crate::ops::metrics::{Metrics, behind, is_protected, replica_lag};
 
 /// Longest time a connection may take to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -101,11 +101,7 @@ impl Status {
                             "lag_txids": lag.txids,
                             "lag_seconds": lag.seconds,
                             "lease_lost": r.lease_lost.load(Ordering::Relaxed),
-                            // Also false while it is max-lag behind, as /readyz says: a stuck
-                            // upload reports no error.
-                            "protected": r.health.is_ok()
-                                && !r.lease_lost.load(Ordering::Relaxed)
-                                && behind(pos, r, self.max_lag, since_ms).is_none(),
+                            "protected": is_protected(pos, r, self.max_lag, since_ms),
                             "error": r.health.problem().map(|p| p.reason),
                             "reseeds": r.reseeds.load(Ordering::Relaxed),
                         })
@@ -132,9 +128,9 @@ impl Status {
 
 /// Ready when every database has completed a sync and has not been failing for `max_lag`,
 /// and each of its replicas has not been failing for `max_lag` (nor stopped) and either
-/// holds the database's TXID or has uploaded a segment less than `max_lag` older than the
-/// database's newest segment. Otherwise, one reason per database or replica that is not
-/// ready.
+/// holds the database's TXID or has been missing data for less than `max_lag`
+/// ([`crate::ops::metrics::Lag::seconds`]). Otherwise, one reason per database or replica
+/// that is not ready.
 /// `since_ms`: the stand-in timestamp of a replica that has uploaded nothing yet (see
 /// [`crate::ops::metrics::Lag::seconds`]).
 pub fn readiness(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Result<(), Vec<String>> {

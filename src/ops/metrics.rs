@@ -80,12 +80,13 @@ pub struct Lag {
     /// Database TXID minus the replica's TXID (0 when the replica is current).
     pub txids: u64,
     /// How long the replica's copy has been stale, in seconds (0 when it is current): since
-    /// the database's newest segment when that is the only one missing (the replica held
-    /// everything until then), else the larger of that and the header timestamp of the
-    /// newest segment minus that of the replica's newest upload. So it grows on the clock
-    /// while an upload is stuck, also once the database has gone quiet. When the replica has
-    /// uploaded nothing since the process started (its timestamp is unknown), the age is
-    /// counted from `since_ms` (the process start) instead: a lower bound.
+    /// the first segment it misses was cut. That is the newest segment when only one is
+    /// missing, or the one being uploaded; before the upload of the next one begins, the
+    /// larger of the time since the newest segment and the data between the newest segment
+    /// and the replica's newest upload. So it grows on the clock while an upload is stuck,
+    /// also once the database has gone quiet. Times before the process started (a segment
+    /// staged by an earlier run, a replica that has uploaded nothing since) count from
+    /// `since_ms`: a lower bound.
     pub seconds: f64,
     /// The replica's TXID these were computed from (one read, so a report shows a pair that
     /// agrees).
@@ -107,14 +108,17 @@ fn lag_at(pos: DbPos, r: &ReplicaStats, since_ms: i64, now_ms: i64) -> Lag {
             remote,
         };
     }
-    let remote_ms = match r.remote_timestamp_ms.load(Ordering::Relaxed) {
-        0 => since_ms,
-        ms => i64::try_from(ms).unwrap_or(i64::MAX),
-    };
-    let waited = now_ms.saturating_sub(pos.timestamp_ms);
+    let known = |ms: i64| ms.max(since_ms);
+    let remote_ms =
+        known(i64::try_from(r.remote_timestamp_ms.load(Ordering::Relaxed)).unwrap_or(0));
+    let next_ms = i64::try_from(r.next_timestamp_ms.load(Ordering::Relaxed)).unwrap_or(0);
+    let newest = known(pos.timestamp_ms);
     let ms = match txids {
-        1 => waited,
-        _ => pos.timestamp_ms.saturating_sub(remote_ms).max(waited),
+        1 => now_ms.saturating_sub(newest),
+        _ if next_ms > 0 => now_ms.saturating_sub(known(next_ms)),
+        _ => newest
+            .saturating_sub(remote_ms)
+            .max(now_ms.saturating_sub(newest)),
     }
     .max(0);
     Lag {
@@ -124,9 +128,8 @@ fn lag_at(pos: DbPos, r: &ReplicaStats, since_ms: i64, now_ms: i64) -> Lag {
     }
 }
 
-/// Why replica `r` is not ready for lag: it misses TXIDs of `pos` and its newest upload is
-/// `max_lag` or more older than the database's newest segment (`/readyz`, and the webhooks'
-/// `replica-failing`).
+/// Why replica `r` is not ready for lag: it misses TXIDs of `pos` and has been stale for
+/// `max_lag` or more ([`Lag::seconds`]; `/readyz`, and the webhooks' `replica-failing`).
 pub fn behind(pos: DbPos, r: &ReplicaStats, max_lag: Duration, since_ms: i64) -> Option<String> {
     let lag = replica_lag(pos, r, since_ms);
     (lag.txids > 0 && lag.seconds >= max_lag.as_secs_f64()).then(|| {
@@ -137,6 +140,14 @@ pub fn behind(pos: DbPos, r: &ReplicaStats, max_lag: Duration, since_ms: i64) ->
             humantime::format_duration(max_lag)
         )
     })
+}
+
+/// Whether replica `r` is protected now, as `/status` and `replicad_replica_protected` say:
+/// it holds its lease, has no problem and is within `max_lag`.
+pub fn is_protected(pos: DbPos, r: &ReplicaStats, max_lag: Duration, since_ms: i64) -> bool {
+    r.health.is_ok()
+        && !r.lease_lost.load(Ordering::Relaxed)
+        && behind(pos, r, max_lag, since_ms).is_none()
 }
 
 /// Per-database metrics: `(name, help, type, value)`; labelled `db`.
@@ -300,7 +311,8 @@ const LEASE_LOST: (&str, &str) = (
 );
 const LAG_SECONDS: (&str, &str) = (
     "replicad_replica_lag_seconds",
-    "Age of the replica's newest segment relative to the database's newest segment.",
+    "How long the replica has been missing the database's newest data: seconds since the \
+     first segment it misses was cut (0 when current).",
 );
 
 /// Reads [`DbStats`](crate::replicate::db::DbStats) and [`ReplicaStats`] at scrape time.
@@ -403,9 +415,7 @@ impl Collector for DbCollector {
                 txids.push(sample(&l, MetricType::GAUGE, lag.txids as f64));
                 seconds.push(sample(&l, MetricType::GAUGE, lag.seconds));
                 let lost = r.lease_lost.load(Ordering::Relaxed);
-                let ok = r.health.is_ok()
-                    && !lost
-                    && behind(pos, r, self.max_lag, self.since_ms).is_none();
+                let ok = is_protected(pos, r, self.max_lag, self.since_ms);
                 protected.push(sample(&l, MetricType::GAUGE, f64::from(u8::from(ok))));
                 lease_lost.push(sample(&l, MetricType::GAUGE, f64::from(u8::from(lost))));
             }
@@ -528,10 +538,18 @@ mod tests {
         assert_eq!(lag(3_600_050), 0.05);
         // Its upload stuck while the database stays quiet: the lag grows with the clock.
         assert_eq!(lag(3_700_000), 100.0);
-        // Two segments missing: the data between them counts, and so does the wait.
+        // Two segments missing, before the next upload begins: the data between the newest
+        // and the replica counts, and so does the wait.
         let two = |now_ms| lag_at(pos(7, 10_000), &r, 0, now_ms).seconds;
         assert_eq!(two(10_001), 10.0);
         assert_eq!(two(60_000), 50.0);
+        // Once it uploads the first it misses (cut at 2 s): since that cut.
+        r.next_timestamp_ms.store(2_000, Ordering::Relaxed);
+        assert_eq!(two(10_001), 8.001);
+        r.next_timestamp_ms.store(0, Ordering::Relaxed);
+        // A cut before the process started (or unknown: 0) counts from the start.
+        assert_eq!(lag_at(pos(6, 0), &r, 5_000, 6_000).seconds, 1.0);
+        assert_eq!(lag_at(pos(6, 1_000), &r, 5_000, 6_000).seconds, 1.0);
         // Current: nothing missing, no lag, however old its last upload.
         let current = lag_at(pos(5, 0), &r, 0, 9_999_999);
         assert_eq!((current.txids, current.seconds), (0, 0.0));

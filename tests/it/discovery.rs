@@ -469,5 +469,6 @@ fn a_discovered_database_that_cannot_start_is_reported_until_it_starts() {
     let status = d.stop();
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(status.code(), Some(1), "{text}");
-    assert!(text.contains("c.db"), "{text}");
+    let named = format!("database {}: not replicated", s(&c));
+    assert!(text.contains(&named), "{text}");
 }

@@ -398,8 +398,15 @@ async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
         "{ready:?}"
     );
 
-    // Still not protected while the seed fails: uploads alone do not make it restorable.
+    // Still not protected while the seed fails, though the uploads go on: they do not make
+    // it restorable.
+    let txid = || h.stats.txid.load(Ordering::Relaxed);
+    let failed_at = txid();
     writer.commit_txn();
+    wait_until("the commit uploaded", || {
+        stats.remote_txid.load(Ordering::Relaxed) == txid() && txid() > failed_at
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(counters.verify_ok.get(), 0);
     assert!(reason().starts_with("verify failed"), "{}", reason());
@@ -414,6 +421,11 @@ async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
     wait_until("a verify that passes", || counters.verify_ok.get() == 1).await;
     wait_until("protected again", || stats.health.is_ok()).await;
     assert!(replicad::ops::http::readiness(&store.dbs(), Duration::ZERO, 0).is_ok());
+    // One seed healed it: no more once verifies pass.
+    writer.commit_txn();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(counters.reseeds[unrestorable].get(), 1);
+    assert!(stats.health.is_ok());
     store.shutdown(std::future::pending()).await;
     let out = dir.join("restored.db");
     common::restore_ok(replica.to_str().unwrap(), &out, None);

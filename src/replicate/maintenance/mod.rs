@@ -6,7 +6,8 @@
 //! - Outputs are built in a local temporary file, fsynced, then uploaded whole; a crash
 //!   leaves at most a `.tmp` file locally and never a partial object remotely.
 //! - Level-0 inputs are read from local staging when present (staging keeps level-0 segments
-//!   until level 1 covers them), so an L1 compaction costs no GET.
+//!   until level 1 covers them, unless L1 compaction keeps failing), so an L1 compaction
+//!   costs no GET; missing ones are read from the replica.
 //! - Planning reads only the in-memory index: an idle replica makes no request.
 //! - A job never holds up the replica's uploads. It is planned from the index ([`plan`]) into
 //!   [`Work`] that owns the files it reads or deletes, all older than anything an upload adds,
@@ -361,18 +362,28 @@ async fn verify(
     }
 }
 
-/// Whether a restore failed on the replica's content (a file that does not decode or fit, a
-/// hole, a database that fails its check), not on a request, the local disk or a stop. A
-/// read that failed inside a file's stream counts only when it said the bytes are invalid
-/// (a codec's error): a download cut short is no verdict.
+/// Whether a restore failed on the replica's content (a file that does not decode, fit or
+/// exist, a hole, a database that fails its check), not on a request, the local machine or
+/// a stop. A read that failed inside a file's stream counts only when it said the bytes are
+/// invalid (a codec's error): a download cut short is no verdict; nor is a check SQLite
+/// could not run for a local reason.
 fn unrestorable(e: &crate::restore::RestoreError) -> bool {
     use crate::ltx::LtxError;
     use crate::restore::RestoreError as E;
+    const LOCAL: [&str; 5] = [
+        "cannot open",
+        "cannot watch",
+        "disk I/O error",
+        "out of memory",
+        "unable to open",
+    ];
     match e {
         E::Ltx {
             source: LtxError::Io(io),
             ..
         } => io.kind() == std::io::ErrorKind::InvalidData,
+        E::Integrity(why) if LOCAL.iter().any(|l| why.contains(l)) => false,
+        E::Storage(StorageError::NotFound(_)) => true,
         E::NoBackups(_)
         | E::Gap { .. }
         | E::NotAvailable { .. }

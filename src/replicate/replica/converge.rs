@@ -139,8 +139,10 @@ impl Replica {
         tracing::warn!(db = %self.db, replica = %self.name, remote_txid = %self.remote, reason = reason.label(), "{}: re-seeding it with a snapshot of the live database", reason.explain());
         let (tx, rx) = tokio::sync::oneshot::channel();
         // Holding TXIDs the database has not reached (or the same one, from another chain):
-        // the database moves past them first.
-        let past = (self.remote.0 > 0 && self.remote >= db_txid).then_some(self.remote);
+        // the database moves past them first. A replica that failed its verify holds our
+        // own chain: its seed may be at its very TXID.
+        let ours = reason == SeedReason::Unrestorable;
+        let past = (!ours && self.remote.0 > 0 && self.remote >= db_txid).then_some(self.remote);
         seeds
             .send(crate::replicate::db::SeedRequest { past, reply: tx })
             .map_err(|_| seed_err("the database's monitor has stopped".into()))?;
@@ -148,7 +150,7 @@ impl Replica {
             .await
             .map_err(|_| seed_err("the database stopped before the snapshot was built".into()))?
             .map_err(|e| seed_err(format!("building the snapshot: {e}")))?;
-        if seed.txid <= self.remote {
+        if seed.txid < self.remote || (seed.txid == self.remote && !ours) {
             return Err(seed_err(format!(
                 "the snapshot's TXID {} is not past the replica's {}",
                 seed.txid, self.remote
@@ -173,6 +175,10 @@ impl Replica {
         self.stats.counters.observe(0, started, &put);
         let info = put.map_err(RoundError::Storage)?;
         self.wiped = false;
+        // Whatever asked for it, this seed is the one any other pending one would store.
+        self.pending_seed = None;
+        self.heal_owed = false;
+        self.healed |= self.unrestorable.is_some();
         // Counted before the log line: a slow log write must not leave the object visible
         // and uncounted.
         self.stats.counters.reseeds[reason as usize].inc();
@@ -180,6 +186,16 @@ impl Replica {
         tracing::info!(db = %self.db, replica = %self.name, txid = %seed.txid, bytes, elapsed = ?started.elapsed(), reason = reason.label(), "replica re-seeded");
         self.stored(info, seed.timestamp_ms);
         Ok(())
+    }
+
+    /// Stores the seed owed to a replica that failed its verify, after the round's uploads:
+    /// the chain itself still continues from staging, so a seed that cannot be stored only
+    /// waits for the next failed verify, and the uploads go on.
+    pub(super) async fn heal(&mut self, target: TxId) {
+        self.heal_owed = false;
+        if let Err(e) = self.reseed(SeedReason::Unrestorable, target).await {
+            tracing::warn!(db = %self.db, replica = %self.name, error = %e, "the seed that heals the replica failed; the next failed verify asks for it again");
+        }
     }
 
     /// Our lease vanished: one listing tells a wiped (or truncated) replica from a lease

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio_util::task::AbortOnDropHandle;
 
-use super::{Finished, L1_FAILURES_BEFORE_PRUNING, Replica, SeedReason};
+use super::{Finished, L1_FAILURES_BEFORE_PRUNING, Replica};
 use crate::replicate::maintenance::{self, Job, Schedule};
 use crate::storage::StorageError;
 
@@ -112,19 +112,19 @@ impl Replica {
             Ok(maintenance::Done::Unrestorable { tip, reason }) => {
                 let failed =
                     format!("verify failed: the replica does not restore to TXID {tip} ({reason})");
-                // One seed per streak: a seed that did not heal it points at the database
-                // itself, and seeding again would only upload whole copies in a loop.
-                let why = match self.unrestorable {
-                    None => format!("{failed}; re-seeding it with a snapshot of the database"),
-                    Some(_) => format!(
+                // One stored seed per streak: a seed that did not heal it points at the
+                // database itself, and seeding again would only upload whole copies in a loop.
+                let why = match self.healed {
+                    false => format!("{failed}; re-seeding it with a snapshot of the database"),
+                    true => format!(
                         "{failed}, also after a seed: check the database itself with PRAGMA integrity_check"
                     ),
                 };
                 tracing::error!(db = %self.db, replica = %self.name, "{why}");
-                if self.unrestorable.is_none() {
-                    self.pending_seed = Some(SeedReason::Unrestorable);
+                if !self.healed {
+                    self.heal_owed = true;
                     // Checked again right after the seed (maintenance starts only after a
-                    // round that stored it), not an interval later.
+                    // round, which stores it), not an interval later.
                     if !self.due.contains(&Job::Verify) {
                         self.due.push_back(Job::Verify);
                     }
@@ -135,6 +135,7 @@ impl Replica {
             Ok(done) => {
                 if matches!(done, maintenance::Done::Checked) && self.unrestorable.take().is_some()
                 {
+                    self.healed = false;
                     // The health cell clears at the next round that succeeds.
                     tracing::info!(db = %self.db, replica = %self.name, "verify passed: the replica restores again");
                 }

@@ -75,6 +75,8 @@ pub struct ReplicaStats {
     pub remote_txid: Arc<AtomicU64>,
     /// Header timestamp (ms) of the newest uploaded segment.
     pub remote_timestamp_ms: Arc<AtomicU64>,
+    /// Header timestamp (ms) of the segment being uploaded after it (0: none yet).
+    pub next_timestamp_ms: Arc<AtomicU64>,
     /// Set when another instance took this replica's lease: the replica stopped uploading.
     pub lease_lost: Arc<AtomicBool>,
     /// Segments uploaded while they were being staged (see [`crate::storage::feed`]).
@@ -95,6 +97,7 @@ impl ReplicaStats {
             counters,
             remote_txid: Arc::default(),
             remote_timestamp_ms: Arc::default(),
+            next_timestamp_ms: Arc::default(),
             lease_lost: Arc::default(),
             streamed_segments: Arc::default(),
             health: Arc::default(),
@@ -136,6 +139,11 @@ pub struct Replica {
     /// Why the last verify found that the replica does not restore: it is not protected
     /// until a verify passes again (after the seed that heals it).
     unrestorable: Option<String>,
+    /// A seed is owed to heal a failed verify: stored after the round's uploads.
+    heal_owed: bool,
+    /// A seed was stored since the verify failed (another failure then points at the
+    /// database itself, and no further seed is made).
+    healed: bool,
     /// A file of ours was found missing: list the replica before the next upload.
     recheck: bool,
     /// Maintenance jobs that came due and wait for the running one, in order.
@@ -191,6 +199,8 @@ impl Replica {
             deferred: false,
             pending_seed: None,
             unrestorable: None,
+            heal_owed: false,
+            healed: false,
             l1_failures: 0,
             recheck: false,
             due: VecDeque::new(),
@@ -427,6 +437,8 @@ impl Replica {
                     }));
                 }
             };
+            let next = header.timestamp.max(0) as u64;
+            self.stats.next_timestamp_ms.store(next, Ordering::Relaxed);
             let started = Instant::now();
             let put = put_new(&self.client, 0, txid, txid, &path, header.timestamp).await;
             let bytes = put.as_ref().map_or(0, |info| info.size);
@@ -450,6 +462,8 @@ impl Replica {
         let Some(s3) = self.client.streaming() else {
             return Ok(());
         };
+        let next = seg.timestamp_ms.max(0) as u64;
+        self.stats.next_timestamp_ms.store(next, Ordering::Relaxed);
         let started = Instant::now();
         let put = s3.put_streamed(0, seg).await;
         if let Ok(None) = put {
@@ -475,6 +489,7 @@ impl Replica {
         self.stats
             .remote_timestamp_ms
             .store(timestamp_ms.max(0) as u64, Ordering::Relaxed);
+        self.stats.next_timestamp_ms.store(0, Ordering::Relaxed);
         self.send_ack();
     }
 
@@ -524,12 +539,15 @@ impl Replica {
                     }
                     self.connect(target).await?;
                 }
-                let checked =
-                    if self.remote < target || growing.is_some() || self.pending_seed.is_some() {
-                        self.lease.check_if_due(&self.stats.counters).await
-                    } else {
-                        self.lease.refresh_if_due(&self.stats.counters).await
-                    };
+                let checked = if self.remote < target
+                    || growing.is_some()
+                    || self.pending_seed.is_some()
+                    || self.heal_owed
+                {
+                    self.lease.check_if_due(&self.stats.counters).await
+                } else {
+                    self.lease.refresh_if_due(&self.stats.counters).await
+                };
                 match checked {
                     Err(e) if e.is_vanished() => self.lease_vanished().await?,
                     r => r?,
@@ -554,11 +572,14 @@ impl Replica {
                     Err(RoundError::Diverged(txid)) => {
                         self.diverged(txid).await?;
                         self.reseed(SeedReason::Behind, target).await?;
-                        self.pending_seed = None;
                         self.upload_until(target).await
                     }
                     r => r,
+                }?;
+                if self.heal_owed && !closed {
+                    self.heal(target).await;
                 }
+                Ok(())
             });
             let result = tokio::select! {
                 _ = abort.cancelled() => return,
