@@ -433,7 +433,9 @@ async fn follow(me: Arc<Discovery>, core: StoreCore, mut tracked: HashSet<PathBu
                     failed.remove(&path);
                     tracked.insert(path);
                 }
-                Ok(false) => {}
+                Ok(false) => {
+                    failed.remove(&path);
+                }
                 Err(e) => {
                     tracing::error!(db = %path.display(), error = %e,
                         "cannot start the discovered database; retrying when its file changes or at the next rescan");

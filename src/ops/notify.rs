@@ -259,9 +259,15 @@ async fn run(
         }
         let dbs = registry.snapshot();
         if !ready {
-            let done = dbs.iter().filter(|db| synced(db)).count();
-            if done < dbs.len() {
-                let status = format!("STATUS=starting: {done} of {} databases synced", dbs.len());
+            // A stand-in for a database whose start failed never syncs: it must not hold the
+            // service's start (STATUS names it once ready).
+            let started: Vec<&DbHandle> = dbs.iter().filter(|d| !d.unstarted).collect();
+            let done = started.iter().filter(|db| synced(db)).count();
+            if done < started.len() {
+                let status = format!(
+                    "STATUS=starting: {done} of {} databases synced",
+                    started.len()
+                );
                 if status != last_status {
                     send(&notifier, &status);
                     last_status = status;

@@ -16,16 +16,31 @@ use common::{
     seed, spawn_replicate, wait_for_txid,
 };
 
-/// `GET /status` on 127.0.0.1:`port`, parsed.
-fn status(port: u16) -> serde_json::Value {
+/// `GET path` on 127.0.0.1:`port`: the status code and body.
+fn get(port: u16, path: &str) -> (u16, String) {
     let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    c.write_all(b"GET /status HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut raw = Vec::new();
     c.read_to_end(&mut raw).unwrap();
-    let (code, body) = parse_response(&raw);
+    parse_response(&raw)
+}
+
+/// `GET /status` on 127.0.0.1:`port`, parsed.
+fn status(port: u16) -> serde_json::Value {
+    let (code, body) = get(port, "/status");
     assert_eq!(code, 200, "{body}");
     serde_json::from_str(&body).unwrap()
+}
+
+/// Waits until the daemon's HTTP endpoint on `port` accepts connections.
+fn listening(d: &Daemon, port: u16) {
+    wait_until(d, "listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
 }
 
 /// The database paths `/status` lists, sorted.
@@ -262,9 +277,7 @@ fn without_watch_only_the_databases_present_at_start_are_replicated() {
     let port = free_port();
     let cfg = config(t.path(), &data, &replica, port, false);
     let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
-    wait_until(&d, "listening", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    listening(&d, port);
     caught_up(&d, port, &a);
     let b = data.join("b.db");
     let mut wb = Writer::open(&b, seed + 1);
@@ -343,9 +356,7 @@ fn a_database_deleted_then_created_again_is_replicated_again() {
     let port = free_port();
     let cfg = config(t.path(), &data, &replica, port, true);
     let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
-    wait_until(&d, "listening", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    listening(&d, port);
     let first = caught_up(&d, port, &a);
     drop(wa);
     remove_db(&a);
@@ -367,16 +378,6 @@ fn a_database_deleted_then_created_again_is_replicated_again() {
     assert_eq!(content_hash(&out), content_hash(&a));
 }
 
-/// `GET /readyz` on 127.0.0.1:`port`: the status code and body.
-fn readyz(port: u16) -> (u16, String) {
-    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    c.write_all(b"GET /readyz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut raw = Vec::new();
-    c.read_to_end(&mut raw).unwrap();
-    parse_response(&raw)
-}
-
 /// A database found at run time whose start fails is not protected, and every signal says
 /// so: `/readyz`, `/status` (listed, `protected: false`, the error) and the exit code of a
 /// shutdown meanwhile. The next write to its file retries the start; once it starts, it is
@@ -394,11 +395,9 @@ fn a_discovered_database_that_cannot_start_is_reported_until_it_starts() {
     let port = free_port();
     let cfg = config(t.path(), &data, &replica, port, true);
     let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
-    wait_until(&d, "listening", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    listening(&d, port);
     caught_up(&d, port, &a);
-    wait_until(&d, "ready", || readyz(port).0 == 200);
+    wait_until(&d, "ready", || get(port, "/readyz").0 == 200);
 
     // b.db's staging directory cannot be made: a file is in its place (root or not).
     let b = data.join("b.db");
@@ -407,10 +406,10 @@ fn a_discovered_database_that_cannot_start_is_reported_until_it_starts() {
     let mut wb = Writer::open(&b, seed + 1);
     wb.run(5);
     wait_until(&d, "b.db reported", || {
-        let (code, body) = readyz(port);
+        let (code, body) = get(port, "/readyz");
         code == 503 && body.contains(s(&b))
     });
-    let (_, body) = readyz(port);
+    let (_, body) = get(port, "/readyz");
     assert!(body.contains("not replicated"), "{body}");
     assert!(!body.contains(&format!("db {}", s(&a))), "{body}");
     let st = status(port);
@@ -445,7 +444,7 @@ fn a_discovered_database_that_cannot_start_is_reported_until_it_starts() {
             })
     });
     caught_up(&d, port, &b);
-    wait_until(&d, "ready again", || readyz(port).0 == 200);
+    wait_until(&d, "ready again", || get(port, "/readyz").0 == 200);
     drop(wb);
     d.stop_ok();
     let out = t.join("restored-b");
@@ -456,13 +455,11 @@ fn a_discovered_database_that_cannot_start_is_reported_until_it_starts() {
     std::fs::write(data.join(".c.db-replicad"), "in the way").unwrap();
     let c = data.join("c.db");
     let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
-    wait_until(&d, "listening", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    listening(&d, port);
     let mut wc = Writer::open(&c, seed + 2);
     wc.run(5);
     wait_until(&d, "c.db reported", || {
-        let (code, body) = readyz(port);
+        let (code, body) = get(port, "/readyz");
         code == 503 && body.contains(s(&c))
     });
     let log = d.log.clone();
