@@ -111,11 +111,6 @@ pub fn watchdog_interval_of(usec: Option<&str>, pid: Option<&str>, me: u32) -> O
     Some(Duration::from_micros(usec / 2).max(Duration::from_millis(1)))
 }
 
-/// Whether every database has completed a sync.
-pub fn all_synced(dbs: &[DbHandle]) -> bool {
-    dbs.iter().all(synced)
-}
-
 fn synced(db: &DbHandle) -> bool {
     db.sync.synced() > 0
 }
