@@ -355,6 +355,59 @@ fn restore_refuses_to_write_over_a_database_a_daemon_holds() {
 }
 
 #[test]
+fn a_wal_deleted_under_the_application_is_reported_until_its_last_connection_closes() {
+    let dir = TestDir::new("wal-deleted");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 30, "before");
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, ""))],
+    );
+    wait_caught_up(&dir, port, &a);
+    let before = max_replica_txid(&a);
+    // A cleanup script deletes the WAL while the application runs; the application's
+    // connection commits on into the deleted file, which no new connection can read.
+    fs::remove_file(format!("{}-wal", db.display())).unwrap();
+    insert(&c, 20, "after");
+    wait_until(&dir, "/readyz to name the lost WAL", || {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains("was deleted while the database was open")
+    });
+    let (_, status) = get(port, "/status");
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["databases"][0]["protected"], false, "{status}");
+    let (_, metrics) = get(port, "/metrics");
+    assert_eq!(
+        sample(
+            &metrics,
+            "replicad_db_protected",
+            &format!("db=\"{}\"", db.display())
+        ),
+        Some(0.0),
+        "{metrics}"
+    );
+    // Nothing was cut from a WAL that lacks the application's frames.
+    assert_eq!(max_replica_txid(&a), before);
+    // The application closes: its last connection, no longer held back by ours, checkpoints
+    // the lost WAL into the database file, and replication resumes with a full copy.
+    drop(c);
+    wait_caught_up(&dir, port, &a);
+    d.stop_ok();
+    let rows: i64 = Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        rows, 50,
+        "the commits made after the deletion are in the database"
+    );
+    restored_equals(&dir, &a, &db, "restored.db");
+}
+
+#[test]
 fn a_missing_database_is_not_ready_until_it_is_created() {
     let dir = TestDir::new("missing");
     let db = dir.join("app.db");

@@ -98,3 +98,83 @@ pub(super) fn read_wal_header(f: &File) -> Result<Option<WalHeader>, DbError> {
         Err(e) => Err(DbError::Wal(WalError::Io(e))),
     }
 }
+
+/// SQLite's unix VFS takes its SHARED lock as a read lock on these bytes of the database
+/// file (`SHARED_FIRST`, `SHARED_SIZE`); a connection in WAL mode holds it while open.
+const SHARED_FIRST: i64 = 0x4000_0000 + 2;
+const SHARED_SIZE: i64 = 510;
+
+/// Another process holds SQLite's SHARED lock on `f` (one `F_GETLK`; an error reads as held).
+#[allow(unsafe_code)]
+fn shared_lock_held(f: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `flock` is plain old data, for which all-zero bytes are a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = SHARED_FIRST;
+    fl.l_len = SHARED_SIZE;
+    // SAFETY: the descriptor is open for the call, and F_GETLK only writes the `flock` it is
+    // given, which outlives the call.
+    let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) };
+    rc != 0 || fl.l_type != libc::F_UNLCK as libc::c_short
+}
+
+impl Db {
+    /// Whether the WAL at the path is no longer the file our connection opened: "deleted" or
+    /// "replaced". SQLite deletes a WAL only when its connection is the last one, so while
+    /// ours is open a change means something else (a cleanup script, a copy) did it, and the
+    /// application's connections go on committing into a file no sync of ours can read.
+    pub(super) fn wal_swapped(&self) -> Result<Option<&'static str>, DbError> {
+        let Some(Open {
+            wal_id: Some(id), ..
+        }) = self.opened()
+        else {
+            return Ok(None);
+        };
+        match std::fs::metadata(&self.wal_path) {
+            Ok(m) if (m.dev(), m.ino()) == *id => Ok(None),
+            Ok(_) => Ok(Some("replaced")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some("deleted")),
+            Err(e) => Err(io_err("stat", &self.wal_path)(e)),
+        }
+    }
+
+    /// After a lost WAL, with our connection closed: no connection uses a WAL other than the
+    /// one at the path, so opening the database reads what the application committed. Either
+    /// no other process has the database open (its last connection checkpointed the lost
+    /// WAL on close, or the next opener rebuilds the index from the WAL at the path), or the
+    /// `-shm` at the path is in use and its index describes the WAL at the path. Opening
+    /// sooner would read frames the index points at from a file that lacks them.
+    pub(super) fn wal_settled(&mut self) -> bool {
+        let Ok(db) = File::open(&self.path) else {
+            // Gone or unreadable: the reopen reports it.
+            return true;
+        };
+        // Closing `db` drops this process's locks on the file: none, with our connection
+        // closed.
+        let shared = shared_lock_held(&db);
+        drop(db);
+        if !shared {
+            return true;
+        }
+        if !super::shm::shm_path(&self.path).exists() {
+            return false;
+        }
+        self.refresh_shm_probe();
+        let Some(probe) = &self.shm else { return false };
+        if !probe.in_use() {
+            return false;
+        }
+        let Some(index) = probe.index_header() else {
+            return false;
+        };
+        if index.max_frame == 0 {
+            return true;
+        }
+        File::open(&self.wal_path)
+            .ok()
+            .and_then(|f| read_wal_header(&f).ok().flatten())
+            .is_some_and(|h| (h.salt1, h.salt2) == (index.salt1, index.salt2))
+    }
+}

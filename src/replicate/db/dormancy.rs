@@ -199,9 +199,8 @@ impl Db {
         }
         let f = match File::open(&self.wal_path) {
             Ok(f) => f,
-            // No WAL and none expected: nothing was committed (a commit creates the WAL, and
-            // our read transaction keeps a closing application from deleting it).
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && size == 0 => return true,
+            // Our open connection keeps the WAL from being deleted by SQLite: a missing one
+            // was deleted by something else, which the sync reports.
             Err(_) => return false,
         };
         let Ok(meta) = f.metadata() else { return false };
@@ -276,7 +275,10 @@ impl Db {
     }
 
     /// Installs a freshly opened connection (ending dormancy, if it was dormant).
-    pub(super) fn install(&mut self, open: Open) {
+    pub(super) fn install(&mut self, mut open: Open) {
+        open.wal_id = std::fs::metadata(&self.wal_path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
         self.set_conn(Conn::Open(open));
         self.refresh_shm_probe();
     }
@@ -366,6 +368,7 @@ impl Db {
             db_file,
             page_size,
             id,
+            wal_id: None,
         });
         self.continuous = false;
         self.stats.dormant.store(false, Ordering::Relaxed);

@@ -224,6 +224,22 @@ pub enum DbError {
     /// generations, so it was dropped (the next sync sees the restart).
     #[error("the WAL was restarted while it was read; dropped what was read")]
     WalRestartedDuringRead,
+    /// The WAL file was deleted or replaced while the database was open: SQLite never does
+    /// that while a connection is open, so something else did (see [`Db::wal_swapped`]).
+    #[error(
+        "the WAL file {path} was {what} while the database was open, by something other than \
+         SQLite: the application's open connections commit into a file that no new connection \
+         and no backup can read, and those commits are lost unless its last connection \
+         checkpoints them on close. Close every connection of the application (replicad has \
+         closed its own); replication resumes with a full copy once no connection uses the \
+         lost WAL"
+    )]
+    WalLost {
+        /// The WAL's path.
+        path: PathBuf,
+        /// "deleted" or "replaced".
+        what: &'static str,
+    },
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DbError {
@@ -272,6 +288,9 @@ struct Open {
     page_size: u32,
     /// (device, inode) of the file opened: another one at the path means it was replaced.
     id: (u64, u64),
+    /// (device, inode) of the WAL when the connection was installed (our connection in WAL
+    /// mode creates it, and no one else's closing may delete it while ours is open).
+    wal_id: Option<(u64, u64)>,
 }
 
 /// Full segments of at least this many page bytes are announced on the segment feed while
@@ -321,6 +340,9 @@ pub struct Db {
     /// pace the next sync. Its seals of the application's frames are not counted here.
     checkpoint_segments: usize,
     poisoned: Option<String>,
+    /// The WAL was deleted or replaced under an open database ("deleted" or "replaced"): our
+    /// connection stays closed until no connection uses the lost file ([`Db::wal_settled`]).
+    wal_lost: Option<&'static str>,
     /// Start of the current run of idle ticks.
     idle_since: Option<Instant>,
     /// Set by a wake that found the database file untouched since dormancy (see the module
@@ -407,6 +429,7 @@ impl Db {
             shrink_tried: None,
             checkpoint_segments: 0,
             poisoned: None,
+            wal_lost: None,
             idle_since: None,
             woke_unchanged: false,
             pos_tx,

@@ -24,6 +24,8 @@ const SHM_LOCK_BASE: i64 = 120;
 /// `WAL_WRITE_LOCK` and `WAL_CKPT_LOCK`, as offsets from [`SHM_LOCK_BASE`].
 const WRITE_LOCK: i64 = 0;
 const CKPT_LOCK: i64 = 1;
+/// The dead-man switch every connection using the file holds shared (`UNIX_SHM_DMS`).
+const DMS_LOCK: i64 = 8;
 
 /// The wal-index header's fields a yield compares (`WalIndexHdr` in SQLite's wal.c: native
 /// byte order, salts as in the WAL file).
@@ -143,6 +145,11 @@ impl ShmProbe {
         }
     }
 
+    /// Another process has a connection using this wal-index.
+    pub(super) fn in_use(&self) -> bool {
+        self.holder(DMS_LOCK).is_some()
+    }
+
     /// One process holds both the checkpoint and the write lock: a FULL, RESTART or TRUNCATE
     /// checkpoint, or a commit beside a PASSIVE checkpoint (see [`ShmProbe::blocked`]).
     pub(super) fn both_held(&self) -> bool {
@@ -190,7 +197,7 @@ impl ShmProbe {
     }
 }
 
-fn shm_path(db: &Path) -> PathBuf {
+pub(super) fn shm_path(db: &Path) -> PathBuf {
     let mut p = db.as_os_str().to_owned();
     p.push("-shm");
     PathBuf::from(p)

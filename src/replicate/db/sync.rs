@@ -47,6 +47,21 @@ impl Db {
             tracing::warn!(db = %self.path.display(), txid = %self.pos, "the database file was replaced (a new file at its path); reopening it, the next segment is a full copy of the new one");
             self.reopen("database file replaced");
         }
+        if let Some(what) = self.wal_swapped()? {
+            // Closed at once: the application's last connection can then checkpoint the
+            // lost WAL into the database file when it closes, which ours would prevent.
+            self.reopen("WAL file lost under an open database");
+            self.wal_lost = Some(what);
+        }
+        if let Some(what) = self.wal_lost {
+            if !self.wal_settled() {
+                return Err(DbError::WalLost {
+                    path: self.wal_path.clone(),
+                    what,
+                });
+            }
+            self.wal_lost = None;
+        }
         if self.opened().is_none() && !self.init()? {
             return Err(DbError::Missing(self.path.clone()));
         }
@@ -154,6 +169,7 @@ impl Db {
             db_file,
             page_size,
             id,
+            wal_id: None,
         });
         self.staging = Some(staging);
         Ok(true)
