@@ -214,7 +214,7 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
         let replicas: Vec<&str> = db.replicas.iter().map(|(n, _)| n.as_str()).collect();
         tracing::info!(db = %db.path.display(), ?replicas, "replicating");
     }
-    let notify = Notify::start(store.registry().clone());
+    let notify = Notify::start(store.registry().clone(), config.max_lag, store.started_ms());
     let alerts = crate::ops::alerts::Alerts::start(&config.notify, &store, config.max_lag);
     let mut failure = None;
     let code = match &config.exec {

@@ -314,7 +314,14 @@ impl Discovery {
             recursive = me.cfg.recursive, watch = me.cfg.watch, databases = tracked.len(),
             "directory discovery");
         if me.cfg.watch {
-            core.spawn(follow(me, core.clone(), tracked));
+            use futures_util::FutureExt;
+            let (dir, c) = (me.cfg.dir.clone(), core.clone());
+            let task = std::panic::AssertUnwindSafe(follow(me, core.clone(), tracked));
+            core.spawn(task.catch_unwind().map(move |ended| {
+                if let Err(panic) = ended {
+                    stopped(&c, &dir, &crate::replicate::health::panic_text(&*panic));
+                }
+            }));
         }
         Ok(())
     }
@@ -338,6 +345,20 @@ impl Discovery {
             }
         }
     }
+}
+
+/// Directory discovery of `dir` died (`why`): listed as a stand-in that is not protected, so
+/// that `/readyz`, `/status`, the metrics and the exit code say so, not only the log.
+fn stopped(core: &StoreCore, dir: &Path, why: &str) {
+    tracing::error!(dir = %dir.display(), panic = %why,
+        "directory discovery panicked; no more databases are added or removed here until replicad restarts");
+    core.registry().unstarted(
+        dir,
+        format!(
+            "not watched: directory discovery panicked ({why}); databases created or removed \
+             here are not noticed until replicad restarts"
+        ),
+    );
 }
 
 /// Whether nothing is at `path` any more.
@@ -409,8 +430,7 @@ async fn follow(me: Arc<Discovery>, core: StoreCore, mut tracked: HashSet<PathBu
                 c
             }
             Err(e) => {
-                tracing::error!(error = %e, dir = %me.cfg.dir.display(),
-                    "directory discovery panicked; no more databases are added or removed here");
+                stopped(&core, &me.cfg.dir, &e.to_string());
                 return;
             }
         };

@@ -132,16 +132,25 @@ fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-/// What is not protected now (databases and replicas with a problem), one line each.
-pub fn problems(dbs: &[DbHandle]) -> Vec<String> {
+/// What is not protected now, one line each, by the rule of `/status`: databases and
+/// replicas with a problem, replicas whose lease was taken, and replicas past `max_lag`.
+pub fn problems(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Vec<String> {
     let mut out = Vec::new();
     for d in dbs {
         if let Some(p) = d.stats.health.problem() {
             out.push(format!("{}: {}", d.path.display(), p.reason));
         }
+        let pos = *d.pos.borrow();
         for (name, r) in &d.replicas {
-            if let Some(p) = r.health.problem() {
-                out.push(format!("{} replica {name}: {}", d.path.display(), p.reason));
+            let why = match r.health.problem() {
+                Some(p) => Some(p.reason),
+                None if r.lease_lost.load(Ordering::Relaxed) => {
+                    Some("its single-writer lease was taken".to_string())
+                }
+                None => crate::ops::metrics::behind(pos, r, max_lag, since_ms),
+            };
+            if let Some(why) = why {
+                out.push(format!("{} replica {name}: {why}", d.path.display()));
             }
         }
     }
@@ -149,14 +158,14 @@ pub fn problems(dbs: &[DbHandle]) -> Vec<String> {
 }
 
 /// The status line after `READY=1`: what is not protected comes first when anything is not.
-fn status_line(dbs: &[DbHandle]) -> String {
+fn status_line(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> String {
     let n = dbs.len();
     let base = format!(
         "replicating {n} database{}, max replica lag {} TXIDs",
         plural(n),
         max_lag_txids(dbs)
     );
-    let problems = problems(dbs);
+    let problems = problems(dbs, max_lag, since_ms);
     match problems.first() {
         None => format!("STATUS={base}"),
         Some(first) => format!(
@@ -179,7 +188,9 @@ pub struct Notify {
 impl Notify {
     /// Starts the notifications for `dbs`; `None` when `NOTIFY_SOCKET` is unset (or unusable,
     /// which is logged).
-    pub fn start(dbs: DbRegistry) -> Option<Notify> {
+    /// Replicas count as protected by `/status`'s rule: within `max_lag`, counted from no
+    /// earlier than `since_ms` (the Store's start).
+    pub fn start(dbs: DbRegistry, max_lag: Duration, since_ms: i64) -> Option<Notify> {
         let notifier = match Notifier::from_env() {
             Ok(Some(n)) => Arc::new(n),
             Ok(None) => return None,
@@ -194,6 +205,7 @@ impl Notify {
             dbs,
             watchdog_interval(),
             stopping.clone(),
+            (max_lag, since_ms),
         ));
         Some(Notify {
             notifier,
@@ -228,6 +240,7 @@ async fn run(
     registry: DbRegistry,
     watchdog: Option<Duration>,
     stopping: CancellationToken,
+    (max_lag, since_ms): (Duration, i64),
 ) {
     let mut watchdog = watchdog.map(|every| {
         let mut i = tokio::time::interval(every);
@@ -281,7 +294,7 @@ async fn run(
             poll.tick().await;
             continue;
         }
-        let status = status_line(&dbs);
+        let status = status_line(&dbs, max_lag, since_ms);
         if status != last_status {
             send(&notifier, &status);
             last_status = status;
@@ -303,16 +316,55 @@ mod tests {
             sync: Default::default(),
             unstarted: false,
         };
+        let lag = Duration::from_secs(10);
         let dbs = vec![handle("/a.db"), handle("/b.db")];
         assert_eq!(
-            status_line(&dbs),
+            status_line(&dbs, lag, 0),
             "STATUS=replicating 2 databases, max replica lag 0 TXIDs"
         );
         dbs[1].stats.health.fail("not protected: disk full");
         assert_eq!(
-            status_line(&dbs),
+            status_line(&dbs, lag, 0),
             "STATUS=NOT PROTECTED: /b.db: not protected: disk full; replicating 2 databases, \
              max replica lag 0 TXIDs"
+        );
+    }
+
+    #[test]
+    fn status_line_names_a_replica_past_max_lag_without_a_problem() {
+        let counters = crate::replicate::counters::ReplicaMetrics::register(
+            &prometheus::Registry::new(),
+            Arc::default(),
+        )
+        .replica("/a.db", "r", false);
+        let r = crate::replicate::replica::ReplicaStats::new(counters, "file:///r");
+        // The replica holds TXID 3 of 5; the newest segment was cut a minute ago (an upload
+        // that hangs without an error, so no problem is set).
+        let now = crate::util::clock::now_ms();
+        r.remote_txid.store(3, Ordering::Relaxed);
+        r.remote_timestamp_ms
+            .store((now - 70_000) as u64, Ordering::Relaxed);
+        let pos = crate::replicate::db::DbPos {
+            txid: crate::ltx::TxId(5),
+            timestamp_ms: now - 60_000,
+        };
+        let dbs = vec![DbHandle {
+            path: "/a.db".into(),
+            stats: Default::default(),
+            replicas: vec![("r".into(), r)],
+            pos: tokio::sync::watch::channel(pos).1,
+            sync: Default::default(),
+            unstarted: false,
+        }];
+        dbs[0].stats.txid.store(5, Ordering::Relaxed);
+        let line = status_line(&dbs, Duration::from_secs(10), 0);
+        assert!(
+            line.starts_with("STATUS=NOT PROTECTED: /a.db replica r: 2 txids and 6"),
+            "{line}"
+        );
+        assert_eq!(
+            status_line(&dbs, Duration::from_secs(3600), 0),
+            "STATUS=replicating 1 database, max replica lag 2 TXIDs"
         );
     }
 

@@ -108,16 +108,21 @@ pub fn stopped_on_panic<C: AsRef<HealthCell>>(
             let Err(panic) = ended else {
                 return;
             };
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
+            let msg = panic_text(&*panic);
             tracing::error!(task = what, panic = %msg, "a task panicked: not protected until replicad restarts");
             (*health).as_ref().stop(format!(
                 "stopped: the {what} task panicked ({msg}); restart replicad"
             ));
         })
+}
+
+/// The message a panic carried (empty when it was not a string).
+pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
 }
 
 impl AsRef<HealthCell> for HealthCell {
