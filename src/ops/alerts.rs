@@ -351,7 +351,7 @@ impl Watch {
                 &mut self.seen,
                 &views,
                 self.grace,
-                crate::util::clock::now_ms(),
+                crate::util::clock::steady_ms(),
             );
             for (event, fields) in events {
                 tracing::info!(event = event.as_str(), "notify: event");

@@ -137,7 +137,7 @@ pub fn readiness(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Result<(
     let mut reasons = Vec::new();
     for d in dbs {
         let db = d.path.display();
-        let now = crate::util::clock::now_ms();
+        let now = crate::util::clock::steady_ms();
         let errors = d.stats.sync_errors.load(Ordering::Relaxed);
         // A tick that completed without error (counting attempts would race a failing one).
         let synced = d.sync.synced() > 0;

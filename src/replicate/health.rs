@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 pub struct Problem {
     /// One line, for people: what is wrong and, where known, what to do.
     pub reason: String,
-    /// When it started, ms since the Unix epoch.
+    /// When it started, ms since the Unix epoch on [`crate::util::clock::steady_ms`]'s
+    /// clock, which readers compare it with.
     pub since_ms: i64,
     /// The owner stopped for good (no retry will heal it): reported at once, whatever the
     /// readiness grace.
@@ -60,7 +61,7 @@ impl HealthCell {
             None => {
                 *p = Some(Problem {
                     reason,
-                    since_ms: crate::util::clock::now_ms(),
+                    since_ms: crate::util::clock::steady_ms(),
                     stopped,
                 });
                 true

@@ -8,6 +8,18 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Milliseconds since the Unix epoch on a clock that the wall clock's steps do not move: the
+/// wall clock's reading at the first call, advanced by the boot clock since. For how long
+/// something has lasted (a problem's grace, how long a replica has been behind), where a
+/// backward step of the wall clock (NTP, a restored VM) would otherwise delay a report by
+/// the size of the step. Equal to [`now_ms`] unless the wall clock was stepped.
+pub fn steady_ms() -> i64 {
+    static ANCHOR: std::sync::OnceLock<(i64, std::time::Duration)> = std::sync::OnceLock::new();
+    let (wall, boot) = *ANCHOR.get_or_init(|| (now_ms(), since_boot()));
+    let elapsed = since_boot().saturating_sub(boot);
+    wall.saturating_add(i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// Time since boot, suspended time included (`CLOCK_BOOTTIME`): a host or VM that slept
 /// counts the sleep, where [`std::time::Instant`] (`CLOCK_MONOTONIC`) does not.
 pub fn since_boot() -> std::time::Duration {
