@@ -432,6 +432,72 @@ async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
     assert_same_content(&db, &out, "after the seed that healed the replica");
 }
 
+/// A database that is itself corrupt (an index that does not match its table, written through
+/// SQLite) restores from any replica as corrupt: the failed verify seeds the replica once,
+/// the verify after the seed fails too, and the replica's health then blames the database
+/// (run `PRAGMA integrity_check` on it) instead of seeding whole copies in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verify_that_fails_again_after_its_seed_points_at_the_database() {
+    let dir = TestDir::new("maint-verify-db");
+    let db = dir.join("app.db");
+    let replica = dir.join("replica");
+    let yaml = format!(
+        "monitor-interval: 40ms\nheartbeat-interval: 100ms\nverify-interval: 300ms\nlevels:\n  - interval: 1h\nsnapshot:\n  interval: 1h\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
+        db.display(),
+        replica.display()
+    );
+    let config = Config::parse(&yaml, "test", false).unwrap();
+    let mut writer = Writer::open(&db, common::seed("maint-verify-db"));
+    writer.commit_txn();
+    let store = Store::open(&config).await.unwrap();
+    let h = store.dbs()[0].clone();
+    let counters = h.replicas[0].1.counters.clone();
+    let stats = h.replicas[0].1.clone();
+    wait_until("first verify ok", || counters.verify_ok.get() == 1).await;
+
+    // The application corrupts its own database: the index now claims another column than
+    // the one its entries hold. A commit like any other, so every replica ships it.
+    writer
+        .conn
+        .execute_batch(
+            "CREATE TABLE c(a, b); CREATE INDEX c_a ON c(a); \
+             INSERT INTO c VALUES (1, 10), (2, 20), (3, 30); \
+             PRAGMA writable_schema=ON; \
+             UPDATE sqlite_schema SET sql = 'CREATE INDEX c_a ON c(b)' WHERE name = 'c_a'; \
+             PRAGMA writable_schema=OFF;",
+        )
+        .unwrap();
+    let unrestorable = replicad::replicate::health::SeedReason::Unrestorable as usize;
+    let reason = || stats.health.problem().map(|p| p.reason).unwrap_or_default();
+    wait_until("the verify after the seed fails too", || {
+        reason().contains("also after a seed")
+    })
+    .await;
+    let why = reason();
+    assert!(why.starts_with("verify failed"), "{why}");
+    assert!(why.contains("PRAGMA integrity_check"), "{why}");
+    assert_eq!(counters.reseeds[unrestorable].get(), 1, "{why}");
+    let ready = replicad::ops::http::readiness(&store.dbs(), Duration::ZERO, 0);
+    assert!(
+        ready
+            .as_ref()
+            .is_err_and(|r| r.iter().any(|l| l.contains("also after a seed"))),
+        "{ready:?}"
+    );
+    // More commits and verifies: still not protected, and no second whole copy.
+    let before = counters.verify_txid.get();
+    writer.commit_txn();
+    wait_until("a verify of the new tip", || {
+        counters.verify_txid.get() > before
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(counters.verify_ok.get(), 0);
+    assert_eq!(counters.reseeds[unrestorable].get(), 1);
+    assert!(reason().contains("also after a seed"), "{}", reason());
+    store.shutdown(std::future::pending()).await;
+}
+
 /// A restore decodes on the threads it is given and checks on as many connections: one each
 /// for a daemon's periodic verify, which runs beside the application and should leave it the
 /// other cores; one per core (at most 4 decoders) by default. Every count restores the same
