@@ -35,6 +35,12 @@
 //!    for one monitor tick at most: the Db seals, steps aside while it runs, and proves
 //!    continuity before it takes a new WAL generation as following its mark
 //!    ([`app_checkpoint`]).
+//! 8. While our connection is open, the WAL at the path is the file it opened: SQLite deletes
+//!    a WAL only on the last connection's close. Another file there, or none, means something
+//!    else deleted it under the application ([`DbError::WalLost`]): our connection closes at
+//!    once, so that the application's last one can checkpoint the lost file on close, and
+//!    reopens, with a full segment, only once no other process uses a WAL but the one at
+//!    the path; a copy taken sooner would read the lost frames as zeroes.
 //!
 //! The idle fast path compares the WAL's size and salts with what the last sync saw. Our
 //! restart write shrinks the WAL to one frame, except under a busy writer: then the WAL is
