@@ -407,6 +407,119 @@ fn a_wal_deleted_under_the_application_is_reported_until_its_last_connection_clo
     restored_equals(&dir, &a, &db, "restored.db");
 }
 
+/// The lost WAL's commits cannot be copied into the database when another process keeps
+/// the application's last connection from doing so on close (here a plain POSIX read lock on
+/// SQLite's SHARED bytes). Once no process has the lost file open, replication resumes with
+/// a full copy of what the database holds, although that process still holds its lock (found
+/// by `/proc`), and the log says which TXID the replica holds the lost commits up to.
+#[test]
+fn replication_resumes_once_no_process_has_the_lost_wal_open() {
+    let dir = TestDir::new("wal-deleted-held");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 30, "before");
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, ""))],
+    );
+    // The rows are in the database file, not only in the WAL.
+    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
+    let mut holder = Command::new("python3")
+        .args([
+            "-c",
+            "import fcntl, os, sys, time\n\
+             fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+             fcntl.lockf(fd, fcntl.LOCK_SH, 510, 0x40000002)\n\
+             print('locked', flush=True)\n\
+             time.sleep(120)",
+            s(&db),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = [0u8; 6];
+    holder
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut line)
+        .unwrap();
+    assert_eq!(&line, b"locked");
+    fs::remove_file(format!("{}-wal", db.display())).unwrap();
+    insert(&c, 20, "after");
+    wait_until(&dir, "/readyz to name the lost WAL", || {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains("was deleted while the database was open")
+    });
+    // The application closes, but the lock keeps its close from copying the lost WAL in.
+    drop(c);
+    wait_caught_up(&dir, port, &a);
+    assert!(
+        holder.try_wait().unwrap().is_none(),
+        "resumed while the lock is still held"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let log = d.log.clone();
+    d.stop_ok();
+    let text = fs::read_to_string(log).unwrap();
+    assert!(text.contains("replicad restore --txid"), "{text}");
+    let rows: i64 = Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 30, "the commits only in the lost WAL are gone");
+    restored_equals(&dir, &a, &db, "restored.db");
+}
+
+/// A WAL deleted while replicad slept on the database (dormant: its connection closed) is
+/// found before it opens again: another process uses the `-shm`, whose index holds frames,
+/// and no WAL is at the path. Opening then would copy a database without those frames.
+#[test]
+fn a_wal_deleted_while_the_database_is_dormant_is_found_before_it_opens() {
+    let dir = TestDir::new("wal-deleted-dormant");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 30, "before");
+    let port = free_port();
+    let d = spawn_replicate(
+        dir.path(),
+        &[
+            "--config",
+            s(&config(&dir, &db, &[&a], port, "dormant-after: 200ms\n")),
+        ],
+    );
+    wait_caught_up(&dir, port, &a);
+    let label = format!("db=\"{}\"", db.display());
+    wait_until(&dir, "the database to go dormant", || {
+        sample(&get(port, "/metrics").1, "replicad_db_dormant", &label) == Some(1.0)
+    });
+    let before = max_replica_txid(&a);
+    fs::remove_file(format!("{}-wal", db.display())).unwrap();
+    insert(&c, 20, "after");
+    wait_until(&dir, "/readyz to name the lost WAL", || {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains("was deleted while the database was open")
+    });
+    assert_eq!(
+        max_replica_txid(&a),
+        before,
+        "nothing copied without the lost frames"
+    );
+    drop(c);
+    wait_caught_up(&dir, port, &a);
+    d.stop_ok();
+    let rows: i64 = Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 50);
+    restored_equals(&dir, &a, &db, "restored.db");
+}
+
 #[test]
 fn a_missing_database_is_not_ready_until_it_is_created() {
     let dir = TestDir::new("missing");

@@ -204,6 +204,14 @@ impl Db {
             Err(_) => return false,
         };
         let Ok(meta) = f.metadata() else { return false };
+        // Another file at the path (the WAL was deleted and a new one made): the sync says so.
+        if let Some(Open {
+            wal_id: Some(id), ..
+        }) = self.opened()
+            && (meta.dev(), meta.ino()) != *id
+        {
+            return false;
+        }
         if meta.len() != size {
             return false;
         }

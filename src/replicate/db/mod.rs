@@ -96,6 +96,7 @@ mod checkpoint;
 mod connection;
 mod dormancy;
 mod encode;
+mod lost_wal;
 mod seed;
 mod segment;
 mod shm;
@@ -230,20 +231,19 @@ pub enum DbError {
     /// generations, so it was dropped (the next sync sees the restart).
     #[error("the WAL was restarted while it was read; dropped what was read")]
     WalRestartedDuringRead,
-    /// The WAL file was deleted or replaced while the database was open: SQLite never does
-    /// that while a connection is open, so something else did (see [`Db::wal_swapped`]).
+    /// The WAL file was deleted while the application had the database open ([`lost_wal`]).
     #[error(
         "the WAL file {path} was {what} while the database was open, by something other than \
          SQLite: the application's open connections commit into a file that no new connection \
          and no backup can read, and those commits are lost unless its last connection \
-         checkpoints them on close. Close every connection of the application (replicad has \
-         closed its own); replication resumes with a full copy once no connection uses the \
-         lost WAL"
+         copies them into the database on close. Close every connection of the application \
+         (replicad has closed its own); replication resumes with a full copy once no process \
+         has the deleted file open"
     )]
     WalLost {
         /// The WAL's path.
         path: PathBuf,
-        /// "deleted" or "replaced".
+        /// "deleted", or "deleted (another file is at its path now)".
         what: &'static str,
     },
 }
@@ -346,9 +346,9 @@ pub struct Db {
     /// pace the next sync. Its seals of the application's frames are not counted here.
     checkpoint_segments: usize,
     poisoned: Option<String>,
-    /// The WAL was deleted or replaced under an open database ("deleted" or "replaced"): our
-    /// connection stays closed until no connection uses the lost file ([`Db::wal_settled`]).
-    wal_lost: Option<&'static str>,
+    /// The WAL was deleted under the application: our connection stays closed until no
+    /// process uses the lost file ([`lost_wal`]).
+    wal_lost: Option<lost_wal::LostWal>,
     /// Start of the current run of idle ticks.
     idle_since: Option<Instant>,
     /// Set by a wake that found the database file untouched since dormancy (see the module

@@ -37,30 +37,17 @@ impl Db {
 
     pub(super) fn sync_inner(&mut self, allow_checkpoint: bool) -> Result<usize, DbError> {
         self.checkpoint_segments = 0;
+        if self.opened().is_some() && self.replaced()? {
+            tracing::warn!(db = %self.path.display(), txid = %self.pos, "the database file was replaced (a new file at its path); reopening it, the next segment is a full copy of the new one");
+            self.reopen("database file replaced");
+        }
+        // Before a dormant database wakes: a WAL lost while it slept is no reason to open.
+        self.check_wal()?;
         if let Some(d) = self.dormant() {
             if !self.path.exists() {
                 return Err(DbError::Missing(self.path.clone()));
             }
             self.wake(d.db)?;
-        }
-        if self.opened().is_some() && self.replaced()? {
-            tracing::warn!(db = %self.path.display(), txid = %self.pos, "the database file was replaced (a new file at its path); reopening it, the next segment is a full copy of the new one");
-            self.reopen("database file replaced");
-        }
-        if let Some(what) = self.wal_swapped()? {
-            // Closed at once: the application's last connection can then checkpoint the
-            // lost WAL into the database file when it closes, which ours would prevent.
-            self.reopen("WAL file lost under an open database");
-            self.wal_lost = Some(what);
-        }
-        if let Some(what) = self.wal_lost {
-            if !self.wal_settled() {
-                return Err(DbError::WalLost {
-                    path: self.wal_path.clone(),
-                    what,
-                });
-            }
-            self.wal_lost = None;
         }
         if self.opened().is_none() && !self.init()? {
             return Err(DbError::Missing(self.path.clone()));
