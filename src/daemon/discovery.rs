@@ -314,14 +314,11 @@ impl Discovery {
             recursive = me.cfg.recursive, watch = me.cfg.watch, databases = tracked.len(),
             "directory discovery");
         if me.cfg.watch {
-            use futures_util::FutureExt;
             let (dir, c) = (me.cfg.dir.clone(), core.clone());
-            let task = std::panic::AssertUnwindSafe(follow(me, core.clone(), tracked));
-            core.spawn(task.catch_unwind().map(move |ended| {
-                if let Err(panic) = ended {
-                    stopped(&c, &dir, &crate::replicate::health::panic_text(&*panic));
-                }
-            }));
+            core.spawn(crate::replicate::health::on_panic(
+                follow(me, core.clone(), tracked),
+                move |why| stopped(&c, &dir, &why),
+            ));
         }
         Ok(())
     }
@@ -356,7 +353,7 @@ fn stopped(core: &StoreCore, dir: &Path, why: &str) {
         dir,
         format!(
             "not watched: directory discovery panicked ({why}); databases created or removed \
-             here are not noticed until replicad restarts"
+             here are not noticed: restart replicad"
         ),
     );
 }

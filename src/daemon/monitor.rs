@@ -301,8 +301,9 @@ pub(super) async fn monitor(
                     Some((_, n)) => *n += 1,
                 }
                 // A missing file costs one stat to check again: every interval, so that a
-                // database created later is replicated at once.
-                let delay = if matches!(e, DbError::Missing(_)) {
+                // database created later is replicated at once. A lost WAL is checked every
+                // interval too: an application's restart is a short window to catch.
+                let delay = if matches!(e, DbError::Missing(_) | DbError::WalLost { .. }) {
                     Duration::ZERO
                 } else {
                     backoff.next_delay()

@@ -561,6 +561,7 @@ mod tests {
         Some(Problem {
             reason: "cannot reach the server".into(),
             since_ms,
+            steady_ms: since_ms,
             stopped: false,
         })
     }
@@ -631,6 +632,7 @@ mod tests {
             problem: Some(Problem {
                 reason: "another instance took the lease".into(),
                 since_ms: 2,
+                steady_ms: 2,
                 stopped: true,
             }),
             ..Default::default()

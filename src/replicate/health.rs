@@ -17,9 +17,11 @@ use std::sync::{Arc, Mutex};
 pub struct Problem {
     /// One line, for people: what is wrong and, where known, what to do.
     pub reason: String,
-    /// When it started, ms since the Unix epoch on [`crate::util::clock::steady_ms`]'s
-    /// clock, which readers compare it with.
+    /// When it started, ms since the Unix epoch (for people).
     pub since_ms: i64,
+    /// When it started on [`crate::util::clock::steady_ms`]'s clock, which the grace counts
+    /// on: a step of the wall clock does not move it.
+    pub steady_ms: i64,
     /// The owner stopped for good (no retry will heal it): reported at once, whatever the
     /// readiness grace.
     pub stopped: bool,
@@ -27,9 +29,10 @@ pub struct Problem {
 
 impl Problem {
     /// Whether readiness reports it: at once when stopped, else once it has lasted `grace`
-    /// (a blip of the network must not flap a pod's readiness).
+    /// (a blip of the network must not flap a pod's readiness) at `now_ms`, a
+    /// [`crate::util::clock::steady_ms`] reading.
     pub fn reportable(&self, grace: std::time::Duration, now_ms: i64) -> bool {
-        self.stopped || now_ms.saturating_sub(self.since_ms) >= grace.as_millis() as i64
+        self.stopped || now_ms.saturating_sub(self.steady_ms) >= grace.as_millis() as i64
     }
 }
 
@@ -61,7 +64,8 @@ impl HealthCell {
             None => {
                 *p = Some(Problem {
                     reason,
-                    since_ms: crate::util::clock::steady_ms(),
+                    since_ms: crate::util::clock::now_ms(),
+                    steady_ms: crate::util::clock::steady_ms(),
                     stopped,
                 });
                 true
@@ -94,31 +98,39 @@ impl HealthCell {
 /// Runs `task`, the long-lived task that owns `health`; if it panics, its cell says so for
 /// good (and the log at ERROR): a task that died must not read as fine, which its last
 /// state, or the drained replicas of a monitor that is gone, would.
-///
-/// Built from combinators, not an `async fn`: that would hold `task` twice in its state (the
-/// argument and the wrapped future), which is kilobytes per database at 400 idle ones.
 pub fn stopped_on_panic<C: AsRef<HealthCell>>(
     task: impl Future<Output = ()>,
     health: Arc<C>,
     what: &'static str,
 ) -> impl Future<Output = ()> {
+    on_panic(task, move |msg| {
+        tracing::error!(task = what, panic = %msg, "a task panicked: not protected until replicad restarts");
+        (*health).as_ref().stop(format!(
+            "stopped: the {what} task panicked ({msg}); restart replicad"
+        ));
+    })
+}
+
+/// Runs `task`; if it panics, calls `then` with the panic's message.
+///
+/// Built from combinators, not an `async fn`: that would hold `task` twice in its state (the
+/// argument and the wrapped future), which is kilobytes per database at 400 idle ones.
+pub fn on_panic(
+    task: impl Future<Output = ()>,
+    then: impl FnOnce(String),
+) -> impl Future<Output = ()> {
     use futures_util::FutureExt;
     std::panic::AssertUnwindSafe(task)
         .catch_unwind()
         .map(move |ended| {
-            let Err(panic) = ended else {
-                return;
-            };
-            let msg = panic_text(&*panic);
-            tracing::error!(task = what, panic = %msg, "a task panicked: not protected until replicad restarts");
-            (*health).as_ref().stop(format!(
-                "stopped: the {what} task panicked ({msg}); restart replicad"
-            ));
+            if let Err(panic) = ended {
+                then(panic_text(&*panic));
+            }
         })
 }
 
 /// The message a panic carried (empty when it was not a string).
-pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -171,11 +183,11 @@ mod tests {
         h.fail("blip");
         let p = h.problem().expect("set");
         let grace = std::time::Duration::from_secs(60);
-        assert!(!p.reportable(grace, p.since_ms + 59_999));
-        assert!(p.reportable(grace, p.since_ms + 60_000));
+        assert!(!p.reportable(grace, p.steady_ms + 59_999));
+        assert!(p.reportable(grace, p.steady_ms + 60_000));
         h.stop("lease taken");
         let p = h.problem().expect("set");
-        assert!(p.stopped && p.reportable(grace, p.since_ms));
+        assert!(p.stopped && p.reportable(grace, p.steady_ms));
     }
 }
 

@@ -83,18 +83,10 @@ impl ShmProbe {
     /// The process holding the WAL lock at `lock` when it is another one (one `F_GETLK`;
     /// locks of this process never count, by POSIX rules). An error reads as "not held": the
     /// yield is an optimisation for the application, never needed for correctness.
-    #[allow(unsafe_code)]
     fn holder(&self, lock: i64) -> Option<libc::pid_t> {
-        // SAFETY: `flock` is plain old data, for which all-zero bytes are a valid value.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = libc::F_WRLCK as libc::c_short;
-        fl.l_whence = libc::SEEK_SET as libc::c_short;
-        fl.l_start = SHM_LOCK_BASE + lock;
-        fl.l_len = 1;
-        // SAFETY: the descriptor is open for the life of `self`, and F_GETLK only writes the
-        // `flock` it is given, which outlives the call.
-        let rc = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_GETLK, &mut fl) };
-        (rc == 0 && fl.l_type != libc::F_UNLCK as libc::c_short).then_some(fl.l_pid)
+        conflicting_lock(&self.file, SHM_LOCK_BASE + lock, 1)
+            .ok()
+            .flatten()
     }
 
     /// Takes SQLite's checkpoint lock for this process if no one holds it (one `F_SETLK`),
@@ -197,15 +189,40 @@ impl ShmProbe {
     }
 }
 
-pub(super) fn shm_path(db: &Path) -> PathBuf {
+/// The process holding a lock on `len` bytes of `f` from `start` that a write lock would
+/// conflict with, when it is another one (one `F_GETLK`; this process's own locks never
+/// count, by POSIX rules).
+#[allow(unsafe_code)]
+pub(super) fn conflicting_lock(
+    f: &File,
+    start: i64,
+    len: i64,
+) -> std::io::Result<Option<libc::pid_t>> {
+    // SAFETY: `flock` is plain old data, for which all-zero bytes are a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = len;
+    // SAFETY: the descriptor is open for the call, and F_GETLK only writes the `flock` it is
+    // given, which outlives the call.
+    let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((fl.l_type != libc::F_UNLCK as libc::c_short).then_some(fl.l_pid))
+}
+
+fn shm_path(db: &Path) -> PathBuf {
     let mut p = db.as_os_str().to_owned();
     p.push("-shm");
     PathBuf::from(p)
 }
 
 impl Db {
-    /// Opens the `-shm` probe if there is none, or the one open is of a replaced file. Call
-    /// with our connection open (it creates the `-shm`).
+    /// Opens the `-shm` probe if there is none, or the one open is of a replaced file. Called
+    /// with our connection open (which creates the `-shm`), or before it opens, to read the
+    /// index of the application's (see `lost_wal`).
     pub(super) fn refresh_shm_probe(&mut self) {
         if self.shm.as_ref().is_none_or(|p| p.replaced(&self.path)) {
             // Dropping a replaced probe is safe: it is another file than SQLite's current one.
