@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -311,12 +311,9 @@ fn kill9_during_compaction_and_snapshots_leaves_no_partial_object() {
     assert_same_content(&db, &out, "after kill -9 during maintenance");
 }
 
-/// A replica that fails its periodic verify is not protected, in every signal, until it is
-/// healed: it gets a seed snapshot, is verified again at once, and is protected again only
-/// once that verify passes; a restore then equals the source.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
-    let dir = TestDir::new("maint-verify");
+/// A database with one commit, replicated to `replica` by a Store that verifies every 300 ms
+/// and compacts and snapshots only hourly; returns once the first verify passed.
+async fn verified_every_300ms(dir: &TestDir, name: &str) -> (PathBuf, PathBuf, Writer, Store) {
     let db = dir.join("app.db");
     let replica = dir.join("replica");
     let yaml = format!(
@@ -329,12 +326,23 @@ async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
         config.dbs[0].settings.verify_interval,
         Duration::from_millis(300)
     );
-    let mut writer = Writer::open(&db, common::seed("maint-verify"));
+    let mut writer = Writer::open(&db, common::seed(name));
     writer.commit_txn();
     let store = Store::open(&config).await.unwrap();
+    let counters = store.dbs()[0].replicas[0].1.counters.clone();
+    wait_until("first verify ok", || counters.verify_ok.get() == 1).await;
+    (db, replica, writer, store)
+}
+
+/// A replica that fails its periodic verify is not protected, in every signal, until it is
+/// healed: it gets a seed snapshot, is verified again at once, and is protected again only
+/// once that verify passes; a restore then equals the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
+    let dir = TestDir::new("maint-verify");
+    let (db, replica, mut writer, store) = verified_every_300ms(&dir, "maint-verify").await;
     let h = store.dbs()[0].clone();
     let counters = h.replicas[0].1.counters.clone();
-    wait_until("first verify ok", || counters.verify_ok.get() == 1).await;
 
     // The seed that heals the replica cannot be stored yet (an obstacle where its level's
     // directory goes), so the failed verify's state lasts until the test removes it.
@@ -439,21 +447,10 @@ async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_verify_that_fails_again_after_its_seed_points_at_the_database() {
     let dir = TestDir::new("maint-verify-db");
-    let db = dir.join("app.db");
-    let replica = dir.join("replica");
-    let yaml = format!(
-        "monitor-interval: 40ms\nheartbeat-interval: 100ms\nverify-interval: 300ms\nlevels:\n  - interval: 1h\nsnapshot:\n  interval: 1h\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
-        db.display(),
-        replica.display()
-    );
-    let config = Config::parse(&yaml, "test", false).unwrap();
-    let mut writer = Writer::open(&db, common::seed("maint-verify-db"));
-    writer.commit_txn();
-    let store = Store::open(&config).await.unwrap();
+    let (_, _, mut writer, store) = verified_every_300ms(&dir, "maint-verify-db").await;
     let h = store.dbs()[0].clone();
     let counters = h.replicas[0].1.counters.clone();
     let stats = h.replicas[0].1.clone();
-    wait_until("first verify ok", || counters.verify_ok.get() == 1).await;
 
     // The application corrupts its own database: the index now claims another column than
     // the one its entries hold. A commit like any other, so every replica ships it.

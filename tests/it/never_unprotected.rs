@@ -354,9 +354,9 @@ fn restore_refuses_to_write_over_a_database_a_daemon_holds() {
     d.stop_ok();
 }
 
-#[test]
-fn a_wal_deleted_under_the_application_is_reported_until_its_last_connection_closes() {
-    let dir = TestDir::new("wal-deleted");
+/// An application with 30 rows in `app.db` and a daemon replicating it to `a`, started with
+/// `extra` in its config: (database, replica, the application's connection, port, daemon).
+fn app_and_daemon(dir: &TestDir, extra: &str) -> (PathBuf, PathBuf, Connection, u16, Daemon) {
     let db = dir.join("app.db");
     let a = dir.join("a");
     let c = new_db(&db);
@@ -364,28 +364,44 @@ fn a_wal_deleted_under_the_application_is_reported_until_its_last_connection_clo
     let port = free_port();
     let d = spawn_replicate(
         dir.path(),
-        &["--config", s(&config(&dir, &db, &[&a], port, ""))],
+        &["--config", s(&config(dir, &db, &[&a], port, extra))],
     );
-    wait_caught_up(&dir, port, &a);
-    let before = max_replica_txid(&a);
-    // A cleanup script deletes the WAL while the application runs; the application's
-    // connection commits on into the deleted file, which no new connection can read.
+    (db, a, c, port, d)
+}
+
+/// A cleanup script deletes the WAL while the application runs; the application's
+/// connection commits 20 rows more into the deleted file, which no new connection can read.
+/// Returns once `/readyz` names the lost WAL.
+fn lose_the_wal(dir: &TestDir, db: &Path, c: &Connection, port: u16) {
     fs::remove_file(format!("{}-wal", db.display())).unwrap();
-    insert(&c, 20, "after");
-    wait_until(&dir, "/readyz to name the lost WAL", || {
+    insert(c, 20, "after");
+    wait_until(dir, "/readyz to name the lost WAL", || {
         let (code, body) = get(port, "/readyz");
         code == 503 && body.contains("was deleted while the database was open")
     });
+}
+
+fn rows(db: &Path) -> i64 {
+    Connection::open(db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn a_wal_deleted_under_the_application_is_reported_until_its_last_connection_closes() {
+    let dir = TestDir::new("wal-deleted");
+    let (db, a, c, port, d) = app_and_daemon(&dir, "");
+    wait_caught_up(&dir, port, &a);
+    let before = max_replica_txid(&a);
+    lose_the_wal(&dir, &db, &c, port);
     let (_, status) = get(port, "/status");
     let v: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(v["databases"][0]["protected"], false, "{status}");
     let (_, metrics) = get(port, "/metrics");
+    let label = format!("db=\"{}\"", db.display());
     assert_eq!(
-        sample(
-            &metrics,
-            "replicad_db_protected",
-            &format!("db=\"{}\"", db.display())
-        ),
+        sample(&metrics, "replicad_db_protected", &label),
         Some(0.0),
         "{metrics}"
     );
@@ -396,13 +412,10 @@ fn a_wal_deleted_under_the_application_is_reported_until_its_last_connection_clo
     drop(c);
     wait_caught_up(&dir, port, &a);
     d.stop_ok();
-    let rows: i64 = Connection::open(&db)
-        .unwrap()
-        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-        .unwrap();
     assert_eq!(
-        rows, 50,
-        "the commits made after the deletion are in the database"
+        rows(&db),
+        50,
+        "the commits made after the deletion are kept"
     );
     restored_equals(&dir, &a, &db, "restored.db");
 }
@@ -415,15 +428,7 @@ fn a_wal_deleted_under_the_application_is_reported_until_its_last_connection_clo
 #[test]
 fn replication_resumes_once_no_process_has_the_lost_wal_open() {
     let dir = TestDir::new("wal-deleted-held");
-    let db = dir.join("app.db");
-    let a = dir.join("a");
-    let c = new_db(&db);
-    insert(&c, 30, "before");
-    let port = free_port();
-    let d = spawn_replicate(
-        dir.path(),
-        &["--config", s(&config(&dir, &db, &[&a], port, ""))],
-    );
+    let (db, a, c, port, d) = app_and_daemon(&dir, "");
     // The rows are in the database file, not only in the WAL.
     c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
     let mut holder = Command::new("python3")
@@ -447,12 +452,7 @@ fn replication_resumes_once_no_process_has_the_lost_wal_open() {
         .read_exact(&mut line)
         .unwrap();
     assert_eq!(&line, b"locked");
-    fs::remove_file(format!("{}-wal", db.display())).unwrap();
-    insert(&c, 20, "after");
-    wait_until(&dir, "/readyz to name the lost WAL", || {
-        let (code, body) = get(port, "/readyz");
-        code == 503 && body.contains("was deleted while the database was open")
-    });
+    lose_the_wal(&dir, &db, &c, port);
     // The application closes, but the lock keeps its close from copying the lost WAL in.
     drop(c);
     wait_caught_up(&dir, port, &a);
@@ -466,11 +466,7 @@ fn replication_resumes_once_no_process_has_the_lost_wal_open() {
     d.stop_ok();
     let text = fs::read_to_string(log).unwrap();
     assert!(text.contains("replicad restore --txid"), "{text}");
-    let rows: i64 = Connection::open(&db)
-        .unwrap()
-        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(rows, 30, "the commits only in the lost WAL are gone");
+    assert_eq!(rows(&db), 30, "the commits only in the lost WAL are gone");
     restored_equals(&dir, &a, &db, "restored.db");
 }
 
@@ -480,30 +476,14 @@ fn replication_resumes_once_no_process_has_the_lost_wal_open() {
 #[test]
 fn a_wal_deleted_while_the_database_is_dormant_is_found_before_it_opens() {
     let dir = TestDir::new("wal-deleted-dormant");
-    let db = dir.join("app.db");
-    let a = dir.join("a");
-    let c = new_db(&db);
-    insert(&c, 30, "before");
-    let port = free_port();
-    let d = spawn_replicate(
-        dir.path(),
-        &[
-            "--config",
-            s(&config(&dir, &db, &[&a], port, "dormant-after: 200ms\n")),
-        ],
-    );
+    let (db, a, c, port, d) = app_and_daemon(&dir, "dormant-after: 200ms\n");
     wait_caught_up(&dir, port, &a);
     let label = format!("db=\"{}\"", db.display());
     wait_until(&dir, "the database to go dormant", || {
         sample(&get(port, "/metrics").1, "replicad_db_dormant", &label) == Some(1.0)
     });
     let before = max_replica_txid(&a);
-    fs::remove_file(format!("{}-wal", db.display())).unwrap();
-    insert(&c, 20, "after");
-    wait_until(&dir, "/readyz to name the lost WAL", || {
-        let (code, body) = get(port, "/readyz");
-        code == 503 && body.contains("was deleted while the database was open")
-    });
+    lose_the_wal(&dir, &db, &c, port);
     assert_eq!(
         max_replica_txid(&a),
         before,
@@ -512,11 +492,7 @@ fn a_wal_deleted_while_the_database_is_dormant_is_found_before_it_opens() {
     drop(c);
     wait_caught_up(&dir, port, &a);
     d.stop_ok();
-    let rows: i64 = Connection::open(&db)
-        .unwrap()
-        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(rows, 50);
+    assert_eq!(rows(&db), 50);
     restored_equals(&dir, &a, &db, "restored.db");
 }
 
