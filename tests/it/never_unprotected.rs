@@ -470,6 +470,68 @@ fn replication_resumes_once_no_process_has_the_lost_wal_open() {
     restored_equals(&dir, &a, &db, "restored.db");
 }
 
+/// A process that opened the database after the loss keeps the application's `-shm` in use,
+/// whose index still points at frames only the lost WAL held (here a bare POSIX lock on its
+/// dead-man switch and on SQLite's SHARED bytes, as a connection holds them). It never had
+/// the lost file open, yet opening the database then would copy it without those frames: it
+/// stays not protected until that process lets go.
+#[test]
+fn an_index_that_points_into_the_lost_wal_keeps_the_database_closed() {
+    let dir = TestDir::new("wal-deleted-index");
+    let (db, a, c, port, d) = app_and_daemon(&dir, "");
+    wait_caught_up(&dir, port, &a);
+    // The rows are in the database file, not only in the WAL.
+    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
+    lose_the_wal(&dir, &db, &c, port);
+    let mut holder = Command::new("python3")
+        .args([
+            "-c",
+            "import fcntl, os, sys, time\n\
+             db = os.open(sys.argv[1], os.O_RDONLY)\n\
+             fcntl.lockf(db, fcntl.LOCK_SH, 510, 0x40000002)\n\
+             shm = os.open(sys.argv[1] + '-shm', os.O_RDONLY)\n\
+             fcntl.lockf(shm, fcntl.LOCK_SH, 1, 128)\n\
+             print('locked', flush=True)\n\
+             time.sleep(120)",
+            s(&db),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = [0u8; 6];
+    holder
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut line)
+        .unwrap();
+    assert_eq!(&line, b"locked");
+    // The application closes; the lock keeps its close from copying the lost WAL in, and no
+    // process has the lost file open any more.
+    drop(c);
+    let errors = || {
+        let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
+        v["databases"][0]["sync_errors"].as_u64().unwrap_or(0)
+    };
+    let after = errors();
+    wait_until(
+        &dir,
+        "three more ticks that found the index pointing into the lost WAL",
+        || errors() >= after + 3,
+    );
+    let (code, body) = get(port, "/readyz");
+    assert!(
+        code == 503 && body.contains("was deleted while the database was open"),
+        "{code} {body}"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    wait_caught_up(&dir, port, &a);
+    d.stop_ok();
+    assert_eq!(rows(&db), 30, "the commits only in the lost WAL are gone");
+    restored_equals(&dir, &a, &db, "restored.db");
+}
+
 /// A WAL deleted while replicad slept on the database (dormant: its connection closed) is
 /// found before it opens again: another process uses the `-shm`, whose index holds frames,
 /// and no WAL is at the path. Opening then would copy a database without those frames.
