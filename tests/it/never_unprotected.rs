@@ -381,6 +381,38 @@ fn lose_the_wal(dir: &TestDir, db: &Path, c: &Connection, port: u16) {
     });
 }
 
+/// A process (`python3`, which `.ci/run` installs) holding POSIX read locks as a SQLite
+/// connection does, without SQLite: on the SHARED bytes of `db`, and with `shm` also on the
+/// dead-man switch of its `-shm`. Returns once they are held.
+fn lock_holder(db: &Path, shm: bool) -> std::process::Child {
+    let mut holder = Command::new("python3")
+        .args([
+            "-c",
+            "import fcntl, os, sys, time\n\
+             db = os.open(sys.argv[1], os.O_RDONLY)\n\
+             fcntl.lockf(db, fcntl.LOCK_SH, 510, 0x40000002)\n\
+             if sys.argv[2] == 'shm':\n\
+             \x20   shm = os.open(sys.argv[1] + '-shm', os.O_RDONLY)\n\
+             \x20   fcntl.lockf(shm, fcntl.LOCK_SH, 1, 128)\n\
+             print('locked', flush=True)\n\
+             time.sleep(120)",
+            s(db),
+            if shm { "shm" } else { "db" },
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = [0u8; 6];
+    holder
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut line)
+        .unwrap();
+    assert_eq!(&line, b"locked");
+    holder
+}
+
 fn rows(db: &Path) -> i64 {
     Connection::open(db)
         .unwrap()
@@ -431,27 +463,7 @@ fn replication_resumes_once_no_process_has_the_lost_wal_open() {
     let (db, a, c, port, d) = app_and_daemon(&dir, "");
     // The rows are in the database file, not only in the WAL.
     c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
-    let mut holder = Command::new("python3")
-        .args([
-            "-c",
-            "import fcntl, os, sys, time\n\
-             fd = os.open(sys.argv[1], os.O_RDONLY)\n\
-             fcntl.lockf(fd, fcntl.LOCK_SH, 510, 0x40000002)\n\
-             print('locked', flush=True)\n\
-             time.sleep(120)",
-            s(&db),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = [0u8; 6];
-    holder
-        .stdout
-        .as_mut()
-        .unwrap()
-        .read_exact(&mut line)
-        .unwrap();
-    assert_eq!(&line, b"locked");
+    let mut holder = lock_holder(&db, false);
     lose_the_wal(&dir, &db, &c, port);
     // The application closes, but the lock keeps its close from copying the lost WAL in.
     drop(c);
@@ -483,29 +495,7 @@ fn an_index_that_points_into_the_lost_wal_keeps_the_database_closed() {
     // The rows are in the database file, not only in the WAL.
     c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
     lose_the_wal(&dir, &db, &c, port);
-    let mut holder = Command::new("python3")
-        .args([
-            "-c",
-            "import fcntl, os, sys, time\n\
-             db = os.open(sys.argv[1], os.O_RDONLY)\n\
-             fcntl.lockf(db, fcntl.LOCK_SH, 510, 0x40000002)\n\
-             shm = os.open(sys.argv[1] + '-shm', os.O_RDONLY)\n\
-             fcntl.lockf(shm, fcntl.LOCK_SH, 1, 128)\n\
-             print('locked', flush=True)\n\
-             time.sleep(120)",
-            s(&db),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = [0u8; 6];
-    holder
-        .stdout
-        .as_mut()
-        .unwrap()
-        .read_exact(&mut line)
-        .unwrap();
-    assert_eq!(&line, b"locked");
+    let mut holder = lock_holder(&db, true);
     // The application closes; the lock keeps its close from copying the lost WAL in, and no
     // process has the lost file open any more.
     drop(c);
