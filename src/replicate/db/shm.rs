@@ -61,6 +61,9 @@ impl ShmProbe {
             .open(&path)
         {
             Ok(f) => (f, true),
+            // No `-shm`: the common case before a database's first open (and at every tick
+            // of one that is missing), not worth a second try.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
             Err(_) => (File::open(&path).ok()?, false),
         };
         let ino = file.metadata().ok().map(|m| m.ino());
