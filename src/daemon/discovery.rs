@@ -17,8 +17,10 @@
 //!   (and after an inotify queue overflow) reconciles whatever was missed. Idle, the task
 //!   sleeps; the events of WAL writes are dropped on inotify's thread.
 //! - A database is removed only when its file no longer exists; the Store then stops that
-//!   database alone ([`StoreCore::remove`]). A database that fails to start is retried at
-//!   the next rescan.
+//!   database alone ([`StoreCore::remove`]). A database that fails to start, at start-up or
+//!   later, stops nothing else: it is listed as not protected (a stand-in in the registry)
+//!   and, with `watch`, retried at its next change or rescan. Only a configuration error
+//!   stops the start.
 //! - All file-system work (walks, header reads, inotify calls) runs on the blocking pool.
 //! - The follow task is spawned through the Store ([`StoreCore`]), tracked like every other
 //!   task, and ends when the Store stops ingesting; only the Store starts database tasks.
@@ -305,22 +307,49 @@ impl Discovery {
                 source: std::io::Error::other(e),
             })?;
         let mut tracked = HashSet::new();
+        // One database that cannot start must not stop the others: it is reported instead.
+        let mut failed = HashSet::new();
         for path in found {
-            if me.add(core, &path).await? {
-                tracked.insert(path);
+            match me.add(core, &path).await {
+                Ok(true) => {
+                    tracked.insert(path);
+                }
+                Ok(false) => {}
+                Err(e) if e.is_config() || matches!(e, StoreError::ShuttingDown) => return Err(e),
+                Err(e) => {
+                    me.unstarted(core, &path, &e);
+                    failed.insert(path);
+                }
             }
         }
         tracing::info!(dir = %me.cfg.dir.display(), pattern = %me.cfg.pattern,
             recursive = me.cfg.recursive, watch = me.cfg.watch, databases = tracked.len(),
-            "directory discovery");
+            failed = failed.len(), "directory discovery");
         if me.cfg.watch {
             let (dir, c) = (me.cfg.dir.clone(), core.clone());
             core.spawn(crate::replicate::health::on_panic(
-                follow(me, core.clone(), tracked),
+                follow(me, core.clone(), tracked, failed),
                 move |why| stopped(&c, &dir, &why),
             ));
         }
         Ok(())
+    }
+
+    /// Lists the database at `path`, whose start failed with `e`, as not protected: retried
+    /// by a watched directory, kept until a restart otherwise.
+    fn unstarted(&self, core: &StoreCore, path: &Path, e: &StoreError) {
+        let retry = if self.cfg.watch {
+            format!(
+                "retried when the file changes, or within {} s",
+                RESCAN_INTERVAL.as_secs()
+            )
+        } else {
+            "the directory is not watched: restart replicad to retry".to_string()
+        };
+        tracing::error!(db = %path.display(), error = %e, retry = %retry,
+            "cannot start the discovered database");
+        core.registry()
+            .unstarted(path, format!("not replicated: {e} ({retry})"));
     }
 
     /// Starts the database at `path`; whether it is now replicated by this entry.
@@ -375,7 +404,12 @@ fn changes(found: Vec<PathBuf>, tracked: &HashSet<PathBuf>) -> Changes {
 
 /// The task of a watched directory: inotify events and the periodic rescan, until the Store
 /// stops ingesting.
-async fn follow(me: Arc<Discovery>, core: StoreCore, mut tracked: HashSet<PathBuf>) {
+async fn follow(
+    me: Arc<Discovery>,
+    core: StoreCore,
+    mut tracked: HashSet<PathBuf>,
+    mut failed: HashSet<PathBuf>,
+) {
     let stop = core.ingest().clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<Signal>();
     let filter = me.clone();
@@ -401,8 +435,6 @@ async fn follow(me: Arc<Discovery>, core: StoreCore, mut tracked: HashSet<PathBu
     // created since the start-up scan.
     let mut full = true;
     let mut paths = HashSet::new();
-    // Found, but their start failed: listed as not protected until they start or go.
-    let mut failed: HashSet<PathBuf> = HashSet::new();
     let mut next_rescan = tokio::time::Instant::now();
     loop {
         if full {
@@ -454,13 +486,7 @@ async fn follow(me: Arc<Discovery>, core: StoreCore, mut tracked: HashSet<PathBu
                     failed.remove(&path);
                 }
                 Err(e) => {
-                    tracing::error!(db = %path.display(), error = %e,
-                        "cannot start the discovered database; retrying when its file changes or at the next rescan");
-                    let why = format!(
-                        "not replicated: {e} (retried when the file changes, or within {} s)",
-                        RESCAN_INTERVAL.as_secs()
-                    );
-                    core.registry().unstarted(&path, why);
+                    me.unstarted(&core, &path, &e);
                     failed.insert(path);
                 }
             }

@@ -469,3 +469,67 @@ fn a_discovered_database_that_cannot_start_is_reported_until_it_starts() {
     let named = format!("database {}: not replicated", s(&c));
     assert!(text.contains(&named), "{text}");
 }
+
+/// A database present at start whose start fails stops only itself: the daemon starts, the
+/// other databases are replicated, and the failed one is reported by `/readyz` with how it
+/// is retried. A watched directory retries it at its next change; without `watch` it stays
+/// reported until a restart, and the shutdown exits 1 naming it.
+#[test]
+fn a_database_that_cannot_start_at_start_up_does_not_stop_the_others() {
+    let seed = seed("discovery_start_failure");
+    let t = TestDir::new("discovery-start-failure");
+    let data = t.join("data");
+    let replica = t.join("replica");
+    std::fs::create_dir_all(&data).unwrap();
+    let (a, b) = (data.join("a.db"), data.join("b.db"));
+    let mut wa = Writer::open(&a, seed);
+    wa.run(5);
+    let mut wb = Writer::open(&b, seed + 1);
+    wb.run(5);
+    // b.db's staging directory cannot be made: a file is in its place (root or not).
+    let obstacle = data.join(".b.db-replicad");
+    std::fs::write(&obstacle, "in the way").unwrap();
+    let b_reported = |port: u16, retry: &str| {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains(s(&b)) && body.contains(retry)
+    };
+
+    for watch in [false, true] {
+        let port = free_port();
+        let cfg = config(t.path(), &data, &replica, port, watch);
+        let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
+        listening(&d, port);
+        caught_up(&d, port, &a);
+        let retry = if watch {
+            "retried when the file changes"
+        } else {
+            "restart replicad"
+        };
+        wait_until(&d, "b.db reported", || b_reported(port, retry));
+        let (_, body) = get(port, "/readyz");
+        assert!(!body.contains(&format!("db {}", s(&a))), "{body}");
+        if !watch {
+            let log = d.log.clone();
+            let status = d.stop();
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            assert_eq!(status.code(), Some(1), "{text}");
+            assert!(
+                text.contains(&format!("database {}: not replicated", s(&b))),
+                "{text}"
+            );
+            continue;
+        }
+        // Cleared, the next write to its file retries the start.
+        std::fs::remove_file(&obstacle).unwrap();
+        wb.run(5);
+        wb.checkpoint("TRUNCATE");
+        caught_up(&d, port, &b);
+        wait_until(&d, "ready", || get(port, "/readyz").0 == 200);
+        drop(wb);
+        d.stop_ok();
+        let out = t.join("restored-b");
+        restore_ok(s(&replica.join("b.db")), &out, None);
+        assert_eq!(content_hash(&out), content_hash(&b));
+        break;
+    }
+}
