@@ -539,7 +539,8 @@ impl Store {
                 turns: Default::default(),
                 s3_clients: Default::default(),
                 awake,
-                started_ms: crate::util::clock::now_ms(),
+                // Also anchors the steady clock, so both read the same now.
+                started_ms: crate::util::clock::steady_ms(),
                 max_lag: config.max_lag,
                 wrap,
                 registry: DbRegistry::default(),

@@ -86,7 +86,9 @@ pub struct Lag {
     /// and the replica's newest upload. So it grows on the clock while an upload is stuck,
     /// also once the database has gone quiet. Times before the process started (a segment
     /// staged by an earlier run, a replica that has uploaded nothing since) count from
-    /// `since_ms`: a lower bound.
+    /// `since_ms`: a lower bound. Measured on the steady clock
+    /// ([`crate::util::clock::steady_ms`]): a step of the wall clock neither hides a stuck
+    /// upload nor invents lag.
     pub seconds: f64,
     /// The replica's TXID these were computed from (one read, so a report shows a pair that
     /// agrees).
@@ -95,7 +97,7 @@ pub struct Lag {
 
 /// The lag of replica `r` behind database position `pos`.
 pub fn replica_lag(pos: DbPos, r: &ReplicaStats, since_ms: i64) -> Lag {
-    lag_at(pos, r, since_ms, crate::util::clock::now_ms())
+    lag_at(pos, r, since_ms, crate::util::clock::steady_ms())
 }
 
 fn lag_at(pos: DbPos, r: &ReplicaStats, since_ms: i64, now_ms: i64) -> Lag {
@@ -109,10 +111,9 @@ fn lag_at(pos: DbPos, r: &ReplicaStats, since_ms: i64, now_ms: i64) -> Lag {
         };
     }
     let known = |ms: i64| ms.max(since_ms);
-    let remote_ms =
-        known(i64::try_from(r.remote_timestamp_ms.load(Ordering::Relaxed)).unwrap_or(0));
-    let next_ms = i64::try_from(r.next_timestamp_ms.load(Ordering::Relaxed)).unwrap_or(0);
-    let newest = known(pos.timestamp_ms);
+    let remote_ms = known(i64::try_from(r.remote_steady_ms.load(Ordering::Relaxed)).unwrap_or(0));
+    let next_ms = i64::try_from(r.next_steady_ms.load(Ordering::Relaxed)).unwrap_or(0);
+    let newest = known(pos.steady_ms);
     let ms = match txids {
         1 => now_ms.saturating_sub(newest),
         _ if next_ms > 0 => now_ms.saturating_sub(known(next_ms)),
@@ -518,14 +519,15 @@ mod tests {
         .replica("/a.db", "r", false);
         let r = ReplicaStats::new(counters, "file:///r");
         r.remote_txid.store(txid, Ordering::Relaxed);
-        r.remote_timestamp_ms.store(timestamp_ms, Ordering::Relaxed);
+        r.remote_steady_ms.store(timestamp_ms, Ordering::Relaxed);
         r
     }
 
-    fn pos(txid: u64, timestamp_ms: i64) -> DbPos {
+    fn pos(txid: u64, steady_ms: i64) -> DbPos {
         DbPos {
             txid: TxId(txid),
-            timestamp_ms,
+            timestamp_ms: 0,
+            steady_ms,
         }
     }
 
@@ -544,9 +546,9 @@ mod tests {
         assert_eq!(two(10_001), 10.0);
         assert_eq!(two(60_000), 50.0);
         // Once it uploads the first it misses (cut at 2 s): since that cut.
-        r.next_timestamp_ms.store(2_000, Ordering::Relaxed);
+        r.next_steady_ms.store(2_000, Ordering::Relaxed);
         assert_eq!(two(10_001), 8.001);
-        r.next_timestamp_ms.store(0, Ordering::Relaxed);
+        r.next_steady_ms.store(0, Ordering::Relaxed);
         // A cut before the process started (or unknown: 0) counts from the start.
         assert_eq!(lag_at(pos(6, 0), &r, 5_000, 6_000).seconds, 1.0);
         assert_eq!(lag_at(pos(6, 1_000), &r, 5_000, 6_000).seconds, 1.0);

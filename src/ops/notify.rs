@@ -340,13 +340,14 @@ mod tests {
         let r = crate::replicate::replica::ReplicaStats::new(counters, "file:///r");
         // The replica holds TXID 3 of 5; the newest segment was cut a minute ago (an upload
         // that hangs without an error, so no problem is set).
-        let now = crate::util::clock::now_ms();
+        let now = crate::util::clock::steady_ms();
         r.remote_txid.store(3, Ordering::Relaxed);
-        r.remote_timestamp_ms
+        r.remote_steady_ms
             .store((now - 70_000) as u64, Ordering::Relaxed);
         let pos = crate::replicate::db::DbPos {
             txid: crate::ltx::TxId(5),
             timestamp_ms: now - 60_000,
+            steady_ms: now - 60_000,
         };
         let dbs = vec![DbHandle {
             path: "/a.db".into(),

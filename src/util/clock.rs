@@ -20,6 +20,16 @@ pub fn steady_ms() -> i64 {
     wall.saturating_add(i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// The [`steady_ms`] reading of the wall-clock time `wall_ms`, by the two clocks' offset now:
+/// exact for a time read recently, unless the wall clock was stepped in between. A time of
+/// 0 or less (none) stays 0.
+pub fn steady_of(wall_ms: i64) -> i64 {
+    if wall_ms <= 0 {
+        return 0;
+    }
+    wall_ms.saturating_add(steady_ms().saturating_sub(now_ms()))
+}
+
 /// Time since boot, suspended time included (`CLOCK_BOOTTIME`): a host or VM that slept
 /// counts the sleep, where [`std::time::Instant`] (`CLOCK_MONOTONIC`) does not.
 pub fn since_boot() -> std::time::Duration {

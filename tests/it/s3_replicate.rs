@@ -802,10 +802,10 @@ async fn shutdown_stops_a_stalled_verify_at_once_and_it_leaves_no_files() {
     }
 
     // The next verify's GETs wait in the server; the shutdown comes while they do.
-    server.hold_ltx_gets(true);
+    server.hold_ltx("GetObject", true);
     // A commit, so that the tip moves (a random step may roll back or only checkpoint).
     writer.commit_txn();
-    while server.held_ltx_gets() == 0 {
+    while server.held_ltx() == 0 {
         assert!(Instant::now() < deadline, "no verify started:\n{}", log());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -814,7 +814,7 @@ async fn shutdown_stops_a_stalled_verify_at_once_and_it_leaves_no_files() {
     common::sigterm(&child);
     let status = common::wait_timeout(&mut child, Duration::from_secs(20));
     let took = stopping.elapsed();
-    server.hold_ltx_gets(false);
+    server.hold_ltx("GetObject", false);
     let Some(status) = status else {
         let _ = child.kill();
         let _ = child.wait();
@@ -869,7 +869,7 @@ async fn an_interrupted_restore_snapshot_or_verify_leaves_no_files() {
     stop(&mut daemon);
 
     // Each command's GETs wait in the server; the signal comes while they do.
-    server.hold_ltx_gets(true);
+    server.hold_ltx("GetObject", true);
     let out = dir.join("restored.db");
     let snap = dir.join("snap.db");
     type Signal = fn(&Child);
@@ -887,7 +887,7 @@ async fn an_interrupted_restore_snapshot_or_verify_leaves_no_files() {
         ("SIGINT", vec!["verify", &url], common::sigint),
     ];
     for (signal, args, send) in cases {
-        let held = server.held_ltx_gets();
+        let held = server.held_ltx();
         // `verify` works in a directory under TMPDIR.
         let tmpdir = dir.join("tmpdir");
         std::fs::create_dir_all(&tmpdir).unwrap();
@@ -903,7 +903,7 @@ async fn an_interrupted_restore_snapshot_or_verify_leaves_no_files() {
         let log = || std::fs::read_to_string(dir.join("cmd.log")).unwrap_or_default();
         let deadline = Instant::now() + Duration::from_secs(30);
         // Held GETs, and the temporary output the restore inside creates as it starts.
-        while server.held_ltx_gets() == held
+        while server.held_ltx() == held
             || common::files_under(dir.path(), |n| n.contains(".tmp")).is_empty()
         {
             assert!(
@@ -938,11 +938,131 @@ async fn an_interrupted_restore_snapshot_or_verify_leaves_no_files() {
             "{args:?} after {signal} left a directory in TMPDIR"
         );
     }
-    server.hold_ltx_gets(false);
+    server.hold_ltx("GetObject", false);
 }
 
 /// True once the replica holds at least one level-0 file.
 async fn caught_up_remote(client: &S3Client) -> bool {
     use replicad::storage::ReplicaClient;
     client.list(0).await.is_ok_and(|files| !files.is_empty())
+}
+
+/// `GET path` from the daemon on `port`: the status code and the body.
+fn get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).unwrap();
+    common::http::parse_response(&raw)
+}
+
+/// A backward step of the wall clock (NTP, a VM restored from a snapshot) while an upload
+/// hangs without an error: the replica's lag is measured on the steady clock, so it keeps
+/// growing and `/readyz` reports it past `max-lag`. Measured on the LTX timestamps (wall
+/// clock), the lag read 0 for the size of the step, an hour here. The daemon runs under
+/// libfaketime, whose offset file the test rewrites.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backward_step_of_the_wall_clock_does_not_hide_a_stuck_upload() {
+    let server = S3Server::start().await;
+    if server.is_external() {
+        eprintln!("skipped: needs the in-process S3 server");
+        return;
+    }
+    let dir = TestDir::new("s3-clock-step");
+    let db = dir.join("app.db");
+    let c = rusqlite::Connection::open(&db).unwrap();
+    c.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(x); INSERT INTO t VALUES (0);")
+        .unwrap();
+    let url = server.url("clock/app.db");
+    let port = common::http::free_port();
+    let cfg = dir.join("replicad.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\nmax-lag: 1s\ndbs:\n  - path: {}\n    \
+             replica:\n      url: {url}\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    let offset = dir.join("faketime");
+    std::fs::write(&offset, "+0\n").unwrap();
+    let d = common::spawn_replicate_env(
+        dir.path(),
+        &["-c", common::s(&cfg)],
+        &[
+            ("LD_PRELOAD", common::libfaketime()),
+            ("FAKETIME_TIMESTAMP_FILE", common::s(&offset)),
+            ("FAKETIME_NO_CACHE", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ("AWS_ACCESS_KEY_ID", &server.access_key),
+            ("AWS_SECRET_ACCESS_KEY", &server.secret_key),
+        ],
+    );
+    let wait = Duration::from_secs(20);
+    let replica = || -> (u64, serde_json::Value) {
+        // Not listening yet: nothing replicated.
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            return (0, serde_json::Value::Null);
+        }
+        let (_, body) = get(port, "/status");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let db = &v["databases"][0];
+        (db["txid"].as_u64().unwrap_or(0), db["replicas"][0].clone())
+    };
+    wait_until("replicated and ready", wait, || {
+        let (txid, r) = replica();
+        txid > 0 && r["remote_txid"].as_u64() == Some(txid) && get(port, "/readyz").0 == 200
+    })
+    .await;
+
+    // The next upload waits in the server; once its segment is cut, the clock steps back.
+    server.hold_ltx("PutObject", true);
+    let before = replica().0;
+    c.execute("INSERT INTO t VALUES (1)", []).unwrap();
+    wait_until("the commit cut", wait, || replica().0 > before).await;
+    std::fs::write(&offset, "-1h\n").unwrap();
+    // A second commit, cut after the step: its header time (in staging, as its upload waits
+    // behind the first) shows the daemon's clock an hour back.
+    c.execute("INSERT INTO t VALUES (2)", []).unwrap();
+    wait_until("the second commit cut", wait, || replica().0 > before + 1).await;
+    let staged = run_ok(&server, &["ltx", "--json", common::s(&db)]);
+    let staged: serde_json::Value = serde_json::from_slice(&staged.stdout).unwrap();
+    let newest = staged
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|f| f["max_txid"].as_str().unwrap().to_string())
+        .unwrap();
+    let cut = chrono::DateTime::parse_from_rfc3339(newest["timestamp"].as_str().unwrap()).unwrap();
+    assert!(
+        chrono::Utc::now().signed_duration_since(cut) > chrono::TimeDelta::minutes(50),
+        "the daemon's clock did not step back: {staged}"
+    );
+    wait_until("the stuck upload's lag to pass 3 s", wait, || {
+        replica().1["lag_seconds"].as_f64().unwrap_or(0.0) >= 3.0
+    })
+    .await;
+    let (code, body) = get(port, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("2 txids and"), "{body}");
+    assert!(server.held_ltx() > 0, "the upload was not held");
+
+    // The clock back and the upload let go: ready again, and the restore equals the source.
+    std::fs::write(&offset, "+0\n").unwrap();
+    server.hold_ltx("PutObject", false);
+    wait_until("ready again", wait, || {
+        let (txid, r) = replica();
+        r["remote_txid"].as_u64() == Some(txid) && get(port, "/readyz").0 == 200
+    })
+    .await;
+    d.stop_ok();
+    let out = dir.join("restored.db");
+    run_ok(&server, &["restore", "--to", common::s(&out), &url]);
+    common::assert_same_content(&db, &out, "after the clock step");
 }

@@ -116,6 +116,10 @@ pub struct DbPos {
     pub txid: TxId,
     /// Header timestamp of that segment, ms since the epoch.
     pub timestamp_ms: i64,
+    /// The same time on [`crate::util::clock::steady_ms`]'s clock (0: none), read when the
+    /// segment was published: how long it has waited is measured on it, so that a step of
+    /// the wall clock neither hides nor invents lag.
+    pub steady_ms: i64,
 }
 
 /// Counters of one Db (exported as metrics).

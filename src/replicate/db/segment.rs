@@ -323,6 +323,7 @@ impl Db {
         self.pos_tx.send_replace(DbPos {
             txid: self.pos,
             timestamp_ms,
+            steady_ms: crate::util::clock::steady_of(timestamp_ms),
         });
     }
 

@@ -59,6 +59,7 @@ use crate::replicate::maintenance::{Done, Job, Maintenance, Schedule};
 use crate::replicate::staging::Staging;
 use crate::storage::feed::GrowingSegment;
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, StorageError, put_new};
+use crate::util::clock::steady_of;
 use crate::util::phase::Phase;
 use crate::util::retry::Backoff;
 
@@ -73,10 +74,12 @@ pub struct ReplicaStats {
     pub counters: ReplicaCounters,
     /// Highest TXID stored on the replica.
     pub remote_txid: Arc<AtomicU64>,
-    /// Header timestamp (ms) of the newest uploaded segment.
-    pub remote_timestamp_ms: Arc<AtomicU64>,
-    /// Header timestamp (ms) of the segment being uploaded after it (0: none yet).
-    pub next_timestamp_ms: Arc<AtomicU64>,
+    /// Header timestamp (ms) of the newest uploaded segment, on the steady clock
+    /// ([`crate::util::clock::steady_of`], read when it was stored): lag is measured on it.
+    pub remote_steady_ms: Arc<AtomicU64>,
+    /// Header timestamp of the segment being uploaded after it, on the steady clock (read
+    /// once per TXID, when its first upload began; 0: none yet).
+    pub next_steady_ms: Arc<AtomicU64>,
     /// Set when another instance took this replica's lease: the replica stopped uploading.
     pub lease_lost: Arc<AtomicBool>,
     /// Segments uploaded while they were being staged (see [`crate::storage::feed`]).
@@ -96,8 +99,8 @@ impl ReplicaStats {
             location: location.into(),
             counters,
             remote_txid: Arc::default(),
-            remote_timestamp_ms: Arc::default(),
-            next_timestamp_ms: Arc::default(),
+            remote_steady_ms: Arc::default(),
+            next_steady_ms: Arc::default(),
             lease_lost: Arc::default(),
             streamed_segments: Arc::default(),
             health: Arc::default(),
@@ -134,6 +137,9 @@ pub struct Replica {
     deferred: bool,
     /// A seed to store before anything else (set when a late listing asks for a new chain).
     pending_seed: Option<SeedReason>,
+    /// The segment whose upload time [`Replica::uploading`] recorded (0: none since the last
+    /// one stored).
+    uploading: TxId,
     /// Level-1 compactions that failed in a row (see `compacted_l1`).
     l1_failures: u32,
     /// Why the last verify found that the replica does not restore: it is not protected
@@ -201,6 +207,7 @@ impl Replica {
             unrestorable: None,
             heal_owed: false,
             healed: false,
+            uploading: TxId(0),
             l1_failures: 0,
             recheck: false,
             due: VecDeque::new(),
@@ -325,8 +332,8 @@ impl Replica {
             }
             // Mtime (file) or upload time (S3): close to the segment's own timestamp, so lag
             // in seconds is meaningful right after a restart.
-            let ms = f.created_at.timestamp_millis().max(0) as u64;
-            self.stats.remote_timestamp_ms.store(ms, Ordering::Relaxed);
+            let ms = steady_of(f.created_at.timestamp_millis()).max(0) as u64;
+            self.stats.remote_steady_ms.store(ms, Ordering::Relaxed);
         }
         // A replica that does not restore holds nothing usable: it starts over from a seed
         // (the database still continues after its tip, so no TXID is used twice).
@@ -437,8 +444,7 @@ impl Replica {
                     }));
                 }
             };
-            let next = header.timestamp.max(0) as u64;
-            self.stats.next_timestamp_ms.store(next, Ordering::Relaxed);
+            self.uploading(txid, header.timestamp);
             let started = Instant::now();
             let put = put_new(&self.client, 0, txid, txid, &path, header.timestamp).await;
             let bytes = put.as_ref().map_or(0, |info| info.size);
@@ -459,11 +465,14 @@ impl Replica {
     /// [`crate::storage::feed`]). Stores nothing if the segment fails or stays within one part;
     /// the plain upload of the staged file then takes over.
     async fn upload_growing(&mut self, seg: &Arc<GrowingSegment>) -> Result<(), StorageError> {
-        let Some(s3) = self.client.streaming() else {
+        if self.client.streaming().is_none() {
             return Ok(());
-        };
-        let next = seg.timestamp_ms.max(0) as u64;
-        self.stats.next_timestamp_ms.store(next, Ordering::Relaxed);
+        }
+        self.uploading(seg.txid, seg.timestamp_ms);
+        let s3 = self
+            .client
+            .streaming()
+            .expect("checked above: the client streams");
         let started = Instant::now();
         let put = s3.put_streamed(0, seg).await;
         if let Ok(None) = put {
@@ -487,10 +496,22 @@ impl Replica {
         self.stats.counters.txid.set(txid.0 as i64);
         self.stats.remote_txid.store(txid.0, Ordering::Relaxed);
         self.stats
-            .remote_timestamp_ms
-            .store(timestamp_ms.max(0) as u64, Ordering::Relaxed);
-        self.stats.next_timestamp_ms.store(0, Ordering::Relaxed);
+            .remote_steady_ms
+            .store(steady_of(timestamp_ms).max(0) as u64, Ordering::Relaxed);
+        self.stats.next_steady_ms.store(0, Ordering::Relaxed);
+        self.uploading = TxId(0);
         self.send_ack();
+    }
+
+    /// The upload of segment `txid`, cut at `timestamp_ms`, begins: the replica's lag counts
+    /// from that cut. Read once per TXID, so that retries after a step of the wall clock keep
+    /// the time read before it.
+    fn uploading(&mut self, txid: TxId, timestamp_ms: i64) {
+        if self.uploading != txid {
+            self.uploading = txid;
+            let ms = steady_of(timestamp_ms).max(0) as u64;
+            self.stats.next_steady_ms.store(ms, Ordering::Relaxed);
+        }
     }
 
     /// Stops this replica for good after its lease was taken or removed.

@@ -8,7 +8,7 @@
 //! [`S3Server::restart`]) to test outages. Every request is counted ([`S3Server::request_count`],
 //! [`S3Server::requests_by_op`]), which is what "no requests while idle" tests assert on, and
 //! server errors can be injected per operation ([`S3Server::fail_next`]), and GETs of LTX files
-//! held as behind a stalled network ([`S3Server::hold_ltx_gets`]). Conditional writes
+//! held as behind a stalled network ([`S3Server::hold_ltx`]). Conditional writes
 //! (`If-None-Match`, `If-Match`) are decided atomically, as S3 decides them: s3s-fs alone
 //! checks the condition before reading the body.
 //!
@@ -111,9 +111,10 @@ struct Counters {
     /// Every signed request is refused with AccessDenied, as under a bucket policy that
     /// denies these credentials ([`S3Server::deny_access`]).
     deny: std::sync::atomic::AtomicBool,
-    /// GETs of `.ltx` objects wait in the server while set ([`S3Server::hold_ltx_gets`]).
-    hold_ltx: std::sync::atomic::AtomicBool,
-    /// GETs of `.ltx` objects that have waited so far.
+    /// Operations on `.ltx` objects that wait in the server while listed
+    /// ([`S3Server::hold_ltx`]).
+    hold_ltx: Mutex<std::collections::BTreeSet<String>>,
+    /// Requests on `.ltx` objects that have waited so far.
     held: AtomicU64,
 }
 
@@ -156,9 +157,10 @@ impl S3Access for CountingAccess {
             .s3_path()
             .as_object()
             .is_some_and(|(_, key)| key.ends_with(".ltx"));
-        if op == "GetObject" && ltx && self.counters.hold_ltx.load(Ordering::SeqCst) {
+        let held = |c: &Counters| c.hold_ltx.lock().unwrap().contains(op);
+        if ltx && held(&self.counters) {
             self.counters.held.fetch_add(1, Ordering::SeqCst);
-            while self.counters.hold_ltx.load(Ordering::SeqCst) {
+            while held(&self.counters) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
@@ -401,19 +403,24 @@ impl S3Server {
             .insert(op.to_string(), n);
     }
 
-    /// While `on`, every GET of an `.ltx` object waits in the server before it is served, as
-    /// behind a stalled network; `false` lets the waiting ones go on. Panics for an external
-    /// endpoint.
-    pub fn hold_ltx_gets(&self, on: bool) {
+    /// While `on`, every request `op` (`GetObject`, `PutObject`) on an `.ltx` object waits in
+    /// the server before it is served, as behind a stalled network; `false` lets the waiting
+    /// ones go on. Panics for an external endpoint.
+    pub fn hold_ltx(&self, op: &str, on: bool) {
         let local = self
             .local
             .as_ref()
-            .expect("S3Server::hold_ltx_gets is not possible with REPLICAD_TEST_S3_ENDPOINT");
-        local.counters.hold_ltx.store(on, Ordering::SeqCst);
+            .expect("S3Server::hold_ltx is not possible with REPLICAD_TEST_S3_ENDPOINT");
+        let mut held = local.counters.hold_ltx.lock().unwrap();
+        if on {
+            held.insert(op.to_string());
+        } else {
+            held.remove(op);
+        }
     }
 
-    /// GETs of `.ltx` objects that [`S3Server::hold_ltx_gets`] has held so far.
-    pub fn held_ltx_gets(&self) -> u64 {
+    /// Requests on `.ltx` objects that [`S3Server::hold_ltx`] has held so far.
+    pub fn held_ltx(&self) -> u64 {
         self.local
             .as_ref()
             .map_or(0, |l| l.counters.held.load(Ordering::SeqCst))
