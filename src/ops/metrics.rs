@@ -146,9 +146,23 @@ pub fn behind(pos: DbPos, r: &ReplicaStats, max_lag: Duration, since_ms: i64) ->
 /// Whether replica `r` is protected now, as `/status` and `replicad_replica_protected` say:
 /// it holds its lease, has no problem and is within `max_lag`.
 pub fn is_protected(pos: DbPos, r: &ReplicaStats, max_lag: Duration, since_ms: i64) -> bool {
-    r.health.is_ok()
-        && !r.lease_lost.load(Ordering::Relaxed)
-        && behind(pos, r, max_lag, since_ms).is_none()
+    unprotected(pos, r, max_lag, since_ms).is_none()
+}
+
+/// Why replica `r` is not protected now by [`is_protected`]'s rule (None: it is).
+pub fn unprotected(
+    pos: DbPos,
+    r: &ReplicaStats,
+    max_lag: Duration,
+    since_ms: i64,
+) -> Option<String> {
+    match r.health.problem() {
+        Some(p) => Some(p.reason),
+        None if r.lease_lost.load(Ordering::Relaxed) => {
+            Some("its single-writer lease was taken".to_string())
+        }
+        None => behind(pos, r, max_lag, since_ms),
+    }
 }
 
 /// Per-database metrics: `(name, help, type, value)`; labelled `db`.

@@ -142,14 +142,7 @@ pub fn problems(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Vec<Strin
         }
         let pos = *d.pos.borrow();
         for (name, r) in &d.replicas {
-            let why = match r.health.problem() {
-                Some(p) => Some(p.reason),
-                None if r.lease_lost.load(Ordering::Relaxed) => {
-                    Some("its single-writer lease was taken".to_string())
-                }
-                None => crate::ops::metrics::behind(pos, r, max_lag, since_ms),
-            };
-            if let Some(why) = why {
+            if let Some(why) = crate::ops::metrics::unprotected(pos, r, max_lag, since_ms) {
                 out.push(format!("{} replica {name}: {why}", d.path.display()));
             }
         }
