@@ -311,13 +311,17 @@ fn kill9_during_compaction_and_snapshots_leaves_no_partial_object() {
     assert_same_content(&db, &out, "after kill -9 during maintenance");
 }
 
-/// A database with one commit, replicated to `replica` by a Store that verifies every 300 ms
-/// and compacts and snapshots only hourly; returns once the first verify passed.
-async fn verified_every_300ms(dir: &TestDir, name: &str) -> (PathBuf, PathBuf, Writer, Store) {
+/// A database with one commit, replicated to `replica` by a Store that verifies every 300 ms,
+/// compacts only hourly and snapshots every `snapshot`; returns once the first verify passed.
+async fn verified_every_300ms(
+    dir: &TestDir,
+    name: &str,
+    snapshot: &str,
+) -> (PathBuf, PathBuf, Writer, Store) {
     let db = dir.join("app.db");
     let replica = dir.join("replica");
     let yaml = format!(
-        "monitor-interval: 40ms\nheartbeat-interval: 100ms\nverify-interval: 300ms\nlevels:\n  - interval: 1h\nsnapshot:\n  interval: 1h\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
+        "monitor-interval: 40ms\nheartbeat-interval: 100ms\nverify-interval: 300ms\nlevels:\n  - interval: 1h\nsnapshot:\n  interval: {snapshot}\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
         db.display(),
         replica.display()
     );
@@ -340,7 +344,7 @@ async fn verified_every_300ms(dir: &TestDir, name: &str) -> (PathBuf, PathBuf, W
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
     let dir = TestDir::new("maint-verify");
-    let (db, replica, mut writer, store) = verified_every_300ms(&dir, "maint-verify").await;
+    let (db, replica, mut writer, store) = verified_every_300ms(&dir, "maint-verify", "1h").await;
     let h = store.dbs()[0].clone();
     let counters = h.replicas[0].1.counters.clone();
 
@@ -440,6 +444,42 @@ async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
     assert_same_content(&db, &out, "after the seed that healed the replica");
 }
 
+/// A verify covers the files a restore reads, not only the newest TXID: once a snapshot
+/// replaces the verified files at the same TXID (the database idle), the next verify restores
+/// through the snapshot, and then none runs while nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_at_the_verified_txid_is_verified_too() {
+    let dir = TestDir::new("maint-verify-snapshot");
+    let (_, replica, _writer, store) =
+        verified_every_300ms(&dir, "maint-verify-snapshot", "3s").await;
+    let counters = store.dbs()[0].replicas[0].1.counters.clone();
+    let tip = counters.verify_txid.get();
+    assert!(
+        level_ranges(&replica, 9).is_empty(),
+        "the first verify passed before any snapshot"
+    );
+    // Each verify restores the whole database: the same page bytes, at the same TXID.
+    let applied = || store.phases().bytes(replicad::util::phase::Phase::Apply);
+    let one = applied();
+    assert!(one > 0);
+    wait_until("a level-9 snapshot", || {
+        !level_ranges(&replica, 9).is_empty()
+    })
+    .await;
+    assert_eq!(
+        level_ranges(&replica, 9),
+        vec![(1, tip as u64)],
+        "the snapshot is at the verified TXID"
+    );
+    wait_until("a verify through the snapshot", || applied() == 2 * one).await;
+    assert_eq!(counters.verify_ok.get(), 1);
+    assert_eq!(counters.verify_txid.get(), tip);
+    // Nothing changes any more: the next verifies are skipped.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(applied(), 2 * one);
+    store.shutdown(std::future::pending()).await;
+}
+
 /// A database that is itself corrupt (an index that does not match its table, written through
 /// SQLite) restores from any replica as corrupt: the failed verify seeds the replica once,
 /// the verify after the seed fails too, and the replica's health then blames the database
@@ -447,7 +487,7 @@ async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_verify_that_fails_again_after_its_seed_points_at_the_database() {
     let dir = TestDir::new("maint-verify-db");
-    let (_, _, mut writer, store) = verified_every_300ms(&dir, "maint-verify-db").await;
+    let (_, _, mut writer, store) = verified_every_300ms(&dir, "maint-verify-db", "1h").await;
     let h = store.dbs()[0].clone();
     let counters = h.replicas[0].1.counters.clone();
     let stats = h.replicas[0].1.clone();

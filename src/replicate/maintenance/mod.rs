@@ -19,6 +19,9 @@
 //! - Builds and verifies take turns across the Store ([`Turns`]): at most [`MAX_BUILDS`]
 //!   builds and [`MAX_VERIFIES`] verify at once, verifies handed out in the order replicas
 //!   asked, so every database gets its verify.
+//! - A passing verify vouches for the files it restored ([`plan_id`]), not for a TXID: once a
+//!   snapshot or compaction changes what a restore reads, the next verify runs again, also at
+//!   the same TXID.
 
 pub mod compactor;
 pub mod schedule;
@@ -161,6 +164,8 @@ pub enum Work {
         plan: Result<Vec<LtxFileInfo>, String>,
         /// Its newest TXID.
         tip: TxId,
+        /// Which files those are ([`plan_id`]).
+        id: u64,
     },
     /// Merge files into one file of a level.
     Compact {
@@ -184,8 +189,8 @@ pub enum Work {
 /// What a finished job changed on the replica, for the index.
 #[derive(Debug)]
 pub enum Done {
-    /// Nothing: a verify passed.
-    Checked,
+    /// Nothing: a verify passed, of the restore plan [`plan_id`] names.
+    Checked(u64),
     /// Nothing: a verify found that the replica does not restore to `tip`, because of
     /// `reason` (its content, not a request that failed).
     Unrestorable {
@@ -204,7 +209,7 @@ impl Done {
     /// Records the change in `index`; returns how many files it uploaded or deleted.
     pub fn apply(self, index: &mut RemoteIndex) -> usize {
         match self {
-            Done::Checked | Done::Unrestorable { .. } => 0,
+            Done::Checked(_) | Done::Unrestorable { .. } => 0,
             Done::Stored(f) => {
                 index.insert(f);
                 1
@@ -217,13 +222,26 @@ impl Done {
     }
 }
 
-/// Plans `job` from `index` (no request): `None` when it has nothing to do.
+/// Names the files of a restore plan: equal ids, the same files (level, range and size).
+pub fn plan_id(files: &[LtxFileInfo]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for f in files {
+        (f.level, f.min_txid.0, f.max_txid.0, f.size).hash(&mut h);
+    }
+    h.finish()
+}
+
+/// Plans `job` from `index` (no request): `None` when it has nothing to do. `verified`: the
+/// [`plan_id`] of the last verify that passed. A verify runs again only once the restore plan
+/// changed, by a new TXID or by maintenance at the same one (a snapshot or a compaction that
+/// a restore now reads instead of what was verified).
 pub fn plan(
     job: Job,
     m: &Maintenance,
     client: &AnyClient,
     index: &RemoteIndex,
-    counters: &ReplicaCounters,
+    verified: Option<u64>,
 ) -> Result<Option<Work>, StorageError> {
     let failed = |op: &'static str, reason: String| StorageError::Permanent {
         op,
@@ -233,12 +251,12 @@ pub fn plan(
     Ok(match job {
         Job::Verify => {
             let tip = index.tip();
-            let done = counters.verify_ok.get() == 1 && counters.verify_txid.get() == tip.0 as i64;
-            if tip.0 == 0 || done {
+            let plan = crate::restore::calc_plan(&index.all(), None).map_err(|e| e.to_string());
+            let id = plan.as_deref().map_or(0, plan_id);
+            if tip.0 == 0 || (plan.is_ok() && verified == Some(id)) {
                 return Ok(None);
             }
-            let plan = crate::restore::calc_plan(&index.all(), None).map_err(|e| e.to_string());
-            Some(Work::Verify { plan, tip })
+            Some(Work::Verify { plan, tip, id })
         }
         Job::Compact(level) => {
             let inputs = schedule::compaction_inputs(index, level);
@@ -271,7 +289,7 @@ pub async fn run(
     counters: &ReplicaCounters,
 ) -> Result<Done, StorageError> {
     match work {
-        Work::Verify { plan, tip } => {
+        Work::Verify { plan, tip, id } => {
             let verdict = match plan {
                 Ok(plan) => verify(m, client, plan, counters).await,
                 Err(reason) => {
@@ -284,7 +302,7 @@ pub async fn run(
                 .set(i64::from(matches!(verdict, Ok(Ok(())))));
             counters.verify_txid.set(tip.0 as i64);
             match verdict? {
-                Ok(()) => Ok(Done::Checked),
+                Ok(()) => Ok(Done::Checked(id)),
                 Err(reason) => Ok(Done::Unrestorable { tip, reason }),
             }
         }

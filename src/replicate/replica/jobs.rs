@@ -64,13 +64,8 @@ impl Replica {
                 },
                 _ => None,
             };
-            let planned = maintenance::plan(
-                job,
-                &self.maint,
-                &self.client,
-                &self.index,
-                &self.stats.counters,
-            );
+            let planned =
+                maintenance::plan(job, &self.maint, &self.client, &self.index, self.verified);
             let work = match planned {
                 Ok(Some(work)) => work,
                 Ok(None) => continue,
@@ -110,6 +105,7 @@ impl Replica {
         };
         match done {
             Ok(maintenance::Done::Unrestorable { tip, reason }) => {
+                self.verified = None;
                 let failed =
                     format!("verify failed: the replica does not restore to TXID {tip} ({reason})");
                 // One stored seed per streak: a seed that did not heal it points at the
@@ -133,7 +129,11 @@ impl Replica {
                 self.unrestorable = Some(why);
             }
             Ok(done) => {
-                if matches!(done, maintenance::Done::Checked) && self.unrestorable.take().is_some()
+                if let maintenance::Done::Checked(id) = done {
+                    self.verified = Some(id);
+                }
+                if matches!(done, maintenance::Done::Checked(_))
+                    && self.unrestorable.take().is_some()
                 {
                     self.healed = false;
                     // The health cell clears at the next round that succeeds.

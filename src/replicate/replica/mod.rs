@@ -145,6 +145,9 @@ pub struct Replica {
     /// Why the last verify found that the replica does not restore: it is not protected
     /// until a verify passes again (after the seed that heals it).
     unrestorable: Option<String>,
+    /// The restore plan the last passing verify restored
+    /// ([`crate::replicate::maintenance::plan_id`]); None: none since the start or a failure.
+    verified: Option<u64>,
     /// A seed is owed to heal a failed verify: stored after the round's uploads.
     heal_owed: bool,
     /// A seed was stored since the verify failed (another failure then points at the
@@ -208,6 +211,7 @@ impl Replica {
             heal_owed: false,
             healed: false,
             uploading: TxId(0),
+            verified: None,
             l1_failures: 0,
             recheck: false,
             due: VecDeque::new(),
