@@ -226,6 +226,54 @@ fn a_replica_wiped_while_running_is_seeded_again() {
     restored_equals(&dir, &a, &db, "after-stop.db");
 }
 
+/// A sync that blocks without an error (a hung file system or a dying disk, stood in for by
+/// the `REPLICAD_TEST_SYNC_GATE` file that holds it) makes the database not protected in
+/// every signal once it has run for 10 s, though nothing failed; once it ends, the commits it
+/// held back ship and the database is protected again.
+#[test]
+fn a_sync_that_hangs_is_reported_while_it_hangs() {
+    let dir = TestDir::new("hung-sync");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 10, "first");
+    let gate = dir.join("gate");
+    let port = free_port();
+    let d = spawn_replicate_env(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, ""))],
+        &[("REPLICAD_TEST_SYNC_GATE", s(&gate))],
+    );
+    wait_caught_up(&dir, port, &a);
+    wait_until(&dir, "ready", || get(port, "/readyz").0 == 200);
+
+    fs::write(&gate, b"").unwrap();
+    insert(&c, 10, "held");
+    wait_until(&dir, "/readyz to report the hung sync", || {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains("a sync has been running for")
+    });
+    let status = get(port, "/status").1;
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["databases"][0]["protected"], false, "{status}");
+    let metrics = get(port, "/metrics").1;
+    let label = format!("db=\"{}\"", db.display());
+    assert_eq!(sample(&metrics, "replicad_db_protected", &label), Some(0.0));
+    assert!(
+        d.log_text().contains("NOT protected until it ends"),
+        "{}",
+        d.log_text()
+    );
+
+    fs::remove_file(&gate).unwrap();
+    wait_caught_up(&dir, port, &a);
+    wait_until(&dir, "ready again", || get(port, "/readyz").0 == 200);
+    let metrics = get(port, "/metrics").1;
+    assert_eq!(sample(&metrics, "replicad_db_protected", &label), Some(1.0));
+    d.stop_ok();
+    restored_equals(&dir, &a, &db, "after-the-hang.db");
+}
+
 #[test]
 fn a_failed_local_write_is_reported_and_then_healed() {
     let dir = TestDir::new("failed-publish");
