@@ -558,6 +558,10 @@ impl Store {
             .spawn(crate::util::malloc::trim_periodically(
                 core.inner.ingest.child_token(),
             ));
+        core.inner.tracker.spawn(registry::log_slow_work(
+            core.inner.registry.clone(),
+            core.inner.ingest.child_token(),
+        ));
         // Databases start concurrently (listing a replica is a network round trip: thousands
         // started one by one would take minutes).
         // Every start runs to its end (a start dropped half-way would keep its leases).

@@ -16,8 +16,10 @@
 //! changed earlier waits for it. So a busy database ships at most once per
 //! `min-sync-interval`, whether its commits are seen by inotify or by polling.
 //!
-//! Invariant: a sync that has run for [`SLOW_SYNC`] is reported as a problem while it runs
-//! (this task awaits it beside a timer); a sync blocked in the kernel never reads as fine.
+//! Invariant: every tick, the idle fast path included, is marked on the database's health
+//! ([`crate::replicate::health::HealthCell::begin`]), so a tick blocked in the kernel (a hung
+//! file system) reads as not protected once it has run for [`crate::replicate::health::SLOW_WORK`], though this task
+//! cannot say so itself ([`super::registry::log_slow_work`] logs it).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +31,7 @@ use super::SyncTrigger;
 use crate::ltx::TxId;
 use crate::replicate::db::{Db, DbError, SeedRequest};
 use crate::replicate::dormant::{DormantWatch, Parked};
+
 use crate::replicate::staging::StagingLock;
 use crate::replicate::tick::TickGrid;
 use crate::replicate::walwatch::{WalWatch, WalWatcher};
@@ -44,13 +47,9 @@ const COALESCE: Duration = Duration::from_millis(2);
 const PARTIAL_PAUSE: Duration = Duration::from_millis(20);
 const PARTIAL_PAUSE_MAX: Duration = Duration::from_secs(1);
 
-/// A sync still running after this long makes the database not protected until it ends:
-/// commits since it began wait for it (a full copy of a large database, or a sync blocked on
-/// a hung file system or a dying disk, which no error would ever report).
-pub const SLOW_SYNC: Duration = Duration::from_secs(10);
-
-/// Path of a file; while it exists, each full sync waits before it starts. Stands in for a sync
-/// blocked on a hung file system in tests of [`SLOW_SYNC`].
+/// Path of a file; while it exists, each full sync blocks before it starts. Stands in for a
+/// sync blocked on a hung file system or a dying disk in tests of
+/// [`crate::replicate::health::SLOW_WORK`].
 pub const SYNC_GATE_ENV: &str = "REPLICAD_TEST_SYNC_GATE";
 
 /// When the events of a database's WAL may bring its next tick forward.
@@ -202,6 +201,7 @@ pub(super) async fn monitor(
         events.consume();
         let tick = trigger.begin();
         let now = tokio::time::Instant::now();
+        let _working = stats.health.begin(now.into_std());
         if !forced {
             next = grid.after(now);
         }
@@ -247,7 +247,7 @@ pub(super) async fn monitor(
         let began = tokio::time::Instant::now();
         let want_seed = !wanted.is_empty();
         let past = wanted.iter().filter_map(|r| r.past).max();
-        let sync = run_blocking(db, move |d| {
+        let (back, (result, seed)) = match run_blocking(db, move |d| {
             wait_at_test_gate();
             if let Some(txid) = past {
                 d.continue_after(txid);
@@ -259,8 +259,9 @@ pub(super) async fn monitor(
             };
             let seed = (want_seed && r.is_ok()).then(|| d.build_seed());
             (r, seed)
-        });
-        let (back, (result, seed)) = match watch_slow(sync, &stats.health).await {
+        })
+        .await
+        {
             Some(v) => v,
             None => {
                 stats
@@ -373,41 +374,6 @@ async fn any_changed(acks: &mut [watch::Receiver<TxId>]) {
         })
     });
     futures_util::future::select_all(waits).await;
-}
-
-/// Awaits `sync`; once it has run for [`SLOW_SYNC`], reports the database not protected (at
-/// ERROR, and in the health every reader sees, refreshed with the time so far) until it ends.
-/// Its end then clears or replaces that problem, as any sync's end does.
-async fn watch_slow<T>(
-    sync: impl std::future::Future<Output = T>,
-    health: &crate::replicate::health::HealthCell,
-) -> T {
-    let began = Instant::now();
-    let mut slow = false;
-    tokio::pin!(sync);
-    let mut check = tokio::time::interval_at(tokio::time::Instant::now() + SLOW_SYNC, SLOW_SYNC);
-    loop {
-        tokio::select! {
-            done = &mut sync => {
-                if slow {
-                    tracing::info!(elapsed = ?began.elapsed(), "the slow sync ended");
-                }
-                return done;
-            }
-            _ = check.tick() => {
-                let secs = began.elapsed().as_secs();
-                let started = health.fail(format!(
-                    "not protected: a sync has been running for {secs} s; commits since it began \
-                     are not captured until it ends (a full copy of a large database, or a hung \
-                     file system or disk)"
-                ));
-                if started {
-                    tracing::error!(seconds = secs, "a sync has been running for {secs} s: the database is NOT protected until it ends");
-                }
-                slow = true;
-            }
-        }
-    }
 }
 
 /// Waits while the file named by [`SYNC_GATE_ENV`] exists (tests only; read once).

@@ -22,6 +22,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::watch;
 
 use crate::replicate::db::{DbPos, DbStats};
+use crate::replicate::health::SLOW_WORK;
 use crate::replicate::replica::ReplicaStats;
 
 /// What the outside world can see of one database.
@@ -202,6 +203,36 @@ pub fn unprotected(dbs: &[DbHandle]) -> Vec<String> {
         }
     }
     out
+}
+
+/// Logs the databases whose tick has run for [`SLOW_WORK`] (at ERROR, once each) and when it
+/// ends (INFO), looking every half [`SLOW_WORK`] until `stop`: a monitor blocked in the kernel
+/// cannot log it itself. One wake-up per interval for the whole Store, idle or not.
+pub async fn log_slow_work(registry: DbRegistry, stop: tokio_util::sync::CancellationToken) {
+    let mut slow: HashSet<PathBuf> = HashSet::new();
+    let mut every = tokio::time::interval(SLOW_WORK / 2);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        let dbs = registry.snapshot();
+        let mut now: HashSet<PathBuf> = HashSet::new();
+        for d in dbs.iter() {
+            if let Some(ran) = d.stats.health.slow_for() {
+                if !slow.contains(&d.path) {
+                    tracing::error!(db = %d.path.display(), seconds = ran.as_secs(),
+                        "a sync or check of this database has been running for {} s: it is NOT protected until it ends", ran.as_secs());
+                }
+                now.insert(d.path.clone());
+            }
+        }
+        for ended in slow.difference(&now) {
+            tracing::info!(db = %ended.display(), "the slow sync or check ended");
+        }
+        slow = now;
+    }
 }
 
 #[cfg(test)]

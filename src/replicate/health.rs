@@ -7,10 +7,26 @@
 //!
 //! Invariant: a cell is "protected" only while its owner has evidence of it (a completed
 //! sync, a completed upload round); any failure it cannot heal on the spot sets a problem
-//! first, so no reader ever sees "fine" for a database or replica that is not.
+//! first, so no reader ever sees "fine" for a database or replica that is not. An owner that
+//! cannot report because it is blocked (a tick stuck in the kernel on a hung file system)
+//! marks the work it begins ([`HealthCell::begin`]): work that has run for [`SLOW_WORK`] is
+//! a problem every reader computes, with no help from the blocked owner.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Work that has run this long makes its cell not protected until it ends: the commits since
+/// it began wait for it (a full copy of a large database, or a tick blocked on a hung file
+/// system or a dying disk, which no error would ever report).
+pub const SLOW_WORK: Duration = Duration::from_secs(10);
+
+/// The origin of [`HealthCell::begin`]'s marks.
+fn origin() -> Instant {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
 
 /// Why something is not protected, since when.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +56,17 @@ impl Problem {
 #[derive(Debug, Default)]
 pub struct HealthCell {
     problem: Mutex<Option<Problem>>,
+    /// When the owner's current work began: ms after [`origin`], plus 1 (0: no work).
+    busy: AtomicU64,
+}
+
+/// The mark of work in progress on a cell ([`HealthCell::begin`]); cleared when dropped.
+pub struct Working<'a>(&'a HealthCell);
+
+impl Drop for Working<'_> {
+    fn drop(&mut self) {
+        self.0.busy.store(0, Ordering::Relaxed);
+    }
 }
 
 impl HealthCell {
@@ -81,12 +108,50 @@ impl HealthCell {
             .take()
     }
 
-    /// The current problem, if any.
+    /// Marks work that began at `at` (a tick: an `Instant` it read anyway, so that marking
+    /// costs no clock read) until the returned mark is dropped.
+    pub fn begin(&self, at: Instant) -> Working<'_> {
+        let ms = at.saturating_duration_since(origin()).as_millis();
+        self.busy.store(
+            u64::try_from(ms).unwrap_or(u64::MAX - 1) + 1,
+            Ordering::Relaxed,
+        );
+        Working(self)
+    }
+
+    /// The current problem, if any: the one recorded, else work that has run for
+    /// [`SLOW_WORK`], which counts from when it began.
     pub fn problem(&self) -> Option<Problem> {
-        self.problem
+        let recorded = self
+            .problem
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .clone();
+        recorded.or_else(|| self.slow())
+    }
+
+    /// How long the owner's current work has run, once that is [`SLOW_WORK`] or more.
+    pub fn slow_for(&self) -> Option<Duration> {
+        let mark = self.busy.load(Ordering::Relaxed);
+        let began = origin().checked_add(Duration::from_millis(mark.checked_sub(1)?))?;
+        let ran = Instant::now().saturating_duration_since(began);
+        (ran >= SLOW_WORK).then_some(ran)
+    }
+
+    fn slow(&self) -> Option<Problem> {
+        let ran = self.slow_for()?;
+        let ago = i64::try_from(ran.as_millis()).unwrap_or(i64::MAX);
+        Some(Problem {
+            reason: format!(
+                "not protected: a sync or check of this database has been running for {} s; \
+                 commits since it began are not captured until it ends (a full copy of a \
+                 large database, or a hung file system or disk)",
+                ran.as_secs()
+            ),
+            since_ms: crate::util::clock::now_ms().saturating_sub(ago),
+            steady_ms: crate::util::clock::steady_ms().saturating_sub(ago),
+            stopped: false,
+        })
     }
 
     /// True while no problem is recorded.
