@@ -529,6 +529,110 @@ fn replication_resumes_once_no_process_has_the_lost_wal_open() {
     restored_equals(&dir, &a, &db, "restored.db");
 }
 
+/// The daemon in a PID namespace of its own, as a sidecar without a shared one runs: the
+/// kernel lists in `/proc/locks` only the locks of that namespace, so the process outside that
+/// holds SQLite's SHARED bytes (found by `F_GETLK`, with no pid) cannot be inspected. It may
+/// have the lost file open, so the database stays not protected while it holds its lock, and
+/// replication resumes once it lets go.
+#[test]
+fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
+    if !nix_is_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root and must be able to make a PID namespace"
+        );
+        eprintln!("SKIPPED: unshare --pid needs root");
+        return;
+    }
+    let dir = TestDir::new("wal-deleted-unseen");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 30, "before");
+    // A second database keeps locks of the daemon's own in its namespace's `/proc/locks`.
+    let other = dir.join("other.db");
+    insert(&new_db(&other), 1, "other");
+    let port = free_port();
+    let cfg = config(&dir, &db, &[&a], port, "");
+    let yaml = fs::read_to_string(&cfg).unwrap();
+    let more = format!(
+        "  - path: {}\n    replicas:\n      - name: r0\n        url: {}\n",
+        other.display(),
+        dir.join("b").display()
+    );
+    fs::write(&cfg, yaml + &more).unwrap();
+    fs::create_dir_all(dir.join("logs")).unwrap();
+    let log = dir.join("logs/replicad-00.log");
+    let out = fs::File::create(&log).unwrap();
+    // Killed with unshare (`--kill-child`), which the Daemon's drop kills if the test fails.
+    let mut d = Daemon {
+        child: Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL"])
+            .arg(bin())
+            .args(["replicate", "--config", s(&cfg)])
+            .env("NO_COLOR", "1")
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap(),
+        log: log.clone(),
+    };
+    wait_until(&dir, "the daemon to answer", || get_status_ok(port));
+    wait_caught_up(&dir, port, &a);
+    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
+    let mut holder = lock_holder(&db, false);
+    lose_the_wal(&dir, &db, &c, port);
+    drop(c);
+    let errors = || {
+        let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
+        v["databases"][0]["sync_errors"].as_u64().unwrap_or(0)
+    };
+    let after = errors();
+    wait_until(
+        &dir,
+        "three more ticks that could not inspect the holder",
+        || errors() >= after + 3,
+    );
+    let (code, body) = get(port, "/readyz");
+    assert!(
+        code == 503 && body.contains("was deleted while the database was open"),
+        "{code} {body}"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    wait_caught_up(&dir, port, &a);
+    // SIGTERM to the daemon itself (unshare's child), whose exit code unshare returns.
+    let children =
+        fs::read_to_string(format!("/proc/{0}/task/{0}/children", d.child.id())).unwrap();
+    let inner = children.split_whitespace().next().expect("unshare's child");
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", inner])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let st = wait_timeout(&mut d.child, WAIT).expect("the daemon to stop");
+    let text = fs::read_to_string(&log).unwrap();
+    assert_eq!(st.code(), Some(0), "{text}");
+    assert!(text.contains("replicad restore --txid"), "{text}");
+    assert_eq!(rows(&db), 30, "the commits only in the lost WAL are gone");
+    restored_equals(&dir, &a, &db, "restored.db");
+}
+
+/// Whether this process runs as root.
+fn nix_is_root() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+/// `/status` answers 200.
+fn get_status_ok(port: u16) -> bool {
+    TcpStream::connect(("127.0.0.1", port)).is_ok() && get(port, "/status").0 == 200
+}
+
 /// A process that opened the database after the loss keeps the application's `-shm` in use,
 /// whose index still points at frames only the lost WAL held (here a bare POSIX lock on its
 /// dead-man switch and on SQLite's SHARED bytes, as a connection holds them). It never had

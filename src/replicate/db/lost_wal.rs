@@ -188,7 +188,9 @@ impl Db {
 /// named `name`. The holders come from `/proc/locks`, their start times from
 /// `/proc/PID/stat` (one started after the loss cannot have the file), their descriptors
 /// from `/proc/PID/fd`. Anything that cannot be inspected (another user's process, a process
-/// in another PID namespace, no `/proc`) counts as "may".
+/// in another PID namespace, no `/proc`) counts as "may". Called once `F_GETLK` found a holder:
+/// when `/proc/locks` names none, that holder is out of sight (the kernel lists only the locks
+/// of our PID namespace: a sidecar without a shared one), so it counts as "may" too.
 fn open_elsewhere(db: (u64, u64), lost: LostWal, name: &std::ffi::OsStr) -> bool {
     let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
         return true;
@@ -213,7 +215,11 @@ fn open_elsewhere(db: (u64, u64), lost: LostWal, name: &std::ffi::OsStr) -> bool
             None => target.file_name() == Some(&deleted),
         }
     };
-    pids.into_iter().filter(|p| *p != me).any(|pid| {
+    let others: Vec<i64> = pids.into_iter().filter(|p| *p != me).collect();
+    if others.is_empty() {
+        return true;
+    }
+    others.into_iter().any(|pid| {
         if pid <= 0 {
             return true;
         }
