@@ -578,14 +578,14 @@ fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
         log: log.clone(),
     };
     wait_until(&dir, "the daemon to answer", || get_status_ok(port));
-    wait_caught_up(&dir, port, &a);
+    caught_up(&dir, port, &db, &a);
     c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
     let mut holder = lock_holder(&db, false);
     lose_the_wal(&dir, &db, &c, port);
     drop(c);
     let errors = || {
         let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
-        v["databases"][0]["sync_errors"].as_u64().unwrap_or(0)
+        entry(&v, &db)["sync_errors"].as_u64().unwrap_or(0)
     };
     let after = errors();
     wait_until(
@@ -600,7 +600,7 @@ fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
     );
     holder.kill().unwrap();
     holder.wait().unwrap();
-    wait_caught_up(&dir, port, &a);
+    caught_up(&dir, port, &db, &a);
     // SIGTERM to the daemon itself (unshare's child), whose exit code unshare returns.
     let children =
         fs::read_to_string(format!("/proc/{0}/task/{0}/children", d.child.id())).unwrap();
@@ -618,6 +618,27 @@ fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
     assert!(text.contains("replicad restore --txid"), "{text}");
     assert_eq!(rows(&db), 30, "the commits only in the lost WAL are gone");
     restored_equals(&dir, &a, &db, "restored.db");
+}
+
+/// The `/status` entry of `db` (the order of several databases is that of their starts).
+fn entry<'a>(status: &'a serde_json::Value, db: &Path) -> &'a serde_json::Value {
+    status["databases"]
+        .as_array()
+        .and_then(|dbs| dbs.iter().find(|d| d["path"].as_str() == Some(s(db))))
+        .unwrap_or(&serde_json::Value::Null)
+}
+
+/// [`wait_caught_up`] for `db` among several databases.
+fn caught_up(dir: &TestDir, port: u16, db: &Path, replica: &Path) {
+    wait_until(dir, "the replica to hold the database's TXID", || {
+        let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
+        let e = entry(&v, db);
+        let txid = e["txid"].as_u64().unwrap_or(0);
+        let counted = e["replicas"]
+            .as_array()
+            .is_some_and(|rs| rs.iter().all(|r| r["remote_txid"].as_u64() >= Some(txid)));
+        txid > 0 && counted && e["protected"] == true && max_replica_txid(replica) >= txid
+    });
 }
 
 /// Whether this process runs as root.
