@@ -435,6 +435,9 @@ impl StoreCore {
         }
         let settings = codec_for(dbc, &mut replicas);
         let mut db = Db::new(dbc.path.clone(), Some(meta), settings, tip);
+        db.set_network_fs(crate::util::fsutil::on_network_fs(
+            crate::util::fsutil::parent_dir(&dbc.path),
+        ));
         db.share_awake_budget(core.awake.clone());
         db.share_phases(core.phases.clone());
         let seeds = db.take_seed_requests();

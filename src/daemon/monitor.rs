@@ -16,6 +16,10 @@
 //! changed earlier waits for it. So a busy database ships at most once per
 //! `min-sync-interval`, whether its commits are seen by inotify or by polling.
 //!
+//! A database on a network or FUSE file system runs its idle fast path on the blocking pool
+//! too ([`Db::on_network_fs`]): a call there may block without end, and on the runtime's
+//! threads it would stall every database.
+//!
 //! Invariant: every tick, the idle fast path included, is marked on the database's health
 //! ([`crate::replicate::health::HealthCell::begin`]), so a tick blocked in the kernel (a hung
 //! file system) reads as not protected once it has run for [`crate::replicate::health::SLOW_WORK`], though this task
@@ -47,8 +51,9 @@ const COALESCE: Duration = Duration::from_millis(2);
 const PARTIAL_PAUSE: Duration = Duration::from_millis(20);
 const PARTIAL_PAUSE_MAX: Duration = Duration::from_secs(1);
 
-/// Path of a file; while it exists, each full sync blocks before it starts. Stands in for a
-/// sync blocked on a hung file system or a dying disk in tests of
+/// Path of a file; while it exists, each full sync of a database in the same directory, and
+/// its idle check when on a network file system, blocks before it starts. Stands in for a call
+/// blocked on a hung file system or a dying disk in tests of
 /// [`crate::replicate::health::SLOW_WORK`].
 pub const SYNC_GATE_ENV: &str = "REPLICAD_TEST_SYNC_GATE";
 
@@ -205,7 +210,31 @@ pub(super) async fn monitor(
         if !forced {
             next = grid.after(now);
         }
-        if !forced && wanted.is_empty() && db.fast_path_skip(Instant::now()) {
+        let skip = if forced || !wanted.is_empty() {
+            false
+        } else if db.on_network_fs() {
+            // A call there may block without end: never on the runtime's threads.
+            match run_blocking(db, |d| {
+                wait_at_test_gate(d.path());
+                d.fast_path_skip(Instant::now())
+            })
+            .await
+            {
+                Some((back, skip)) => {
+                    db = back;
+                    skip
+                }
+                None => {
+                    stats
+                        .health
+                        .stop("stopped: the idle check panicked; restart replicad");
+                    return;
+                }
+            }
+        } else {
+            db.fast_path_skip(Instant::now())
+        };
+        if skip {
             prune(&db, &acks, &mut pruned);
             trigger.done(tick);
             if let Some(watch) = &watch {
@@ -248,7 +277,7 @@ pub(super) async fn monitor(
         let want_seed = !wanted.is_empty();
         let past = wanted.iter().filter_map(|r| r.past).max();
         let (back, (result, seed)) = match run_blocking(db, move |d| {
-            wait_at_test_gate();
+            wait_at_test_gate(d.path());
             if let Some(txid) = past {
                 d.continue_after(txid);
             }
@@ -376,10 +405,13 @@ async fn any_changed(acks: &mut [watch::Receiver<TxId>]) {
     futures_util::future::select_all(waits).await;
 }
 
-/// Waits while the file named by [`SYNC_GATE_ENV`] exists (tests only; read once).
-fn wait_at_test_gate() {
+/// Waits while the file named by [`SYNC_GATE_ENV`] exists, if it is beside the database `db`
+/// (tests only; the variable is read once).
+fn wait_at_test_gate(db: &std::path::Path) {
     static GATE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    if let Some(gate) = GATE.get_or_init(|| std::env::var_os(SYNC_GATE_ENV).map(Into::into)) {
+    if let Some(gate) = GATE.get_or_init(|| std::env::var_os(SYNC_GATE_ENV).map(Into::into))
+        && gate.parent() == db.parent()
+    {
         while gate.exists() {
             std::thread::sleep(Duration::from_millis(10));
         }

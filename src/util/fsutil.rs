@@ -152,3 +152,55 @@ impl Drop for RemoveOnDrop {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// Treats directories under this path as on a network file system ([`on_network_fs`]): tests
+/// of that path, where no NFS server can be mounted.
+pub const NETWORK_FS_ENV: &str = "REPLICAD_TEST_NETWORK_FS";
+
+/// Whether `dir` is on a network or FUSE file system (NFS, SMB, 9p, Ceph, AFS, Lustre, FUSE
+/// mounts such as gcsfuse or s3fs), where any call may block for as long as the server does
+/// not answer. False when unknown.
+pub fn on_network_fs(dir: &Path) -> bool {
+    if std::env::var_os(NETWORK_FS_ENV).is_some_and(|p| dir.starts_with(p)) {
+        return true;
+    }
+    // `f_type`'s width differs between targets.
+    #[allow(clippy::unnecessary_cast)]
+    rustix::fs::statfs(dir).is_ok_and(|s| is_network_fs_type(s.f_type as i64))
+}
+
+/// Whether `statfs`'s `f_type` is that of a network or FUSE file system.
+pub fn is_network_fs_type(f_type: i64) -> bool {
+    matches!(
+        f_type,
+        0x6969 // NFS
+            | 0x517B // SMB
+            | 0xFF53_4D42 // CIFS
+            | 0xFE53_4D42 // SMB2
+            | 0x0102_1997 // 9p (WSL, VM shares)
+            | 0x00C3_6400 // Ceph
+            | 0x5346_414F // AFS
+            | 0x6B41_4653 // kAFS
+            | 0x0BD0_0BD0 // Lustre
+            | 0x6573_5546 // FUSE
+    )
+}
+
+#[cfg(test)]
+mod network_fs_tests {
+    use super::*;
+
+    #[test]
+    fn network_file_systems_are_told_by_their_type() {
+        assert!(is_network_fs_type(0x6969), "NFS");
+        assert!(is_network_fs_type(0x6573_5546), "FUSE");
+        assert!(is_network_fs_type(0xFF53_4D42), "CIFS");
+        assert!(!is_network_fs_type(0xEF53), "ext4");
+        assert!(!is_network_fs_type(0x0102_1994), "tmpfs");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        assert!(
+            !on_network_fs(dir.path()),
+            "the temporary directory is local here"
+        );
+    }
+}

@@ -273,6 +273,63 @@ fn a_sync_that_hangs_is_reported_while_it_hangs() {
     restored_equals(&dir, &a, &db, "after-the-hang.db");
 }
 
+/// A database on a network file system (NFS, a FUSE mount) whose server stops answering: its
+/// idle check runs on the blocking pool, so while it hangs (stood in for by
+/// `REPLICAD_TEST_SYNC_GATE`; `REPLICAD_TEST_NETWORK_FS` stands in for the mount) the other
+/// databases go on replicating and every signal still answers, and reports this one once it
+/// has hung for 10 s. On the runtime's own thread (one here), the hang would stall them all.
+#[test]
+fn a_hung_network_file_system_stops_only_its_own_database() {
+    let dir = TestDir::new("hung-nfs");
+    fs::create_dir_all(dir.join("nfs")).unwrap();
+    let db = dir.join("nfs/app.db");
+    let other = dir.join("local.db");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let c = new_db(&db);
+    insert(&c, 10, "first");
+    let o = new_db(&other);
+    insert(&o, 10, "first");
+    // Beside the database on the "network" file system only.
+    let gate = dir.join("nfs/gate");
+    let port = free_port();
+    let cfg = config(&dir, &db, &[&a], port, "");
+    add_database(&cfg, &other, &b);
+    let d = spawn_replicate_env(
+        dir.path(),
+        &["--config", s(&cfg)],
+        &[
+            ("REPLICAD_TEST_SYNC_GATE", s(&gate)),
+            ("REPLICAD_TEST_NETWORK_FS", s(&dir.join("nfs"))),
+            // One runtime thread, as on a one-core host: a hang on it would stall everything.
+            ("TOKIO_WORKER_THREADS", "1"),
+        ],
+    );
+    wait_until(&dir, "the daemon to answer", || get_status_ok(port));
+    caught_up(&dir, port, &db, &a, 0);
+    let txid = caught_up(&dir, port, &other, &b, 0);
+
+    fs::write(&gate, b"").unwrap();
+    insert(&c, 10, "held");
+    // The other database is replicated meanwhile.
+    insert(&o, 10, "meanwhile");
+    let txid = caught_up(&dir, port, &other, &b, txid);
+    wait_until(&dir, "/readyz to report the hung database", || {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains(s(&db)) && body.contains("has been running for")
+    });
+    let (_, body) = get(port, "/readyz");
+    assert!(!body.contains(s(&other)), "{body}");
+    insert(&o, 10, "still");
+    caught_up(&dir, port, &other, &b, txid);
+
+    fs::remove_file(&gate).unwrap();
+    caught_up(&dir, port, &db, &a, 0);
+    wait_until(&dir, "ready again", || get(port, "/readyz").0 == 200);
+    d.stop_ok();
+    restored_equals(&dir, &a, &db, "after-the-hang.db");
+    restored_equals(&dir, &b, &other, "the-other.db");
+}
+
 #[test]
 fn a_failed_local_write_is_reported_and_then_healed() {
     let dir = TestDir::new("failed-publish");
@@ -554,13 +611,7 @@ fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
     insert(&new_db(&other), 1, "other");
     let port = free_port();
     let cfg = config(&dir, &db, &[&a], port, "");
-    let yaml = fs::read_to_string(&cfg).unwrap();
-    let more = format!(
-        "  - path: {}\n    replicas:\n      - name: r0\n        url: {}\n",
-        other.display(),
-        dir.join("b").display()
-    );
-    fs::write(&cfg, yaml + &more).unwrap();
+    add_database(&cfg, &other, &dir.join("b"));
     fs::create_dir_all(dir.join("logs")).unwrap();
     let log = dir.join("logs/replicad-00.log");
     let out = fs::File::create(&log).unwrap();
@@ -578,7 +629,7 @@ fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
         log: log.clone(),
     };
     wait_until(&dir, "the daemon to answer", || get_status_ok(port));
-    caught_up(&dir, port, &db, &a);
+    caught_up(&dir, port, &db, &a, 0);
     c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
     let mut holder = lock_holder(&db, false);
     lose_the_wal(&dir, &db, &c, port);
@@ -600,7 +651,7 @@ fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
     );
     holder.kill().unwrap();
     holder.wait().unwrap();
-    caught_up(&dir, port, &db, &a);
+    caught_up(&dir, port, &db, &a, 0);
     // SIGTERM to the daemon itself (unshare's child), whose exit code unshare returns.
     let children =
         fs::read_to_string(format!("/proc/{0}/task/{0}/children", d.child.id())).unwrap();
@@ -628,17 +679,30 @@ fn entry<'a>(status: &'a serde_json::Value, db: &Path) -> &'a serde_json::Value 
         .unwrap_or(&serde_json::Value::Null)
 }
 
-/// [`wait_caught_up`] for `db` among several databases.
-fn caught_up(dir: &TestDir, port: u16, db: &Path, replica: &Path) {
+/// [`wait_caught_up`] for `db` among several databases, at a TXID above `past`; returns it.
+fn caught_up(dir: &TestDir, port: u16, db: &Path, replica: &Path, past: u64) -> u64 {
+    let mut at = 0;
     wait_until(dir, "the replica to hold the database's TXID", || {
         let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
         let e = entry(&v, db);
-        let txid = e["txid"].as_u64().unwrap_or(0);
+        at = e["txid"].as_u64().unwrap_or(0);
         let counted = e["replicas"]
             .as_array()
-            .is_some_and(|rs| rs.iter().all(|r| r["remote_txid"].as_u64() >= Some(txid)));
-        txid > 0 && counted && e["protected"] == true && max_replica_txid(replica) >= txid
+            .is_some_and(|rs| rs.iter().all(|r| r["remote_txid"].as_u64() >= Some(at)));
+        at > past && counted && e["protected"] == true && max_replica_txid(replica) >= at
     });
+    at
+}
+
+/// Adds the database `db`, replicated to `replica`, to the config file `cfg`.
+fn add_database(cfg: &Path, db: &Path, replica: &Path) {
+    let yaml = fs::read_to_string(cfg).unwrap();
+    let more = format!(
+        "  - path: {}\n    replicas:\n      - name: r0\n        url: {}\n",
+        db.display(),
+        replica.display()
+    );
+    fs::write(cfg, yaml + &more).unwrap();
 }
 
 /// Whether this process runs as root.

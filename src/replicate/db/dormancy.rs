@@ -136,6 +136,19 @@ impl Db {
         self.phases = phases;
     }
 
+    /// Marks the database as on a network or FUSE file system
+    /// ([`crate::util::fsutil::on_network_fs`]): a call there may block without end, so its
+    /// monitor runs even the idle check on the blocking pool and it never parks in the shared
+    /// [`crate::replicate::dormant::DormantWatch`], where a hung check would hold up the others.
+    pub fn set_network_fs(&mut self, on: bool) {
+        self.network_fs = on;
+    }
+
+    /// [`Db::set_network_fs`].
+    pub fn on_network_fs(&self) -> bool {
+        self.network_fs
+    }
+
     /// Counts this database against `budget` (the Store's, shared by its databases). Call
     /// before the first sync: a connection already open stays counted where it was.
     pub fn share_awake_budget(&mut self, budget: Arc<AwakeBudget>) {
@@ -172,7 +185,7 @@ impl Db {
     /// are counted on this Db's stats).
     pub fn dormant_probe(&self) -> Option<DormantProbe> {
         let stamps = self.dormant()?;
-        if self.poisoned.is_some() {
+        if self.poisoned.is_some() || self.network_fs {
             return None;
         }
         Some(DormantProbe {

@@ -382,6 +382,8 @@ pub struct Db {
     /// After a yield proved that a restarted generation follows the mark: where its last
     /// frame counted ends. `after_yield` stays set until a seal reaches it.
     yield_seal_to: Option<u64>,
+    /// On a network or FUSE file system ([`Db::set_network_fs`]).
+    network_fs: bool,
     /// Who holds SQLite's WAL locks ([`app_checkpoint`]). Declared last so that it closes
     /// after the connection (closing it drops this process's locks on the `-shm` file).
     shm: Option<shm::ShmProbe>,
@@ -439,6 +441,7 @@ impl Db {
             shrink_tried: None,
             checkpoint_segments: 0,
             poisoned: None,
+            network_fs: false,
             wal_lost: None,
             idle_since: None,
             woke_unchanged: false,
