@@ -21,8 +21,9 @@
 //! threads it would stall every database.
 //!
 //! Invariant: every tick, the idle fast path included, is marked on the database's health
-//! ([`crate::replicate::health::HealthCell::begin`]), so a tick blocked in the kernel (a hung
-//! file system) reads as not protected once it has run for [`crate::replicate::health::SLOW_WORK`], though this task
+//! ([`crate::replicate::health::HealthCell::begin`]; a wait for a turn to open the database
+//! is not counted), so a tick blocked in the kernel (a hung file system) reads as not
+//! protected once it has run for [`crate::replicate::health::SLOW_WORK`], though this task
 //! cannot say so itself ([`super::registry::log_slow_work`] logs it).
 
 use std::sync::Arc;
@@ -35,7 +36,6 @@ use super::SyncTrigger;
 use crate::ltx::TxId;
 use crate::replicate::db::{Db, DbError, SeedRequest};
 use crate::replicate::dormant::{DormantWatch, Parked};
-
 use crate::replicate::staging::StagingLock;
 use crate::replicate::tick::TickGrid;
 use crate::replicate::walwatch::{WalWatch, WalWatcher};
@@ -206,7 +206,7 @@ pub(super) async fn monitor(
         events.consume();
         let tick = trigger.begin();
         let now = tokio::time::Instant::now();
-        let _working = stats.health.begin(now.into_std());
+        let mut working = stats.health.begin(now.into_std());
         if !forced {
             next = grid.after(now);
         }
@@ -271,7 +271,11 @@ pub(super) async fn monitor(
         let permit = if opened {
             None
         } else {
-            permits.clone().acquire_owned().await.ok()
+            let permit = permits.clone().acquire_owned().await.ok();
+            // Waiting for a turn to open (thousands of databases starting) is not slow work.
+            drop(working);
+            working = stats.health.begin(Instant::now());
+            permit
         };
         let began = tokio::time::Instant::now();
         let want_seed = !wanted.is_empty();
