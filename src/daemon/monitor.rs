@@ -271,9 +271,9 @@ pub(super) async fn monitor(
         let permit = if opened {
             None
         } else {
-            let permit = permits.clone().acquire_owned().await.ok();
             // Waiting for a turn to open (thousands of databases starting) is not slow work.
             drop(working);
+            let permit = permits.clone().acquire_owned().await.ok();
             working = stats.health.begin(Instant::now());
             permit
         };

@@ -87,8 +87,8 @@ pub struct Lag {
     /// also once the database has gone quiet. Times before the process started (a segment
     /// staged by an earlier run, a replica that has uploaded nothing since) count from
     /// `since_ms`: a lower bound. Measured on the steady clock
-    /// ([`crate::util::clock::steady_ms`]): a step of the wall clock neither hides a stuck
-    /// upload nor invents lag.
+    /// ([`crate::util::clock::steady_ms`]): a backward step of the wall clock does not hide a
+    /// stuck upload (segment times are read when published or when their upload begins).
     pub seconds: f64,
     /// The replica's TXID these were computed from (one read, so a report shows a pair that
     /// agrees).

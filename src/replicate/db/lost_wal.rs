@@ -170,11 +170,15 @@ impl Db {
         };
         // Closing `db` drops this process's locks on the file: none, with our connection
         // closed. An error reads as held.
-        let shared = conflicting_lock(&db, SHARED_FIRST, SHARED_SIZE).map_or(true, |p| p.is_some());
+        let holder = conflicting_lock(&db, SHARED_FIRST, SHARED_SIZE);
         let meta = db.metadata();
         drop(db);
-        if !shared {
-            return true;
+        match holder {
+            Ok(None) => return true,
+            // Pid 0: a holder in another PID namespace (-1: an OFD lock), not to be inspected.
+            Ok(Some(pid)) if pid <= 0 => return false,
+            Err(_) => return false,
+            Ok(Some(_)) => {}
         }
         let Ok(meta) = meta else { return false };
         let name = self.wal_path.file_name().unwrap_or_default();

@@ -163,6 +163,15 @@ pub struct Replica {
     verify_turn: Option<OwnedSemaphorePermit>,
 }
 
+/// The steady-clock time of a segment's header time `timestamp_ms`, read now: exact unless the
+/// wall clock was stepped since the cut, and never later than now (a backward step then shows
+/// the segment as waiting since this reading, not as cut in the future).
+fn cut_time(timestamp_ms: i64) -> u64 {
+    steady_of(timestamp_ms)
+        .min(crate::util::clock::steady_ms())
+        .max(0) as u64
+}
+
 /// A finished maintenance job's result, or its task's failure.
 type Finished = Result<Result<Done, StorageError>, tokio::task::JoinError>;
 
@@ -499,9 +508,15 @@ impl Replica {
         self.index.insert(info);
         self.stats.counters.txid.set(txid.0 as i64);
         self.stats.remote_txid.store(txid.0, Ordering::Relaxed);
-        self.stats
-            .remote_steady_ms
-            .store(steady_of(timestamp_ms).max(0) as u64, Ordering::Relaxed);
+        // The time read when its upload began, if it is that segment: a clock step since then
+        // does not move it.
+        let next = self.stats.next_steady_ms.load(Ordering::Relaxed);
+        let ms = if txid == self.uploading && next > 0 {
+            next
+        } else {
+            cut_time(timestamp_ms)
+        };
+        self.stats.remote_steady_ms.store(ms, Ordering::Relaxed);
         self.stats.next_steady_ms.store(0, Ordering::Relaxed);
         self.uploading = TxId(0);
         self.send_ack();
@@ -513,8 +528,9 @@ impl Replica {
     fn uploading(&mut self, txid: TxId, timestamp_ms: i64) {
         if self.uploading != txid {
             self.uploading = txid;
-            let ms = steady_of(timestamp_ms).max(0) as u64;
-            self.stats.next_steady_ms.store(ms, Ordering::Relaxed);
+            self.stats
+                .next_steady_ms
+                .store(cut_time(timestamp_ms), Ordering::Relaxed);
         }
     }
 
