@@ -53,6 +53,8 @@ mod large_segment;
 mod litestream_cli;
 /// `litestream.yml` files accepted as Litestream users write them.
 mod litestream_yml;
+/// A WAL deleted under a running application, until no process can use it.
+mod lost_wal;
 /// The LTX codec against Litestream's golden files.
 mod ltx_codec;
 /// Compaction, snapshots and retention on a running daemon.

@@ -18,7 +18,7 @@ use common::*;
 use rusqlite::Connection;
 
 /// `GET path` on 127.0.0.1:`port`: (status, body); (0, "") while nothing listens.
-fn get(port: u16, path: &str) -> (u16, String) {
+pub(crate) fn get(port: u16, path: &str) -> (u16, String) {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
         return (0, String::new());
     };
@@ -42,7 +42,13 @@ fn socket(dir: &TestDir, port: u16) -> PathBuf {
 }
 
 /// A config replicating `db` to every directory of `replicas`, HTTP on `port`.
-fn config(dir: &TestDir, db: &Path, replicas: &[&Path], port: u16, extra: &str) -> PathBuf {
+pub(crate) fn config(
+    dir: &TestDir,
+    db: &Path,
+    replicas: &[&Path],
+    port: u16,
+    extra: &str,
+) -> PathBuf {
     let mut y = format!(
         "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\nheartbeat-interval: 100ms\nmax-lag: 300ms\n\
          socket: {{enabled: true, path: {}}}\n{extra}dbs:\n  - path: {}\n    replicas:\n",
@@ -63,7 +69,7 @@ fn config(dir: &TestDir, db: &Path, replicas: &[&Path], port: u16, extra: &str) 
 /// L1 compaction every 200 ms: staging drops what L1 covers soon after it is uploaded.
 const FAST_L1: &str = "levels:\n  - interval: 200ms\n";
 
-fn new_db(path: &Path) -> Connection {
+pub(crate) fn new_db(path: &Path) -> Connection {
     let c = Connection::open(path).unwrap();
     c.execute_batch(
         "PRAGMA journal_mode=WAL; CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, v TEXT);",
@@ -72,7 +78,7 @@ fn new_db(path: &Path) -> Connection {
     c
 }
 
-fn insert(c: &Connection, n: usize, tag: &str) {
+pub(crate) fn insert(c: &Connection, n: usize, tag: &str) {
     for i in 0..n {
         c.execute("INSERT INTO t(v) VALUES (?1)", [format!("{tag}-{i}")])
             .unwrap();
@@ -86,7 +92,7 @@ fn ready(port: u16) -> bool {
 /// Waits until the daemon has staged everything (ready) and `replica` holds the database's
 /// TXID as `/status` reports it, and the daemon has counted that upload: every replica's
 /// `remote_txid` has reached it too (a file is visible before its metrics are updated).
-fn wait_caught_up(dir: &TestDir, port: u16, replica: &Path) {
+pub(crate) fn wait_caught_up(dir: &TestDir, port: u16, replica: &Path) {
     wait_until(dir, "the replica to hold the database's TXID", || {
         let (code, body) = get(port, "/status");
         if code != 200 {
@@ -101,7 +107,7 @@ fn wait_caught_up(dir: &TestDir, port: u16, replica: &Path) {
     });
 }
 
-fn restored_equals(dir: &TestDir, replica: &Path, source: &Path, name: &str) {
+pub(crate) fn restored_equals(dir: &TestDir, replica: &Path, source: &Path, name: &str) {
     let out = dir.join(name);
     restore_ok(s(replica), &out, None);
     assert_same_content(source, &out, name);
@@ -271,6 +277,45 @@ fn a_sync_that_hangs_is_reported_while_it_hangs() {
     assert_eq!(sample(&metrics, "replicad_db_protected", &label), Some(1.0));
     d.stop_ok();
     restored_equals(&dir, &a, &db, "after-the-hang.db");
+}
+
+/// The `/status` entry of `db` (the order of several databases is that of their starts).
+pub(crate) fn entry<'a>(status: &'a serde_json::Value, db: &Path) -> &'a serde_json::Value {
+    status["databases"]
+        .as_array()
+        .and_then(|dbs| dbs.iter().find(|d| d["path"].as_str() == Some(s(db))))
+        .unwrap_or(&serde_json::Value::Null)
+}
+
+/// [`wait_caught_up`] for `db` among several databases, at a TXID above `past`; returns it.
+pub(crate) fn caught_up(dir: &TestDir, port: u16, db: &Path, replica: &Path, past: u64) -> u64 {
+    let mut at = 0;
+    wait_until(dir, "the replica to hold the database's TXID", || {
+        let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
+        let e = entry(&v, db);
+        at = e["txid"].as_u64().unwrap_or(0);
+        let counted = e["replicas"]
+            .as_array()
+            .is_some_and(|rs| rs.iter().all(|r| r["remote_txid"].as_u64() >= Some(at)));
+        at > past && counted && e["protected"] == true && max_replica_txid(replica) >= at
+    });
+    at
+}
+
+/// Adds the database `db`, replicated to `replica`, to the config file `cfg`.
+pub(crate) fn add_database(cfg: &Path, db: &Path, replica: &Path) {
+    let yaml = fs::read_to_string(cfg).unwrap();
+    let more = format!(
+        "  - path: {}\n    replicas:\n      - name: r0\n        url: {}\n",
+        db.display(),
+        replica.display()
+    );
+    fs::write(cfg, yaml + &more).unwrap();
+}
+
+/// `/status` answers 200.
+pub(crate) fn get_status_ok(port: u16) -> bool {
+    TcpStream::connect(("127.0.0.1", port)).is_ok() && get(port, "/status").0 == 200
 }
 
 /// A database on a network file system (NFS, a FUSE mount) whose server stops answering: its
@@ -456,324 +501,6 @@ fn restore_refuses_to_write_over_a_database_a_daemon_holds() {
     assert!(err.contains("another replicad already replicates"), "{err}");
     assert!(!b.join("replicad.lease").exists(), "{}", listing(&b));
     d.stop_ok();
-}
-
-/// An application with 30 rows in `app.db` and a daemon replicating it to `a`, started with
-/// `extra` in its config: (database, replica, the application's connection, port, daemon).
-fn app_and_daemon(dir: &TestDir, extra: &str) -> (PathBuf, PathBuf, Connection, u16, Daemon) {
-    let db = dir.join("app.db");
-    let a = dir.join("a");
-    let c = new_db(&db);
-    insert(&c, 30, "before");
-    let port = free_port();
-    let d = spawn_replicate(
-        dir.path(),
-        &["--config", s(&config(dir, &db, &[&a], port, extra))],
-    );
-    (db, a, c, port, d)
-}
-
-/// A cleanup script deletes the WAL while the application runs; the application's
-/// connection commits 20 rows more into the deleted file, which no new connection can read.
-/// Returns once `/readyz` names the lost WAL.
-fn lose_the_wal(dir: &TestDir, db: &Path, c: &Connection, port: u16) {
-    fs::remove_file(format!("{}-wal", db.display())).unwrap();
-    insert(c, 20, "after");
-    wait_until(dir, "/readyz to name the lost WAL", || {
-        let (code, body) = get(port, "/readyz");
-        code == 503 && body.contains("was deleted while the database was open")
-    });
-}
-
-/// A process (`python3`, which `.ci/run` installs) holding POSIX read locks as a SQLite
-/// connection does, without SQLite: on the SHARED bytes of `db`, and with `shm` also on the
-/// dead-man switch of its `-shm`. Returns once they are held.
-fn lock_holder(db: &Path, shm: bool) -> std::process::Child {
-    let mut holder = Command::new("python3")
-        .args([
-            "-c",
-            "import fcntl, os, sys, time\n\
-             db = os.open(sys.argv[1], os.O_RDONLY)\n\
-             fcntl.lockf(db, fcntl.LOCK_SH, 510, 0x40000002)\n\
-             if sys.argv[2] == 'shm':\n\
-             \x20   shm = os.open(sys.argv[1] + '-shm', os.O_RDONLY)\n\
-             \x20   fcntl.lockf(shm, fcntl.LOCK_SH, 1, 128)\n\
-             print('locked', flush=True)\n\
-             time.sleep(120)",
-            s(db),
-            if shm { "shm" } else { "db" },
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = [0u8; 6];
-    holder
-        .stdout
-        .as_mut()
-        .unwrap()
-        .read_exact(&mut line)
-        .unwrap();
-    assert_eq!(&line, b"locked");
-    holder
-}
-
-fn rows(db: &Path) -> i64 {
-    Connection::open(db)
-        .unwrap()
-        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-        .unwrap()
-}
-
-#[test]
-fn a_wal_deleted_under_the_application_is_reported_until_its_last_connection_closes() {
-    let dir = TestDir::new("wal-deleted");
-    let (db, a, c, port, d) = app_and_daemon(&dir, "");
-    wait_caught_up(&dir, port, &a);
-    let before = max_replica_txid(&a);
-    lose_the_wal(&dir, &db, &c, port);
-    let (_, status) = get(port, "/status");
-    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
-    assert_eq!(v["databases"][0]["protected"], false, "{status}");
-    let (_, metrics) = get(port, "/metrics");
-    let label = format!("db=\"{}\"", db.display());
-    assert_eq!(
-        sample(&metrics, "replicad_db_protected", &label),
-        Some(0.0),
-        "{metrics}"
-    );
-    // Nothing was cut from a WAL that lacks the application's frames.
-    assert_eq!(max_replica_txid(&a), before);
-    // The application closes: its last connection, no longer held back by ours, checkpoints
-    // the lost WAL into the database file, and replication resumes with a full copy.
-    drop(c);
-    wait_caught_up(&dir, port, &a);
-    d.stop_ok();
-    assert_eq!(
-        rows(&db),
-        50,
-        "the commits made after the deletion are kept"
-    );
-    restored_equals(&dir, &a, &db, "restored.db");
-}
-
-/// The lost WAL's commits cannot be copied into the database when another process keeps
-/// the application's last connection from doing so on close (here a plain POSIX read lock on
-/// SQLite's SHARED bytes). Once no process has the lost file open, replication resumes with
-/// a full copy of what the database holds, although that process still holds its lock (found
-/// by `/proc`), and the log says which TXID the replica holds the lost commits up to.
-#[test]
-fn replication_resumes_once_no_process_has_the_lost_wal_open() {
-    let dir = TestDir::new("wal-deleted-held");
-    let (db, a, c, port, d) = app_and_daemon(&dir, "");
-    // The rows are in the database file, not only in the WAL.
-    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
-    let mut holder = lock_holder(&db, false);
-    lose_the_wal(&dir, &db, &c, port);
-    // The application closes, but the lock keeps its close from copying the lost WAL in.
-    drop(c);
-    wait_caught_up(&dir, port, &a);
-    assert!(
-        holder.try_wait().unwrap().is_none(),
-        "resumed while the lock is still held"
-    );
-    holder.kill().unwrap();
-    holder.wait().unwrap();
-    let log = d.log.clone();
-    d.stop_ok();
-    let text = fs::read_to_string(log).unwrap();
-    assert!(text.contains("replicad restore --txid"), "{text}");
-    assert_eq!(rows(&db), 30, "the commits only in the lost WAL are gone");
-    restored_equals(&dir, &a, &db, "restored.db");
-}
-
-/// The daemon in a PID namespace of its own, as a sidecar without a shared one runs: the
-/// kernel lists in `/proc/locks` only the locks of that namespace, so the process outside that
-/// holds SQLite's SHARED bytes (found by `F_GETLK`, with no pid) cannot be inspected. It may
-/// have the lost file open, so the database stays not protected while it holds its lock, and
-/// replication resumes once it lets go.
-#[test]
-fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
-    if !rustix::process::geteuid().is_root() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs as root and must be able to make a PID namespace"
-        );
-        eprintln!("SKIPPED: unshare --pid needs root");
-        return;
-    }
-    let dir = TestDir::new("wal-deleted-unseen");
-    let db = dir.join("app.db");
-    let a = dir.join("a");
-    let c = new_db(&db);
-    insert(&c, 30, "before");
-    // A second database keeps locks of the daemon's own in its namespace's `/proc/locks`.
-    let other = dir.join("other.db");
-    insert(&new_db(&other), 1, "other");
-    let port = free_port();
-    let cfg = config(&dir, &db, &[&a], port, "");
-    add_database(&cfg, &other, &dir.join("b"));
-    fs::create_dir_all(dir.join("logs")).unwrap();
-    let log = dir.join("logs/replicad-00.log");
-    let out = fs::File::create(&log).unwrap();
-    // Killed with unshare (`--kill-child`), which the Daemon's drop kills if the test fails.
-    let mut d = Daemon {
-        child: Command::new("unshare")
-            .args(["--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL"])
-            .arg(bin())
-            .args(["replicate", "--config", s(&cfg)])
-            .env("NO_COLOR", "1")
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap(),
-        log: log.clone(),
-    };
-    wait_until(&dir, "the daemon to answer", || get_status_ok(port));
-    caught_up(&dir, port, &db, &a, 0);
-    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
-    let mut holder = lock_holder(&db, false);
-    lose_the_wal(&dir, &db, &c, port);
-    drop(c);
-    let errors = || {
-        let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
-        entry(&v, &db)["sync_errors"].as_u64().unwrap_or(0)
-    };
-    let after = errors();
-    wait_until(
-        &dir,
-        "three more ticks that could not inspect the holder",
-        || errors() >= after + 3,
-    );
-    let (code, body) = get(port, "/readyz");
-    assert!(
-        code == 503 && body.contains("was deleted while the database was open"),
-        "{code} {body}"
-    );
-    holder.kill().unwrap();
-    holder.wait().unwrap();
-    caught_up(&dir, port, &db, &a, 0);
-    // SIGTERM to the daemon itself (unshare's child), whose exit code unshare returns.
-    let children =
-        fs::read_to_string(format!("/proc/{0}/task/{0}/children", d.child.id())).unwrap();
-    let inner = children.split_whitespace().next().expect("unshare's child");
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", inner])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let st = wait_timeout(&mut d.child, WAIT).expect("the daemon to stop");
-    let text = fs::read_to_string(&log).unwrap();
-    assert_eq!(st.code(), Some(0), "{text}");
-    assert!(text.contains("replicad restore --txid"), "{text}");
-    assert_eq!(rows(&db), 30, "the commits only in the lost WAL are gone");
-    restored_equals(&dir, &a, &db, "restored.db");
-}
-
-/// The `/status` entry of `db` (the order of several databases is that of their starts).
-fn entry<'a>(status: &'a serde_json::Value, db: &Path) -> &'a serde_json::Value {
-    status["databases"]
-        .as_array()
-        .and_then(|dbs| dbs.iter().find(|d| d["path"].as_str() == Some(s(db))))
-        .unwrap_or(&serde_json::Value::Null)
-}
-
-/// [`wait_caught_up`] for `db` among several databases, at a TXID above `past`; returns it.
-fn caught_up(dir: &TestDir, port: u16, db: &Path, replica: &Path, past: u64) -> u64 {
-    let mut at = 0;
-    wait_until(dir, "the replica to hold the database's TXID", || {
-        let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
-        let e = entry(&v, db);
-        at = e["txid"].as_u64().unwrap_or(0);
-        let counted = e["replicas"]
-            .as_array()
-            .is_some_and(|rs| rs.iter().all(|r| r["remote_txid"].as_u64() >= Some(at)));
-        at > past && counted && e["protected"] == true && max_replica_txid(replica) >= at
-    });
-    at
-}
-
-/// Adds the database `db`, replicated to `replica`, to the config file `cfg`.
-fn add_database(cfg: &Path, db: &Path, replica: &Path) {
-    let yaml = fs::read_to_string(cfg).unwrap();
-    let more = format!(
-        "  - path: {}\n    replicas:\n      - name: r0\n        url: {}\n",
-        db.display(),
-        replica.display()
-    );
-    fs::write(cfg, yaml + &more).unwrap();
-}
-
-/// `/status` answers 200.
-fn get_status_ok(port: u16) -> bool {
-    TcpStream::connect(("127.0.0.1", port)).is_ok() && get(port, "/status").0 == 200
-}
-
-/// A process that opened the database after the loss keeps the application's `-shm` in use,
-/// whose index still points at frames only the lost WAL held (here a bare POSIX lock on its
-/// dead-man switch and on SQLite's SHARED bytes, as a connection holds them). It never had
-/// the lost file open, yet opening the database then would copy it without those frames: it
-/// stays not protected until that process lets go.
-#[test]
-fn an_index_that_points_into_the_lost_wal_keeps_the_database_closed() {
-    let dir = TestDir::new("wal-deleted-index");
-    let (db, a, c, port, d) = app_and_daemon(&dir, "");
-    wait_caught_up(&dir, port, &a);
-    // The rows are in the database file, not only in the WAL.
-    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
-    lose_the_wal(&dir, &db, &c, port);
-    let mut holder = lock_holder(&db, true);
-    // The application closes; the lock keeps its close from copying the lost WAL in, and no
-    // process has the lost file open any more.
-    drop(c);
-    let errors = || {
-        let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
-        v["databases"][0]["sync_errors"].as_u64().unwrap_or(0)
-    };
-    let after = errors();
-    wait_until(
-        &dir,
-        "three more ticks that found the index pointing into the lost WAL",
-        || errors() >= after + 3,
-    );
-    let (code, body) = get(port, "/readyz");
-    assert!(
-        code == 503 && body.contains("was deleted while the database was open"),
-        "{code} {body}"
-    );
-    holder.kill().unwrap();
-    holder.wait().unwrap();
-    wait_caught_up(&dir, port, &a);
-    d.stop_ok();
-    assert_eq!(rows(&db), 30, "the commits only in the lost WAL are gone");
-    restored_equals(&dir, &a, &db, "restored.db");
-}
-
-/// A WAL deleted while replicad slept on the database (dormant: its connection closed) is
-/// found before it opens again: another process uses the `-shm`, whose index holds frames,
-/// and no WAL is at the path. Opening then would copy a database without those frames.
-#[test]
-fn a_wal_deleted_while_the_database_is_dormant_is_found_before_it_opens() {
-    let dir = TestDir::new("wal-deleted-dormant");
-    let (db, a, c, port, d) = app_and_daemon(&dir, "dormant-after: 200ms\n");
-    wait_caught_up(&dir, port, &a);
-    let label = format!("db=\"{}\"", db.display());
-    wait_until(&dir, "the database to go dormant", || {
-        sample(&get(port, "/metrics").1, "replicad_db_dormant", &label) == Some(1.0)
-    });
-    let before = max_replica_txid(&a);
-    lose_the_wal(&dir, &db, &c, port);
-    assert_eq!(
-        max_replica_txid(&a),
-        before,
-        "nothing copied without the lost frames"
-    );
-    drop(c);
-    wait_caught_up(&dir, port, &a);
-    d.stop_ok();
-    assert_eq!(rows(&db), 50);
-    restored_equals(&dir, &a, &db, "restored.db");
 }
 
 #[test]
