@@ -260,7 +260,7 @@ pub(super) async fn monitor(
                 .load(std::sync::atomic::Ordering::Relaxed)
                 == 0
             {
-                let now = crate::util::clock::now_ms().max(1) as u64;
+                let now = crate::util::clock::steady_ms().max(1) as u64;
                 stats
                     .held_since_ms
                     .store(now, std::sync::atomic::Ordering::Relaxed);

@@ -22,10 +22,14 @@ use std::time::{Duration, Instant};
 /// system or a dying disk, which no error would ever report).
 pub const SLOW_WORK: Duration = Duration::from_secs(10);
 
-/// The origin of [`HealthCell::begin`]'s marks.
+/// The origin of [`HealthCell::begin`]'s marks: an hour before its first use, so that a mark of
+/// an `Instant` read a little earlier is exact.
 fn origin() -> Instant {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    *ORIGIN.get_or_init(Instant::now)
+    *ORIGIN.get_or_init(|| {
+        let now = Instant::now();
+        now.checked_sub(Duration::from_secs(3600)).unwrap_or(now)
+    })
 }
 
 /// Why something is not protected, since when.
@@ -211,6 +215,38 @@ impl AsRef<HealthCell> for HealthCell {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn work_past_slow_work_is_a_problem_until_it_ends() {
+        let h = HealthCell::default();
+        let now = Instant::now();
+        {
+            let _quick = h.begin(now);
+            assert!(h.is_ok(), "work that just began");
+        }
+        let Some(long_ago) = now.checked_sub(SLOW_WORK + Duration::from_secs(1)) else {
+            return;
+        };
+        {
+            let _slow = h.begin(long_ago);
+            let p = h.problem().expect("work past SLOW_WORK");
+            assert!(
+                p.reason.contains("has been running for 11 s"),
+                "{}",
+                p.reason
+            );
+            assert!(!p.reportable(Duration::from_secs(60), crate::util::clock::steady_ms()));
+            assert!(p.reportable(Duration::from_secs(5), crate::util::clock::steady_ms()));
+            // A recorded problem comes first.
+            h.fail("a recorded one");
+            assert_eq!(
+                h.problem().map(|p| p.reason).as_deref(),
+                Some("a recorded one")
+            );
+            h.recover();
+        }
+        assert!(h.is_ok(), "the mark ends with its work");
+    }
     use super::*;
 
     #[tokio::test]

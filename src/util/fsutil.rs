@@ -178,6 +178,7 @@ pub fn is_network_fs_type(f_type: i64) -> bool {
             | 0xFF53_4D42 // CIFS
             | 0xFE53_4D42 // SMB2
             | 0x0102_1997 // 9p (WSL, VM shares)
+            | 0x6E73_6676 // virtiofs (VM shares)
             | 0x00C3_6400 // Ceph
             | 0x5346_414F // AFS
             | 0x6B41_4653 // kAFS

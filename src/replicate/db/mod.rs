@@ -172,7 +172,7 @@ pub struct DbStats {
     pub yield_timeouts: AtomicU64,
     /// Whether the database is protected (the monitor's last sync succeeded), else why not.
     pub health: crate::replicate::health::HealthCell,
-    /// Since when (ms since the epoch) a tick has found changes that wait for
+    /// Since when ([`crate::util::clock::steady_ms`]) a tick has found changes that wait for
     /// `min-sync-interval`; 0 when none wait. The replicas' lag counts only what was synced.
     pub held_since_ms: AtomicU64,
 }
@@ -192,7 +192,7 @@ impl DbStats {
         {
             0 => 0.0,
             since => {
-                crate::util::clock::now_ms()
+                crate::util::clock::steady_ms()
                     .saturating_sub(since as i64)
                     .max(0) as f64
                     / 1000.0
