@@ -4,30 +4,16 @@
 
 use crate::common;
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::http::{free_port, parse_response};
+use common::http::{free_port, get_blocking as get};
 use common::{
     Daemon, TestDir, WAIT, Writer, bin, content_hash, listing, max_replica_txid, restore_ok, s,
     seed, spawn_replicate, wait_for_txid,
 };
-
-/// `GET path` on 127.0.0.1:`port`: the status code and body.
-fn get(port: u16, path: &str) -> (u16, String) {
-    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        c,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    c.read_to_end(&mut raw).unwrap();
-    parse_response(&raw)
-}
 
 /// `GET /status` on 127.0.0.1:`port`, parsed.
 fn status(port: u16) -> serde_json::Value {

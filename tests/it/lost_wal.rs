@@ -78,6 +78,24 @@ fn lock_holder(db: &Path, shm: bool) -> std::process::Child {
     holder
 }
 
+/// Waits for three more ticks of `db` that each found the lost WAL unsettled (counted as
+/// failed syncs), then checks that `/readyz` still names it.
+fn still_closed_three_ticks_later(dir: &TestDir, port: u16, db: &Path) {
+    let errors = || {
+        let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
+        entry(&v, db)["sync_errors"].as_u64().unwrap_or(0)
+    };
+    let after = errors();
+    wait_until(dir, "three more ticks with the lost WAL unsettled", || {
+        errors() >= after + 3
+    });
+    let (code, body) = get(port, "/readyz");
+    assert!(
+        code == 503 && body.contains("was deleted while the database was open"),
+        "{code} {body}"
+    );
+}
+
 fn rows(db: &Path) -> i64 {
     Connection::open(db)
         .unwrap()
@@ -195,21 +213,7 @@ fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
     let mut holder = lock_holder(&db, false);
     lose_the_wal(&dir, &db, &c, port);
     drop(c);
-    let errors = || {
-        let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
-        entry(&v, &db)["sync_errors"].as_u64().unwrap_or(0)
-    };
-    let after = errors();
-    wait_until(
-        &dir,
-        "three more ticks that could not inspect the holder",
-        || errors() >= after + 3,
-    );
-    let (code, body) = get(port, "/readyz");
-    assert!(
-        code == 503 && body.contains("was deleted while the database was open"),
-        "{code} {body}"
-    );
+    still_closed_three_ticks_later(&dir, port, &db);
     holder.kill().unwrap();
     holder.wait().unwrap();
     caught_up(&dir, port, &db, &a, 0);
@@ -249,21 +253,7 @@ fn an_index_that_points_into_the_lost_wal_keeps_the_database_closed() {
     // The application closes; the lock keeps its close from copying the lost WAL in, and no
     // process has the lost file open any more.
     drop(c);
-    let errors = || {
-        let v: serde_json::Value = serde_json::from_str(&get(port, "/status").1).unwrap();
-        v["databases"][0]["sync_errors"].as_u64().unwrap_or(0)
-    };
-    let after = errors();
-    wait_until(
-        &dir,
-        "three more ticks that found the index pointing into the lost WAL",
-        || errors() >= after + 3,
-    );
-    let (code, body) = get(port, "/readyz");
-    assert!(
-        code == 503 && body.contains("was deleted while the database was open"),
-        "{code} {body}"
-    );
+    still_closed_three_ticks_later(&dir, port, &db);
     holder.kill().unwrap();
     holder.wait().unwrap();
     wait_caught_up(&dir, port, &a);

@@ -947,20 +947,6 @@ async fn caught_up_remote(client: &S3Client) -> bool {
     client.list(0).await.is_ok_and(|files| !files.is_empty())
 }
 
-/// `GET path` from the daemon on `port`: the status code and the body.
-fn get(port: u16, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        c,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    c.read_to_end(&mut raw).unwrap();
-    common::http::parse_response(&raw)
-}
-
 /// A backward step of the wall clock (NTP, a VM restored from a snapshot) while an upload
 /// hangs without an error: the replica's lag is measured on the steady clock, so it keeps
 /// growing and `/readyz` reports it past `max-lag`. Measured on the LTX timestamps (wall
@@ -1014,14 +1000,16 @@ async fn a_backward_step_of_the_wall_clock_does_not_hide_a_stuck_upload() {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             return (0, serde_json::Value::Null);
         }
-        let (_, body) = get(port, "/status");
+        let (_, body) = common::http::get_blocking(port, "/status");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         let db = &v["databases"][0];
         (db["txid"].as_u64().unwrap_or(0), db["replicas"][0].clone())
     };
     wait_until("replicated and ready", wait, || {
         let (txid, r) = replica();
-        txid > 0 && r["remote_txid"].as_u64() == Some(txid) && get(port, "/readyz").0 == 200
+        txid > 0
+            && r["remote_txid"].as_u64() == Some(txid)
+            && common::http::get_blocking(port, "/readyz").0 == 200
     })
     .await;
 
@@ -1054,7 +1042,7 @@ async fn a_backward_step_of_the_wall_clock_does_not_hide_a_stuck_upload() {
         replica().1["lag_seconds"].as_f64().unwrap_or(0.0) >= 3.0
     })
     .await;
-    let (code, body) = get(port, "/readyz");
+    let (code, body) = common::http::get_blocking(port, "/readyz");
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("txids and"), "{body}");
 
@@ -1063,7 +1051,8 @@ async fn a_backward_step_of_the_wall_clock_does_not_hide_a_stuck_upload() {
     server.hold_ltx("PutObject", false);
     wait_until("ready again", wait, || {
         let (txid, r) = replica();
-        r["remote_txid"].as_u64() == Some(txid) && get(port, "/readyz").0 == 200
+        r["remote_txid"].as_u64() == Some(txid)
+            && common::http::get_blocking(port, "/readyz").0 == 200
     })
     .await;
     d.stop_ok();

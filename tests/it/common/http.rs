@@ -13,6 +13,20 @@ pub async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     parse_response(&raw)
 }
 
+/// `GET path` on 127.0.0.1:`port` from blocking code: (status code, body).
+pub fn get_blocking(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).unwrap();
+    parse_response(&raw)
+}
+
 /// Splits a raw HTTP/1.1 response into (status code, body).
 pub fn parse_response(raw: &[u8]) -> (u16, String) {
     let text = String::from_utf8(raw.to_vec()).unwrap();
