@@ -214,23 +214,15 @@ pub(super) async fn monitor(
             false
         } else if db.on_network_fs() {
             // A call there may block without end: never on the runtime's threads.
-            match run_blocking(db, |d| {
+            let checked = run_blocking(db, &stats.health, |d| {
                 wait_at_test_gate(d.path());
                 d.fast_path_skip(Instant::now())
-            })
-            .await
-            {
-                Some((back, skip)) => {
-                    db = back;
-                    skip
-                }
-                None => {
-                    stats
-                        .health
-                        .stop("stopped: the idle check panicked; restart replicad");
-                    return;
-                }
-            }
+            });
+            let Some((back, skip)) = checked.await else {
+                return;
+            };
+            db = back;
+            skip
         } else {
             db.fast_path_skip(Instant::now())
         };
@@ -280,7 +272,7 @@ pub(super) async fn monitor(
         let began = tokio::time::Instant::now();
         let want_seed = !wanted.is_empty();
         let past = wanted.iter().filter_map(|r| r.past).max();
-        let (back, (result, seed)) = match run_blocking(db, move |d| {
+        let synced = run_blocking(db, &stats.health, move |d| {
             wait_at_test_gate(d.path());
             if let Some(txid) = past {
                 d.continue_after(txid);
@@ -292,16 +284,9 @@ pub(super) async fn monitor(
             };
             let seed = (want_seed && r.is_ok()).then(|| d.build_seed());
             (r, seed)
-        })
-        .await
-        {
-            Some(v) => v,
-            None => {
-                stats
-                    .health
-                    .stop("stopped: the sync task panicked; restart replicad");
-                return;
-            }
+        });
+        let Some((back, (result, seed))) = synced.await else {
+            return;
         };
         drop(permit);
         db = back;
@@ -365,7 +350,7 @@ pub(super) async fn monitor(
     drop(wanted);
     drop(seeds);
     let tick = trigger.begin();
-    if let Some((back, result)) = run_blocking(db, |d| d.final_sync()).await {
+    if let Some((back, result)) = run_blocking(db, &stats.health, |d| d.final_sync()).await {
         match result {
             Ok(_) => {
                 if stats.health.recover().is_some() {
@@ -422,9 +407,11 @@ fn wait_at_test_gate(db: &std::path::Path) {
     }
 }
 
-/// Moves the Db to the blocking pool for `f` and back.
+/// Moves the Db to the blocking pool for `f` and back; None when `f` panicked, which `health`
+/// then reports for good.
 async fn run_blocking<T: Send + 'static>(
     mut db: Db,
+    health: &crate::replicate::health::HealthCell,
     f: impl FnOnce(&mut Db) -> T + Send + 'static,
 ) -> Option<(Db, T)> {
     match tokio::task::spawn_blocking(move || {
@@ -436,6 +423,7 @@ async fn run_blocking<T: Send + 'static>(
         Ok(v) => Some(v),
         Err(e) => {
             tracing::error!(error = %e, "sync task panicked; this database stops replicating");
+            health.stop("stopped: the sync task panicked; restart replicad");
             None
         }
     }

@@ -158,7 +158,7 @@ impl HealthCell {
         })
     }
 
-    /// True while no problem is recorded.
+    /// True while there is no problem ([`HealthCell::problem`]).
     pub fn is_ok(&self) -> bool {
         self.problem().is_none()
     }
@@ -215,6 +215,7 @@ impl AsRef<HealthCell> for HealthCell {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn work_past_slow_work_is_a_problem_until_it_ends() {
@@ -247,7 +248,6 @@ mod tests {
         }
         assert!(h.is_ok(), "the mark ends with its work");
     }
-    use super::*;
 
     #[tokio::test]
     async fn a_task_that_panics_leaves_its_cell_stopped() {

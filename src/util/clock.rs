@@ -20,14 +20,18 @@ pub fn steady_ms() -> i64 {
     wall.saturating_add(i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// The [`steady_ms`] reading of the wall-clock time `wall_ms`, by the two clocks' offset now:
-/// exact for a time read recently, unless the wall clock was stepped in between. A time of
-/// 0 or less (none) stays 0.
+/// The [`steady_ms`] reading of the past wall-clock time `wall_ms`, by the two clocks' offset
+/// now: exact for a time read recently, unless the wall clock was stepped in between, and
+/// never later than now (after a backward step, a time from before it reads as now, not as
+/// the future). A time of 0 or less (none) stays 0.
 pub fn steady_of(wall_ms: i64) -> i64 {
     if wall_ms <= 0 {
         return 0;
     }
-    wall_ms.saturating_add(steady_ms().saturating_sub(now_ms()))
+    let now = steady_ms();
+    wall_ms
+        .saturating_add(now.saturating_sub(now_ms()))
+        .clamp(0, now)
 }
 
 /// Time since boot, suspended time included (`CLOCK_BOOTTIME`): a host or VM that slept

@@ -176,8 +176,7 @@ impl Db {
         match holder {
             Ok(None) => return true,
             // Pid 0: a holder in another PID namespace (-1: an OFD lock), not to be inspected.
-            Ok(Some(pid)) if pid <= 0 => return false,
-            Err(_) => return false,
+            Ok(Some(..=0)) | Err(_) => return false,
             Ok(Some(_)) => {}
         }
         let Ok(meta) = meta else { return false };

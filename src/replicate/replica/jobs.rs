@@ -131,13 +131,11 @@ impl Replica {
             Ok(done) => {
                 if let maintenance::Done::Checked(id) = done {
                     self.verified = Some(id);
-                }
-                if matches!(done, maintenance::Done::Checked(_))
-                    && self.unrestorable.take().is_some()
-                {
-                    self.healed = false;
-                    // The health cell clears at the next round that succeeds.
-                    tracing::info!(db = %self.db, replica = %self.name, "verify passed: the replica restores again");
+                    if self.unrestorable.take().is_some() {
+                        self.healed = false;
+                        // The health cell clears at the next round that succeeds.
+                        tracing::info!(db = %self.db, replica = %self.name, "verify passed: the replica restores again");
+                    }
                 }
                 let n = done.apply(&mut self.index);
                 if n > 0 {

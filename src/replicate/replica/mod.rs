@@ -163,13 +163,9 @@ pub struct Replica {
     verify_turn: Option<OwnedSemaphorePermit>,
 }
 
-/// The steady-clock time of a segment's header time `timestamp_ms`, read now: exact unless the
-/// wall clock was stepped since the cut, and never later than now (a backward step then shows
-/// the segment as waiting since this reading, not as cut in the future).
+/// A segment's header time `timestamp_ms` on the steady clock, as the lag stats hold it.
 fn cut_time(timestamp_ms: i64) -> u64 {
-    steady_of(timestamp_ms)
-        .min(crate::util::clock::steady_ms())
-        .max(0) as u64
+    u64::try_from(steady_of(timestamp_ms)).unwrap_or(0)
 }
 
 /// A finished maintenance job's result, or its task's failure.
@@ -345,7 +341,7 @@ impl Replica {
             }
             // Mtime (file) or upload time (S3): close to the segment's own timestamp, so lag
             // in seconds is meaningful right after a restart.
-            let ms = steady_of(f.created_at.timestamp_millis()).max(0) as u64;
+            let ms = cut_time(f.created_at.timestamp_millis());
             self.stats.remote_steady_ms.store(ms, Ordering::Relaxed);
         }
         // A replica that does not restore holds nothing usable: it starts over from a seed
@@ -478,14 +474,11 @@ impl Replica {
     /// [`crate::storage::feed`]). Stores nothing if the segment fails or stays within one part;
     /// the plain upload of the staged file then takes over.
     async fn upload_growing(&mut self, seg: &Arc<GrowingSegment>) -> Result<(), StorageError> {
-        if self.client.streaming().is_none() {
-            return Ok(());
-        }
+        // Recorded also without streaming: the plain upload of this segment comes next.
         self.uploading(seg.txid, seg.timestamp_ms);
-        let s3 = self
-            .client
-            .streaming()
-            .expect("checked above: the client streams");
+        let Some(s3) = self.client.streaming() else {
+            return Ok(());
+        };
         let started = Instant::now();
         let put = s3.put_streamed(0, seg).await;
         if let Ok(None) = put {
