@@ -199,7 +199,7 @@ pub enum CodecOrigin {
 }
 
 /// Keys only replicad reads: a file with none of them is a Litestream config.
-pub const REPLICAD_ONLY_KEYS: [&str; 15] = [
+pub const REPLICAD_ONLY_KEYS: [&str; 16] = [
     "compression",
     "notify",
     "window",
@@ -215,6 +215,7 @@ pub const REPLICAD_ONLY_KEYS: [&str; 15] = [
     "min-sync-interval",
     "full-verify-interval",
     "verify-interval",
+    "verify-recheck-interval",
 ];
 
 /// A `dbs` entry with `dir`: every SQLite database found under a directory
@@ -314,6 +315,11 @@ pub struct DbSettings {
     /// temporary directory and checked (`integrity_check`, checksums); the result is the
     /// metric `replicad_replica_verify_ok`.
     pub verify_interval: Duration,
+    /// Key `verify-recheck-interval` (default 24h; `0s` = never): how long a passing verify
+    /// vouches for files that have not changed since. A verify of an unchanged replica is
+    /// skipped until then, and downloads again after it, so that an object damaged or replaced
+    /// in place (bit rot, a same-sized overwrite) is found within a day.
+    pub verify_recheck_interval: Duration,
     /// Key `min-checkpoint-page-count` (default 1000 pages): WAL size that triggers a PASSIVE
     /// checkpoint.
     pub min_checkpoint_page_count: u32,
@@ -396,6 +402,7 @@ impl Default for DbSettings {
             min_sync_interval: Duration::from_secs(1),
             checkpoint_interval: Duration::from_secs(60),
             verify_interval: Duration::ZERO,
+            verify_recheck_interval: Duration::from_secs(24 * 3600),
             min_checkpoint_page_count: 1000,
             truncate_page_n: DEFAULT_TRUNCATE_PAGE_N,
             full_verify_interval: Duration::from_secs(60),

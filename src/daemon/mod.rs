@@ -768,6 +768,7 @@ fn maintenance_of(
         codec: s.compression,
         tmp_dir,
         verify_interval: s.verify_interval,
+        verify_recheck: s.verify_recheck_interval,
         turns: turns.clone(),
     }
 }

@@ -317,11 +317,12 @@ async fn verified_every_300ms(
     dir: &TestDir,
     name: &str,
     snapshot: &str,
+    recheck: &str,
 ) -> (PathBuf, PathBuf, Writer, Store) {
     let db = dir.join("app.db");
     let replica = dir.join("replica");
     let yaml = format!(
-        "monitor-interval: 40ms\nheartbeat-interval: 100ms\nverify-interval: 300ms\nlevels:\n  - interval: 1h\nsnapshot:\n  interval: {snapshot}\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
+        "monitor-interval: 40ms\nheartbeat-interval: 100ms\nverify-interval: 300ms\nverify-recheck-interval: {recheck}\nlevels:\n  - interval: 1h\nsnapshot:\n  interval: {snapshot}\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
         db.display(),
         replica.display()
     );
@@ -344,7 +345,8 @@ async fn verified_every_300ms(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
     let dir = TestDir::new("maint-verify");
-    let (db, replica, mut writer, store) = verified_every_300ms(&dir, "maint-verify", "1h").await;
+    let (db, replica, mut writer, store) =
+        verified_every_300ms(&dir, "maint-verify", "1h", "24h").await;
     let h = store.dbs()[0].clone();
     let counters = h.replicas[0].1.counters.clone();
 
@@ -451,7 +453,7 @@ async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
 async fn a_snapshot_at_the_verified_txid_is_verified_too() {
     let dir = TestDir::new("maint-verify-snapshot");
     let (_, replica, _writer, store) =
-        verified_every_300ms(&dir, "maint-verify-snapshot", "3s").await;
+        verified_every_300ms(&dir, "maint-verify-snapshot", "3s", "24h").await;
     let counters = store.dbs()[0].replicas[0].1.counters.clone();
     let tip = counters.verify_txid.get();
     assert!(
@@ -480,6 +482,54 @@ async fn a_snapshot_at_the_verified_txid_is_verified_too() {
     store.shutdown(std::future::pending()).await;
 }
 
+/// A passing verify vouches for unchanged files only for `verify-recheck-interval`: an object
+/// damaged in place with its size kept (the restore plan unchanged, the database idle) is
+/// found by the verify after it, and the replica is re-seeded and verified again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_replica_is_checked_again_after_the_recheck_interval() {
+    let dir = TestDir::new("maint-recheck");
+    let (db, replica, _writer, store) =
+        verified_every_300ms(&dir, "maint-recheck", "1h", "1s").await;
+    let h = store.dbs()[0].clone();
+    let counters = h.replicas[0].1.counters.clone();
+    let applied = || store.phases().bytes(replicad::util::phase::Phase::Apply);
+    let one = applied();
+
+    // Damage the newest segment in the replica only (replaced whole: it may share its inode
+    // with the staged one), keeping its size: the index and the plan stay as they were.
+    let (min, max) = *level_ranges(&replica, 0).last().unwrap();
+    let path = replica.join(format!("ltx/0/{min:016x}-{max:016x}.ltx"));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    let damaged = path.with_extension("damaged");
+    std::fs::write(&damaged, &bytes).unwrap();
+    std::fs::rename(&damaged, &path).unwrap();
+    // Within the recheck interval the verify is skipped: nothing is restored again.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        applied(),
+        one,
+        "a verify of unchanged files within the interval"
+    );
+
+    let unrestorable = replicad::replicate::health::SeedReason::Unrestorable as usize;
+    wait_until("the recheck finds the damage and re-seeds", || {
+        counters.reseeds[unrestorable].get() == 1
+    })
+    .await;
+    wait_until("a verify that passes after the seed", || {
+        counters.verify_ok.get() == 1
+    })
+    .await;
+    let stats = h.replicas[0].1.clone();
+    wait_until("protected again", || stats.health.is_ok()).await;
+    store.shutdown(std::future::pending()).await;
+    let out = dir.join("restored.db");
+    common::restore_ok(replica.to_str().unwrap(), &out, None);
+    assert_same_content(&db, &out, "after the recheck and its seed");
+}
+
 /// A database that is itself corrupt (an index that does not match its table, written through
 /// SQLite) restores from any replica as corrupt: the failed verify seeds the replica once,
 /// the verify after the seed fails too, and the replica's health then blames the database
@@ -487,7 +537,8 @@ async fn a_snapshot_at_the_verified_txid_is_verified_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_verify_that_fails_again_after_its_seed_points_at_the_database() {
     let dir = TestDir::new("maint-verify-db");
-    let (_, _, mut writer, store) = verified_every_300ms(&dir, "maint-verify-db", "1h").await;
+    let (_, _, mut writer, store) =
+        verified_every_300ms(&dir, "maint-verify-db", "1h", "24h").await;
     let h = store.dbs()[0].clone();
     let counters = h.replicas[0].1.counters.clone();
     let stats = h.replicas[0].1.clone();

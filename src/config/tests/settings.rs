@@ -80,10 +80,14 @@ truncate-page-n: 5000
 full-verify-interval: 10m
 compression: lz4
 heartbeat-interval: 5s
+verify-recheck-interval: 2h
+min-sync-interval: 0s
 shutdown-sync-timeout: 1m
 dbs:
   - path: /data/a.db
     monitor-interval: 500ms
+    verify-recheck-interval: 0s
+    min-sync-interval: 250ms
     checkpoint-interval: 0s
     min-checkpoint-page-count: 7
     truncate-page-n: 9
@@ -108,6 +112,8 @@ dbs:
             full_verify_interval: Duration::from_secs(5400),
             compression: Codec::Gzip(9),
             heartbeat_interval: Duration::from_secs(86_400),
+            verify_recheck_interval: Duration::ZERO,
+            min_sync_interval: Duration::from_millis(250),
             ..DbSettings::default()
         }
     );
@@ -121,6 +127,8 @@ dbs:
             full_verify_interval: Duration::from_secs(600),
             compression: Codec::None,
             heartbeat_interval: Duration::from_secs(5),
+            verify_recheck_interval: Duration::from_secs(7200),
+            min_sync_interval: Duration::ZERO,
             ..DbSettings::default()
         }
     );

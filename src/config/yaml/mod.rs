@@ -155,7 +155,24 @@ use crate::config::*;
 // ---------------------------------------------------------------------------------------------
 // YAML reading.
 
-pub(crate) const SETTING_KEYS: [&str; 12] = [
+/// The key lists `parts` one after the other; `N` must be their total length (checked when
+/// compiling), so that a key added to a part is in every list made of it.
+const fn join<const N: usize>(parts: &[&[&'static str]]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let (mut i, mut p) = (0, 0);
+    while p < parts.len() {
+        let mut k = 0;
+        while k < parts[p].len() {
+            out[i] = parts[p][k];
+            (i, k) = (i + 1, k + 1);
+        }
+        p += 1;
+    }
+    assert!(i == N, "N is not the total length of the parts");
+    out
+}
+
+pub(crate) const SETTING_KEYS: [&str; 13] = [
     "monitor-interval",
     "checkpoint-interval",
     "min-checkpoint-page-count",
@@ -164,6 +181,7 @@ pub(crate) const SETTING_KEYS: [&str; 12] = [
     "compression",
     "heartbeat-interval",
     "verify-interval",
+    "verify-recheck-interval",
     "lease-ttl",
     "dormant-after",
     "dormant-max-size",
@@ -185,48 +203,20 @@ pub(crate) const TOP_ONLY_KEYS: [&str; 13] = [
     "notify",
     "heartbeat-url",
 ];
-pub(crate) const ROOT_KEYS: &[&str] = &[
-    "dbs",
-    TOP_ONLY_KEYS[0],
-    TOP_ONLY_KEYS[1],
-    TOP_ONLY_KEYS[2],
-    TOP_ONLY_KEYS[3],
-    TOP_ONLY_KEYS[4],
-    TOP_ONLY_KEYS[5],
-    TOP_ONLY_KEYS[6],
-    TOP_ONLY_KEYS[7],
-    TOP_ONLY_KEYS[8],
-    TOP_ONLY_KEYS[9],
-    TOP_ONLY_KEYS[10],
-    TOP_ONLY_KEYS[11],
-    TOP_ONLY_KEYS[12],
-    SETTING_KEYS[0],
-    SETTING_KEYS[1],
-    SETTING_KEYS[2],
-    SETTING_KEYS[3],
-    SETTING_KEYS[4],
-    SETTING_KEYS[5],
-    SETTING_KEYS[6],
-    SETTING_KEYS[7],
-    SETTING_KEYS[8],
-    SETTING_KEYS[9],
-    SETTING_KEYS[10],
-    SETTING_KEYS[11],
-    // Global replica defaults (see `S3_GLOBAL_KEYS`).
-    S3_KEYS[0],
-    S3_KEYS[1],
-    S3_KEYS[2],
-    S3_KEYS[3],
-    S3_KEYS[4],
-    S3_KEYS[5],
-    S3_KEYS[6],
-    S3_KEYS[7],
-    S3_KEYS[8],
-    S3_KEYS[9],
-    S3_KEYS[10],
-    S3_KEYS[11],
-];
-pub(crate) const DB_KEYS: &[&str] = &[
+/// Keys of the top level.
+pub(crate) const ROOT_KEYS: &[&str] =
+    &join::<{ 1 + TOP_ONLY_KEYS.len() + SETTING_KEYS.len() + S3_KEYS.len() }>(&[
+        &["dbs"],
+        &TOP_ONLY_KEYS,
+        &SETTING_KEYS,
+        // Global replica defaults (see `S3_GLOBAL_KEYS`).
+        &S3_KEYS,
+    ]);
+/// Keys of a `dbs` entry: every setting may be given per database.
+pub(crate) const DB_KEYS: &[&str] =
+    &join::<{ DB_OWN_KEYS.len() + SETTING_KEYS.len() }>(&[&DB_OWN_KEYS, &SETTING_KEYS]);
+/// Keys of a `dbs` entry that are not settings.
+const DB_OWN_KEYS: [&str; 8] = [
     "path",
     "dir",
     "pattern",
@@ -235,17 +225,6 @@ pub(crate) const DB_KEYS: &[&str] = &[
     "meta-path",
     "replica",
     "replicas",
-    SETTING_KEYS[0],
-    SETTING_KEYS[1],
-    SETTING_KEYS[2],
-    SETTING_KEYS[3],
-    SETTING_KEYS[4],
-    SETTING_KEYS[5],
-    SETTING_KEYS[6],
-    SETTING_KEYS[7],
-    SETTING_KEYS[8],
-    SETTING_KEYS[9],
-    SETTING_KEYS[10],
 ];
 /// Keys of one `levels` entry.
 pub(crate) const LEVEL_KEYS: &[&str] = &["interval"];
@@ -258,39 +237,15 @@ pub(crate) const RETENTION_KEYS: &[&str] =
 pub(crate) const AGE_KEYS: &[&str] = &["recipients", "identities"];
 /// Keys of the `logging` map.
 pub(crate) const LOGGING_KEYS: &[&str] = &["level", "type", "stderr"];
-pub(crate) const REPLICA_KEYS: &[&str] = &[
-    "name",
-    "age",
-    "type",
-    "path",
-    "url",
-    S3_KEYS[0],
-    S3_KEYS[1],
-    S3_KEYS[2],
-    S3_KEYS[3],
-    S3_KEYS[4],
-    S3_KEYS[5],
-    S3_KEYS[6],
-    S3_KEYS[7],
-    S3_KEYS[8],
-    S3_KEYS[9],
-    S3_KEYS[10],
-    S3_KEYS[11],
-    AZURE_KEYS[0],
-    AZURE_KEYS[1],
-    AZURE_KEYS[2],
-    SFTP_KEYS[0],
-    SFTP_KEYS[1],
-    SFTP_KEYS[2],
-    SFTP_KEYS[3],
-    SFTP_KEYS[4],
-    SFTP_KEYS[5],
-    SFTP_KEYS[6],
-    SFTP_KEYS[7],
-    WEBDAV_KEYS[0],
-    WEBDAV_KEYS[1],
-    WEBDAV_KEYS[2],
-];
+/// Keys of a replica.
+pub(crate) const REPLICA_KEYS: &[&str] =
+    &join::<{ 5 + S3_KEYS.len() + AZURE_KEYS.len() + SFTP_KEYS.len() + WEBDAV_KEYS.len() }>(&[
+        &["name", "age", "type", "path", "url"],
+        &S3_KEYS,
+        &AZURE_KEYS,
+        &SFTP_KEYS,
+        &WEBDAV_KEYS,
+    ]);
 /// Replica keys of SFTP replicas only (Litestream's names, then replicad's two for the host
 /// key check).
 pub(crate) const SFTP_KEYS: [&str; 8] = [

@@ -20,6 +20,7 @@ pub(crate) struct RawSettings {
     pub(crate) compression: Option<Codec>,
     pub(crate) heartbeat_interval: Option<Duration>,
     pub(crate) verify_interval: Option<Duration>,
+    pub(crate) verify_recheck_interval: Option<Duration>,
     pub(crate) lease_ttl: Option<Duration>,
     pub(crate) dormant_after: Option<Duration>,
     pub(crate) min_sync_interval: Option<Duration>,
@@ -50,6 +51,10 @@ impl RawSettings {
             }
             "verify-interval" => {
                 self.verify_interval =
+                    Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &duration))?)
+            }
+            "verify-recheck-interval" => {
+                self.verify_recheck_interval =
                     Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &duration))?)
             }
             "min-checkpoint-page-count" => {
@@ -119,6 +124,10 @@ impl RawSettings {
                 .verify_interval
                 .or(global.verify_interval)
                 .unwrap_or(d.verify_interval),
+            verify_recheck_interval: self
+                .verify_recheck_interval
+                .or(global.verify_recheck_interval)
+                .unwrap_or(d.verify_recheck_interval),
             min_checkpoint_page_count: self
                 .min_checkpoint_page_count
                 .or(global.min_checkpoint_page_count)

@@ -21,7 +21,8 @@
 //!   asked, so every database gets its verify.
 //! - A passing verify vouches for the files it restored ([`plan_id`]), not for a TXID: once a
 //!   snapshot or compaction changes what a restore reads, the next verify runs again, also at
-//!   the same TXID.
+//!   the same TXID. It vouches for them for `verify_recheck` only: files that never change
+//!   are downloaded and checked again after it, as an object can rot or be replaced in place.
 
 pub mod compactor;
 pub mod schedule;
@@ -60,6 +61,8 @@ pub struct Maintenance {
     pub tmp_dir: PathBuf,
     /// How often the replica is restored and checked (zero: never).
     pub verify_interval: Duration,
+    /// How long a passing verify vouches for files that have not changed (zero: for ever).
+    pub verify_recheck: Duration,
     /// Turns shared by every replica of a Store.
     pub turns: Turns,
 }
@@ -222,6 +225,23 @@ impl Done {
     }
 }
 
+/// A verify that passed: which files it restored ([`plan_id`]) and when it ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Verified {
+    /// The restore plan's id.
+    pub plan: u64,
+    /// When the verify passed.
+    pub at: Instant,
+}
+
+impl Verified {
+    /// True while this verify still vouches for plan `id`: the same files, checked less than
+    /// `recheck` ago (zero: for ever).
+    fn vouches_for(&self, id: u64, recheck: Duration) -> bool {
+        self.plan == id && (recheck.is_zero() || self.at.elapsed() < recheck)
+    }
+}
+
 /// Names the files of a restore plan: equal ids, the same files (level, range and size).
 pub fn plan_id(files: &[LtxFileInfo]) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -233,15 +253,15 @@ pub fn plan_id(files: &[LtxFileInfo]) -> u64 {
 }
 
 /// Plans `job` from `index` (no request): `None` when it has nothing to do. `verified`: the
-/// [`plan_id`] of the last verify that passed. A verify runs again only once the restore plan
-/// changed, by a new TXID or by maintenance at the same one (a snapshot or a compaction that
-/// a restore now reads instead of what was verified).
+/// last verify that passed. A verify runs again once the restore plan changed, by a new TXID
+/// or by maintenance at the same one (a snapshot or a compaction that a restore now reads
+/// instead of what was verified), or once `verify_recheck` has passed since.
 pub fn plan(
     job: Job,
     m: &Maintenance,
     client: &AnyClient,
     index: &RemoteIndex,
-    verified: Option<u64>,
+    verified: Option<Verified>,
 ) -> Result<Option<Work>, StorageError> {
     let failed = |op: &'static str, reason: String| StorageError::Permanent {
         op,
@@ -253,7 +273,8 @@ pub fn plan(
             let tip = index.tip();
             let plan = crate::restore::calc_plan(&index.all(), None).map_err(|e| e.to_string());
             let id = plan.as_deref().map_or(0, plan_id);
-            if tip.0 == 0 || (plan.is_ok() && verified == Some(id)) {
+            let vouched = verified.is_some_and(|v| v.vouches_for(id, m.verify_recheck));
+            if tip.0 == 0 || (plan.is_ok() && vouched) {
                 return Ok(None);
             }
             Some(Work::Verify { plan, tip, id })

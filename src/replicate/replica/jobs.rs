@@ -8,7 +8,7 @@ use std::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::{Finished, L1_FAILURES_BEFORE_PRUNING, Replica};
-use crate::replicate::maintenance::{self, Job, Schedule};
+use crate::replicate::maintenance::{self, Job, Schedule, Verified};
 use crate::storage::StorageError;
 
 impl Replica {
@@ -130,7 +130,8 @@ impl Replica {
             }
             Ok(done) => {
                 if let maintenance::Done::Checked(id) = done {
-                    self.verified = Some(id);
+                    let at = Instant::now();
+                    self.verified = Some(Verified { plan: id, at });
                     if self.unrestorable.take().is_some() {
                         self.healed = false;
                         // The health cell clears at the next round that succeeds.

@@ -55,7 +55,7 @@ use crate::replicate::db::{DbPos, RemoteTip, SeedRequests};
 use crate::replicate::health::HealthCell;
 use crate::replicate::lease::{Lease, LeaseError};
 use crate::replicate::maintenance::schedule::RemoteIndex;
-use crate::replicate::maintenance::{Done, Job, Maintenance, Schedule};
+use crate::replicate::maintenance::{Done, Job, Maintenance, Schedule, Verified};
 use crate::replicate::staging::Staging;
 use crate::storage::feed::GrowingSegment;
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, StorageError, put_new};
@@ -145,9 +145,8 @@ pub struct Replica {
     /// Why the last verify found that the replica does not restore: it is not protected
     /// until a verify passes again (after the seed that heals it).
     unrestorable: Option<String>,
-    /// The restore plan the last passing verify restored
-    /// ([`crate::replicate::maintenance::plan_id`]); None: none since the start or a failure.
-    verified: Option<u64>,
+    /// The last verify that passed; None: none since the start or a failure.
+    verified: Option<Verified>,
     /// A seed is owed to heal a failed verify: stored after the round's uploads.
     heal_owed: bool,
     /// A seed was stored since the verify failed (another failure then points at the
