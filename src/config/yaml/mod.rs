@@ -209,7 +209,7 @@ pub(crate) const ROOT_KEYS: &[&str] =
         &["dbs"],
         &TOP_ONLY_KEYS,
         &SETTING_KEYS,
-        // Global replica defaults (see `S3_GLOBAL_KEYS`).
+        // Defaults for every S3 replica.
         &S3_KEYS,
     ]);
 /// Keys of a `dbs` entry: every setting may be given per database.
