@@ -164,13 +164,14 @@ pub fn on_network_fs(dir: &Path) -> bool {
     if std::env::var_os(NETWORK_FS_ENV).is_some_and(|p| dir.starts_with(p)) {
         return true;
     }
-    // `f_type`'s width differs between targets.
+    // `f_type` is signed, 32 bits wide on 32-bit targets (where the SMB magics read as
+    // negative): the magics are its low 32 bits.
     #[allow(clippy::unnecessary_cast)]
-    rustix::fs::statfs(dir).is_ok_and(|s| is_network_fs_type(s.f_type as i64))
+    rustix::fs::statfs(dir).is_ok_and(|s| is_network_fs_type(s.f_type as u32))
 }
 
 /// Whether `statfs`'s `f_type` is that of a network or FUSE file system.
-pub fn is_network_fs_type(f_type: i64) -> bool {
+pub fn is_network_fs_type(f_type: u32) -> bool {
     matches!(
         f_type,
         0x6969 // NFS
