@@ -434,13 +434,21 @@ async fn follow(
     // The first pass is a full rescan: it puts the watches in place, then catches what was
     // created since the start-up scan.
     let mut full = true;
+    let mut first = true;
     let mut paths = HashSet::new();
     let mut next_rescan = tokio::time::Instant::now();
     loop {
         if full {
             next_rescan = tokio::time::Instant::now() + RESCAN_INTERVAL;
         }
-        let (Some(mut watches), d, known) = (st.take(), me.clone(), tracked.clone()) else {
+        // The first rescan leaves the databases whose start just failed to the next one: it
+        // comes at once, and a retry then would only log the same failure again.
+        let known = match first {
+            true => tracked.union(&failed).cloned().collect(),
+            false => tracked.clone(),
+        };
+        first = false;
+        let (Some(mut watches), d) = (st.take(), me.clone()) else {
             return;
         };
         let batch = std::mem::take(&mut paths);
