@@ -3,6 +3,9 @@
 //! Semantics every backend keeps (checked by one conformance suite run against each):
 //! - `put` is atomic and whole: a reader sees the old state or the complete new object, never
 //!   a prefix. Objects are immutable once written; their key is their level and TXID range.
+//!   (One exception, above this seam: a level-9 snapshot that a verify found unrestorable is
+//!   deleted, then replaced whole by the seed that heals the replica; see
+//!   `Replica::replace_snapshot`.)
 //! - `list` returns one level's files sorted by (min TXID, max TXID); foreign names are skipped.
 //! - `open` of a missing object is [`StorageError::NotFound`], distinct from other failures.
 //! - `delete` of a missing object succeeds.

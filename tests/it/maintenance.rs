@@ -530,6 +530,60 @@ async fn an_unchanged_replica_is_checked_again_after_the_recheck_interval() {
     assert_same_content(&db, &out, "after the recheck and its seed");
 }
 
+/// An idle database's replica restores from its level-9 snapshot at the database's TXID
+/// alone. When that object is damaged in place, the seed that heals the replica belongs where
+/// it stands: it is replaced (deleted, then the seed put whole), and the replica restores
+/// again without waiting for a commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_snapshot_of_an_idle_database_is_replaced_by_its_seed() {
+    let dir = TestDir::new("maint-heal-idle");
+    let (db, replica, _writer, store) =
+        verified_every_300ms(&dir, "maint-heal-idle", "1s", "1s").await;
+    let h = store.dbs()[0].clone();
+    let counters = h.replicas[0].1.counters.clone();
+    let tip = counters.verify_txid.get() as u64;
+    wait_until("a level-9 snapshot", || {
+        !level_ranges(&replica, 9).is_empty()
+    })
+    .await;
+    assert_eq!(level_ranges(&replica, 9), vec![(1, tip)]);
+
+    let path = replica.join(format!("ltx/9/{:016x}-{tip:016x}.ltx", 1));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    let damaged = path.with_extension("damaged");
+    std::fs::write(&damaged, &bytes).unwrap();
+    std::fs::rename(&damaged, &path).unwrap();
+
+    let unrestorable = replicad::replicate::health::SeedReason::Unrestorable as usize;
+    wait_until("a seed after the failed verify", || {
+        counters.reseeds[unrestorable].get() == 1
+    })
+    .await;
+    wait_until("a verify that passes after the seed", || {
+        counters.verify_ok.get() == 1
+    })
+    .await;
+    let stats = h.replicas[0].1.clone();
+    wait_until("protected again", || stats.health.is_ok()).await;
+    assert_eq!(
+        h.stats.txid.load(Ordering::Relaxed),
+        tip,
+        "no commit healed it"
+    );
+    assert_eq!(level_ranges(&replica, 9), vec![(1, tip)]);
+    assert_ne!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "the damaged object was replaced"
+    );
+    store.shutdown(std::future::pending()).await;
+    let out = dir.join("restored.db");
+    common::restore_ok(replica.to_str().unwrap(), &out, None);
+    assert_same_content(&db, &out, "after the damaged snapshot was replaced");
+}
+
 /// A database that is itself corrupt (an index that does not match its table, written through
 /// SQLite) restores from any replica as corrupt: the failed verify seeds the replica once,
 /// the verify after the seed fails too, and the replica's health then blames the database

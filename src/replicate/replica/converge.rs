@@ -158,15 +158,23 @@ impl Replica {
         }
         let started = Instant::now();
         let level = crate::storage::SNAPSHOT_LEVEL;
-        let put = put_new(
-            &self.client,
-            level,
-            TxId(1),
-            seed.txid,
-            &seed.path,
-            seed.timestamp_ms,
-        )
-        .await;
+        let client = self.client.clone();
+        let store = || {
+            put_new(
+                &client,
+                level,
+                TxId(1),
+                seed.txid,
+                &seed.path,
+                seed.timestamp_ms,
+            )
+        };
+        let mut put = store().await;
+        if ours && matches!(put, Err(StorageError::Conflict { .. })) {
+            self.stats.counters.observe(0, started, &put);
+            self.replace_snapshot(seed.txid).await?;
+            put = store().await;
+        }
         let bytes = put.as_ref().map_or(0, |info| info.size);
         self.stats
             .counters
@@ -185,6 +193,28 @@ impl Replica {
         self.stats.reseeds.fetch_add(1, Ordering::Relaxed);
         tracing::info!(db = %self.db, replica = %self.name, txid = %seed.txid, bytes, elapsed = ?started.elapsed(), reason = reason.label(), "replica re-seeded");
         self.stored(info, seed.timestamp_ms);
+        Ok(())
+    }
+
+    /// Deletes the level-9 snapshot `1-<txid>` that stands where the seed of a replica that
+    /// failed its verify goes. At an idle database's TXID the restore plan is that snapshot
+    /// alone, so it is what the verify failed on (damaged in place, or made of a database
+    /// that was corrupt then), and while it stands no seed can be stored: the replica would
+    /// stay unrestorable until the next commit. Objects stay whole: the seed is put after.
+    async fn replace_snapshot(&mut self, txid: TxId) -> Result<(), RoundError> {
+        let level = crate::storage::SNAPSHOT_LEVEL;
+        let Some(old) = (self.index.level(level).iter())
+            .find(|f| (f.min_txid, f.max_txid) == (TxId(1), txid))
+            .cloned()
+        else {
+            return Ok(());
+        };
+        tracing::warn!(db = %self.db, replica = %self.name, %txid, "replacing the snapshot that the failed verify restored through with the seed");
+        let started = Instant::now();
+        let deleted = self.client.delete(std::slice::from_ref(&old)).await;
+        self.stats.counters.observe(3, started, &deleted);
+        deleted.map_err(RoundError::Storage)?;
+        self.index.remove(&[old]);
         Ok(())
     }
 

@@ -37,6 +37,9 @@
 //!   Worst case from a wipe to a restorable replica: the next commit (10 s later on a store
 //!   with conditional writes), or half the lease TTL when idle (5 min by default), plus the
 //!   time to upload one snapshot.
+//! - A replica whose verify fails is re-seeded at the database's TXID; where an idle
+//!   database's level-9 snapshot already stands at that TXID (so the verify failed on it),
+//!   it is deleted and the seed put in its place, so the replica heals without a commit.
 //! - A replica that cannot be written says so: its [`HealthCell`] holds the reason from the
 //!   first failed round until a round succeeds.
 
