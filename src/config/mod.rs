@@ -199,7 +199,7 @@ pub enum CodecOrigin {
 }
 
 /// Keys only replicad reads: a file with none of them is a Litestream config.
-pub const REPLICAD_ONLY_KEYS: [&str; 16] = [
+pub const REPLICAD_ONLY_KEYS: [&str; 17] = [
     "compression",
     "notify",
     "window",
@@ -216,6 +216,7 @@ pub const REPLICAD_ONLY_KEYS: [&str; 16] = [
     "full-verify-interval",
     "verify-interval",
     "verify-recheck-interval",
+    "replica-check-interval",
 ];
 
 /// A `dbs` entry with `dir`: every SQLite database found under a directory
@@ -320,6 +321,12 @@ pub struct DbSettings {
     /// skipped until then, and downloads again after it, so that an object damaged or replaced
     /// in place (bit rot, a same-sized overwrite) is found within a day.
     pub verify_recheck_interval: Duration,
+    /// Key `replica-check-interval` (default 24h; `0s` = never): how often each replica is
+    /// listed to check that its files still restore up to the database's position. An idle
+    /// replica otherwise sends no request, so files deleted behind replicad's back while its
+    /// lease stays (an expiry rule of the bucket, a person) would go unnoticed; one that no
+    /// longer restores is re-seeded. A listing is one request per level (ten).
+    pub replica_check_interval: Duration,
     /// Key `min-checkpoint-page-count` (default 1000 pages): WAL size that triggers a PASSIVE
     /// checkpoint.
     pub min_checkpoint_page_count: u32,
@@ -403,6 +410,7 @@ impl Default for DbSettings {
             checkpoint_interval: Duration::from_secs(60),
             verify_interval: Duration::ZERO,
             verify_recheck_interval: Duration::from_secs(24 * 3600),
+            replica_check_interval: Duration::from_secs(24 * 3600),
             min_checkpoint_page_count: 1000,
             truncate_page_n: DEFAULT_TRUNCATE_PAGE_N,
             full_verify_interval: Duration::from_secs(60),

@@ -769,6 +769,7 @@ fn maintenance_of(
         tmp_dir,
         verify_interval: s.verify_interval,
         verify_recheck: s.verify_recheck_interval,
+        replica_check: s.replica_check_interval,
         turns: turns.clone(),
     }
 }

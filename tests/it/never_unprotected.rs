@@ -232,6 +232,51 @@ fn a_replica_wiped_while_running_is_seeded_again() {
     restored_equals(&dir, &a, &db, "after-stop.db");
 }
 
+/// Files deleted behind replicad's back while its lease stays (a bucket's expiry rule, a
+/// person) leave an idle replica that no request would ever look at: the periodic listing
+/// (`replica-check-interval`) finds that it no longer restores and re-seeds it, with no commit.
+#[test]
+fn files_deleted_behind_an_idle_replica_are_found_by_its_periodic_listing() {
+    let dir = TestDir::new("expired");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 20, "first");
+    let port = free_port();
+    let extra = format!("{FAST_L1}replica-check-interval: 1s\n");
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(&dir, &db, &[&a], port, &extra))],
+    );
+    wait_caught_up(&dir, port, &a);
+    insert(&c, 20, "second");
+    wait_caught_up(&dir, port, &a);
+    // Staging no longer holds the start of the chain: only a seed makes the replica whole.
+    wait_until(&dir, "staging to be pruned", || {
+        !dir.join(".app.db-replicad/ltx/0/0000000000000001-0000000000000001.ltx")
+            .exists()
+    });
+    // Every file goes, the lease stays.
+    let ltx = a.join("ltx");
+    fs::remove_dir_all(&ltx).unwrap();
+    assert!(a.join("replicad.lease").exists());
+    let labels = format!("db=\"{}\",reason=\"wiped\",replica=\"r0\"", db.display());
+    wait_until(
+        &dir,
+        "the listing to find the replica empty and re-seed it",
+        || {
+            sample(
+                &get(port, "/metrics").1,
+                "replicad_replica_reseeds_total",
+                &labels,
+            ) == Some(1.0)
+        },
+    );
+    wait_caught_up(&dir, port, &a);
+    restored_equals(&dir, &a, &db, "after-expiry.db");
+    d.stop_ok();
+}
+
 /// A sync that blocks without an error (a staging write on a dying disk, a hung file system,
 /// stood in for by the `REPLICAD_TEST_SYNC_GATE` file that holds it on the blocking pool)
 /// makes the database not protected in every signal, and the log, once it has run for 10 s,

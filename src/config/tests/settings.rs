@@ -81,12 +81,14 @@ full-verify-interval: 10m
 compression: lz4
 heartbeat-interval: 5s
 verify-recheck-interval: 2h
+replica-check-interval: 6h
 min-sync-interval: 0s
 shutdown-sync-timeout: 1m
 dbs:
   - path: /data/a.db
     monitor-interval: 500ms
     verify-recheck-interval: 0s
+    replica-check-interval: 0s
     min-sync-interval: 250ms
     checkpoint-interval: 0s
     min-checkpoint-page-count: 7
@@ -113,6 +115,7 @@ dbs:
             compression: Codec::Gzip(9),
             heartbeat_interval: Duration::from_secs(86_400),
             verify_recheck_interval: Duration::ZERO,
+            replica_check_interval: Duration::ZERO,
             min_sync_interval: Duration::from_millis(250),
             ..DbSettings::default()
         }
@@ -128,6 +131,7 @@ dbs:
             compression: Codec::None,
             heartbeat_interval: Duration::from_secs(5),
             verify_recheck_interval: Duration::from_secs(7200),
+            replica_check_interval: Duration::from_secs(6 * 3600),
             min_sync_interval: Duration::ZERO,
             ..DbSettings::default()
         }

@@ -172,7 +172,7 @@ const fn join<const N: usize>(parts: &[&[&'static str]]) -> [&'static str; N] {
     out
 }
 
-pub(crate) const SETTING_KEYS: [&str; 13] = [
+pub(crate) const SETTING_KEYS: [&str; 14] = [
     "monitor-interval",
     "checkpoint-interval",
     "min-checkpoint-page-count",
@@ -182,6 +182,7 @@ pub(crate) const SETTING_KEYS: [&str; 13] = [
     "heartbeat-interval",
     "verify-interval",
     "verify-recheck-interval",
+    "replica-check-interval",
     "lease-ttl",
     "dormant-after",
     "dormant-max-size",

@@ -21,6 +21,7 @@ pub(crate) struct RawSettings {
     pub(crate) heartbeat_interval: Option<Duration>,
     pub(crate) verify_interval: Option<Duration>,
     pub(crate) verify_recheck_interval: Option<Duration>,
+    pub(crate) replica_check_interval: Option<Duration>,
     pub(crate) lease_ttl: Option<Duration>,
     pub(crate) dormant_after: Option<Duration>,
     pub(crate) min_sync_interval: Option<Duration>,
@@ -55,6 +56,10 @@ impl RawSettings {
             }
             "verify-recheck-interval" => {
                 self.verify_recheck_interval =
+                    Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &duration))?)
+            }
+            "replica-check-interval" => {
+                self.replica_check_interval =
                     Some(map.next_value_seed(ValueSeed::new(ctx, key, place, &duration))?)
             }
             "min-checkpoint-page-count" => {
@@ -128,6 +133,10 @@ impl RawSettings {
                 .verify_recheck_interval
                 .or(global.verify_recheck_interval)
                 .unwrap_or(d.verify_recheck_interval),
+            replica_check_interval: self
+                .replica_check_interval
+                .or(global.replica_check_interval)
+                .unwrap_or(d.replica_check_interval),
             min_checkpoint_page_count: self
                 .min_checkpoint_page_count
                 .or(global.min_checkpoint_page_count)

@@ -63,6 +63,8 @@ pub struct Maintenance {
     pub verify_interval: Duration,
     /// How long a passing verify vouches for files that have not changed (zero: for ever).
     pub verify_recheck: Duration,
+    /// How often the replica is listed to check that it still restores (zero: never).
+    pub replica_check: Duration,
     /// Turns shared by every replica of a Store.
     pub turns: Turns,
 }

@@ -228,6 +228,23 @@ impl Replica {
         }
     }
 
+    /// True when the periodic listing (`replica-check-interval`) is due. An idle replica
+    /// sends no request, so files deleted behind our back while the lease stays (a bucket's
+    /// expiry rule, a person) are found only by listing. The first one falls at a random
+    /// point of the second half of the interval, so that databases started together spread.
+    pub(super) fn check_due(&mut self) -> bool {
+        let every = self.maint.replica_check;
+        if every.is_zero() {
+            return false;
+        }
+        let now = Instant::now();
+        let due = *self.next_check.get_or_insert_with(|| {
+            use rand::RngExt;
+            now + every.mul_f64(rand::rng().random_range(0.5..1.0))
+        });
+        now >= due
+    }
+
     /// Our lease vanished: one listing tells a wiped (or truncated) replica from a lease
     /// deleted alone. Then the lease is taken again.
     pub(super) async fn lease_vanished(&mut self) -> Result<(), RoundError> {
@@ -249,6 +266,8 @@ impl Replica {
     pub(super) async fn recheck_listing(&mut self) -> Result<bool, RoundError> {
         Box::pin(self.settle_maintenance()).await;
         self.recheck = false;
+        let every = self.maint.replica_check;
+        self.next_check = (!every.is_zero()).then(|| Instant::now() + every);
         let started = Instant::now();
         let listed = self.client.list_all().await;
         self.stats.counters.observe(2, started, &listed);

@@ -157,6 +157,8 @@ pub struct Replica {
     healed: bool,
     /// A file of ours was found missing: list the replica before the next upload.
     recheck: bool,
+    /// When the replica is next listed to check that it still restores (`replica_check`).
+    next_check: Option<Instant>,
     /// Maintenance jobs that came due and wait for the running one, in order.
     due: VecDeque<Job>,
     /// The maintenance job running beside the uploads (aborted if the replica stops).
@@ -221,6 +223,7 @@ impl Replica {
             verified: None,
             l1_failures: 0,
             recheck: false,
+            next_check: None,
             due: VecDeque::new(),
             verify_turn: None,
             job: None,
@@ -588,7 +591,7 @@ impl Replica {
                     Err(e) if e.is_vanished() => self.lease_vanished().await?,
                     r => r?,
                 }
-                if self.recheck {
+                if self.recheck || self.check_due() {
                     self.recheck_listing().await?;
                 }
                 if let Some(reason) = self.pending_seed {
