@@ -232,9 +232,11 @@ impl Replica {
     /// sends no request, so files deleted behind our back while the lease stays (a bucket's
     /// expiry rule, a person) are found only by listing. The first one falls at a random
     /// point of the second half of the interval, so that databases started together spread.
+    /// It waits for a round with no maintenance job running: the listing replaces the index,
+    /// so it would wait for the job, and uploads with it.
     pub(super) fn check_due(&mut self) -> bool {
         let every = self.maint.replica_check;
-        if every.is_zero() {
+        if every.is_zero() || self.job.is_some() {
             return false;
         }
         let now = Instant::now();
