@@ -339,6 +339,19 @@ async fn verified_every_300ms(
     (db, replica, writer, store)
 }
 
+/// Flips a byte in the middle of the replica's file at `path`, keeping its size; returns the
+/// damaged bytes. The file is replaced whole: a directory replica's file may share its inode
+/// with the staged segment (it links it), which an in-place write would damage too.
+fn damage(path: &Path) -> Vec<u8> {
+    let mut bytes = std::fs::read(path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    let damaged = path.with_extension("damaged");
+    std::fs::write(&damaged, &bytes).unwrap();
+    std::fs::rename(&damaged, path).unwrap();
+    bytes
+}
+
 /// A replica that fails its periodic verify is not protected, in every signal, until it is
 /// healed: it gets a seed snapshot, is verified again at once, and is protected again only
 /// once that verify passes; a restore then equals the source.
@@ -362,15 +375,7 @@ async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
     // Damage a middle segment, then commit so the tip moves and the next verify runs.
     let ranges = level_ranges(&replica, 0);
     let (min, max) = ranges[ranges.len() / 2];
-    let path = replica.join(format!("ltx/0/{min:016x}-{max:016x}.ltx"));
-    let mut bytes = std::fs::read(&path).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0xff;
-    // A damaged object replaced whole: the replica's file may share its inode with the
-    // staged segment (a directory replica links it), which an in-place write would damage too.
-    let damaged = path.with_extension("damaged");
-    std::fs::write(&damaged, bytes).unwrap();
-    std::fs::rename(&damaged, &path).unwrap();
+    damage(&replica.join(format!("ltx/0/{min:016x}-{max:016x}.ltx")));
     let before = counters.verify_txid.get();
     writer.commit_txn();
     wait_until("verify of the new tip", || {
@@ -495,16 +500,9 @@ async fn an_unchanged_replica_is_checked_again_after_the_recheck_interval() {
     let applied = || store.phases().bytes(replicad::util::phase::Phase::Apply);
     let one = applied();
 
-    // Damage the newest segment in the replica only (replaced whole: it may share its inode
-    // with the staged one), keeping its size: the index and the plan stay as they were.
+    // Damage the newest segment, keeping its size: the index and the plan stay as they were.
     let (min, max) = *level_ranges(&replica, 0).last().unwrap();
-    let path = replica.join(format!("ltx/0/{min:016x}-{max:016x}.ltx"));
-    let mut bytes = std::fs::read(&path).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0xff;
-    let damaged = path.with_extension("damaged");
-    std::fs::write(&damaged, &bytes).unwrap();
-    std::fs::rename(&damaged, &path).unwrap();
+    damage(&replica.join(format!("ltx/0/{min:016x}-{max:016x}.ltx")));
     // Within the recheck interval the verify is skipped: nothing is restored again.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
@@ -549,12 +547,7 @@ async fn a_damaged_snapshot_of_an_idle_database_is_replaced_by_its_seed() {
     assert_eq!(level_ranges(&replica, 9), vec![(1, tip)]);
 
     let path = replica.join(format!("ltx/9/{:016x}-{tip:016x}.ltx", 1));
-    let mut bytes = std::fs::read(&path).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0xff;
-    let damaged = path.with_extension("damaged");
-    std::fs::write(&damaged, &bytes).unwrap();
-    std::fs::rename(&damaged, &path).unwrap();
+    let bytes = damage(&path);
 
     let unrestorable = replicad::replicate::health::SeedReason::Unrestorable as usize;
     wait_until("a seed after the failed verify", || {

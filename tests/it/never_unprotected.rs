@@ -113,6 +113,33 @@ pub(crate) fn restored_equals(dir: &TestDir, replica: &Path, source: &Path, name
     assert_same_content(source, &out, name);
 }
 
+/// Starts a daemon replicating `db` to `a` with level-1 compactions every 200 ms (and
+/// `extra`), commits `rows` more rows, and waits until staging no longer holds the first
+/// segment: from then on only a seed can make `a` whole again.
+fn replicating_past_staging(
+    dir: &TestDir,
+    db: &Path,
+    a: &Path,
+    c: &Connection,
+    port: u16,
+    rows: usize,
+    extra: &str,
+) -> Daemon {
+    let extra = format!("{FAST_L1}{extra}");
+    let d = spawn_replicate(
+        dir.path(),
+        &["--config", s(&config(dir, db, &[a], port, &extra))],
+    );
+    wait_caught_up(dir, port, a);
+    insert(c, rows, "second");
+    wait_caught_up(dir, port, a);
+    wait_until(dir, "staging to be pruned", || {
+        !dir.join(".app.db-replicad/ltx/0/0000000000000001-0000000000000001.ltx")
+            .exists()
+    });
+    d
+}
+
 #[test]
 fn a_replica_added_later_is_seeded_with_a_snapshot() {
     let dir = TestDir::new("added-later");
@@ -121,18 +148,8 @@ fn a_replica_added_later_is_seeded_with_a_snapshot() {
     let c = new_db(&db);
     insert(&c, 50, "first");
     let port = free_port();
-    let d = spawn_replicate(
-        dir.path(),
-        &["--config", s(&config(&dir, &db, &[&a], port, FAST_L1))],
-    );
-    wait_caught_up(&dir, port, &a);
     // More segments, compacted into L1, so that staging no longer holds the first ones.
-    insert(&c, 50, "second");
-    wait_caught_up(&dir, port, &a);
-    wait_until(&dir, "staging to be pruned", || {
-        !dir.join(".app.db-replicad/ltx/0/0000000000000001-0000000000000001.ltx")
-            .exists()
-    });
+    let d = replicating_past_staging(&dir, &db, &a, &c, port, 50, "");
     d.stop_ok();
     insert(&c, 50, "between");
 
@@ -199,17 +216,7 @@ fn a_replica_wiped_while_running_is_seeded_again() {
     let c = new_db(&db);
     insert(&c, 20, "first");
     let port = free_port();
-    let d = spawn_replicate(
-        dir.path(),
-        &["--config", s(&config(&dir, &db, &[&a], port, FAST_L1))],
-    );
-    wait_caught_up(&dir, port, &a);
-    insert(&c, 20, "second");
-    wait_caught_up(&dir, port, &a);
-    wait_until(&dir, "staging to be pruned", || {
-        !dir.join(".app.db-replicad/ltx/0/0000000000000001-0000000000000001.ltx")
-            .exists()
-    });
+    let d = replicating_past_staging(&dir, &db, &a, &c, port, 20, "");
     wipe_dir(&a);
     // The next commit's upload round finds the lease gone, lists the replica, and re-seeds.
     insert(&c, 20, "after-wipe");
@@ -243,19 +250,8 @@ fn files_deleted_behind_an_idle_replica_are_found_by_its_periodic_listing() {
     let c = new_db(&db);
     insert(&c, 20, "first");
     let port = free_port();
-    let extra = format!("{FAST_L1}replica-check-interval: 1s\n");
-    let d = spawn_replicate(
-        dir.path(),
-        &["--config", s(&config(&dir, &db, &[&a], port, &extra))],
-    );
-    wait_caught_up(&dir, port, &a);
-    insert(&c, 20, "second");
-    wait_caught_up(&dir, port, &a);
-    // Staging no longer holds the start of the chain: only a seed makes the replica whole.
-    wait_until(&dir, "staging to be pruned", || {
-        !dir.join(".app.db-replicad/ltx/0/0000000000000001-0000000000000001.ltx")
-            .exists()
-    });
+    let check = "replica-check-interval: 1s\n";
+    let d = replicating_past_staging(&dir, &db, &a, &c, port, 20, check);
     // Every file goes, the lease stays.
     let ltx = a.join("ltx");
     fs::remove_dir_all(&ltx).unwrap();
