@@ -339,6 +339,36 @@ async fn verified_every_300ms(
     (db, replica, writer, store)
 }
 
+/// Waits for the seed that heals the replica of `h` after its verify failed, the verify that
+/// passes after it, and the replica protected again.
+async fn healed_by_one_seed(h: &DbHandle) {
+    let stats = h.replicas[0].1.clone();
+    let unrestorable = replicad::replicate::health::SeedReason::Unrestorable as usize;
+    wait_until("a seed after the failed verify", || {
+        stats.counters.reseeds[unrestorable].get() == 1
+    })
+    .await;
+    wait_until("a verify that passes after the seed", || {
+        stats.counters.verify_ok.get() == 1
+    })
+    .await;
+    wait_until("protected again", || stats.health.is_ok()).await;
+}
+
+/// Stops `store`, restores `replica` and checks that it equals `db`.
+async fn stopped_and_restored_equal(
+    store: Store,
+    dir: &TestDir,
+    db: &Path,
+    replica: &Path,
+    what: &str,
+) {
+    store.shutdown(std::future::pending()).await;
+    let out = dir.join("restored.db");
+    common::restore_ok(replica.to_str().unwrap(), &out, None);
+    assert_same_content(db, &out, what);
+}
+
 /// Flips a byte in the middle of the replica's file at `path`, keeping its size; returns the
 /// damaged bytes. The file is replaced whole: a directory replica's file may share its inode
 /// with the staged segment (it links it), which an in-place write would damage too.
@@ -445,10 +475,14 @@ async fn periodic_verify_reports_a_corrupted_replica_and_reseeds_it() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(counters.reseeds[unrestorable].get(), 1);
     assert!(stats.health.is_ok());
-    store.shutdown(std::future::pending()).await;
-    let out = dir.join("restored.db");
-    common::restore_ok(replica.to_str().unwrap(), &out, None);
-    assert_same_content(&db, &out, "after the seed that healed the replica");
+    stopped_and_restored_equal(
+        store,
+        &dir,
+        &db,
+        &replica,
+        "after the seed that healed the replica",
+    )
+    .await;
 }
 
 /// A verify covers the files a restore reads, not only the newest TXID: once a snapshot
@@ -496,7 +530,6 @@ async fn an_unchanged_replica_is_checked_again_after_the_recheck_interval() {
     let (db, replica, _writer, store) =
         verified_every_300ms(&dir, "maint-recheck", "1h", "1s").await;
     let h = store.dbs()[0].clone();
-    let counters = h.replicas[0].1.counters.clone();
     let applied = || store.phases().bytes(replicad::util::phase::Phase::Apply);
     let one = applied();
 
@@ -511,21 +544,8 @@ async fn an_unchanged_replica_is_checked_again_after_the_recheck_interval() {
         "a verify of unchanged files within the interval"
     );
 
-    let unrestorable = replicad::replicate::health::SeedReason::Unrestorable as usize;
-    wait_until("the recheck finds the damage and re-seeds", || {
-        counters.reseeds[unrestorable].get() == 1
-    })
-    .await;
-    wait_until("a verify that passes after the seed", || {
-        counters.verify_ok.get() == 1
-    })
-    .await;
-    let stats = h.replicas[0].1.clone();
-    wait_until("protected again", || stats.health.is_ok()).await;
-    store.shutdown(std::future::pending()).await;
-    let out = dir.join("restored.db");
-    common::restore_ok(replica.to_str().unwrap(), &out, None);
-    assert_same_content(&db, &out, "after the recheck and its seed");
+    healed_by_one_seed(&h).await;
+    stopped_and_restored_equal(store, &dir, &db, &replica, "after the recheck and its seed").await;
 }
 
 /// An idle database's replica restores from its level-9 snapshot at the database's TXID
@@ -549,17 +569,7 @@ async fn a_damaged_snapshot_of_an_idle_database_is_replaced_by_its_seed() {
     let path = replica.join(format!("ltx/9/{:016x}-{tip:016x}.ltx", 1));
     let bytes = damage(&path);
 
-    let unrestorable = replicad::replicate::health::SeedReason::Unrestorable as usize;
-    wait_until("a seed after the failed verify", || {
-        counters.reseeds[unrestorable].get() == 1
-    })
-    .await;
-    wait_until("a verify that passes after the seed", || {
-        counters.verify_ok.get() == 1
-    })
-    .await;
-    let stats = h.replicas[0].1.clone();
-    wait_until("protected again", || stats.health.is_ok()).await;
+    healed_by_one_seed(&h).await;
     assert_eq!(
         h.stats.txid.load(Ordering::Relaxed),
         tip,
@@ -571,10 +581,14 @@ async fn a_damaged_snapshot_of_an_idle_database_is_replaced_by_its_seed() {
         bytes,
         "the damaged object was replaced"
     );
-    store.shutdown(std::future::pending()).await;
-    let out = dir.join("restored.db");
-    common::restore_ok(replica.to_str().unwrap(), &out, None);
-    assert_same_content(&db, &out, "after the damaged snapshot was replaced");
+    stopped_and_restored_equal(
+        store,
+        &dir,
+        &db,
+        &replica,
+        "after the damaged snapshot was replaced",
+    )
+    .await;
 }
 
 /// A database that is itself corrupt (an index that does not match its table, written through
@@ -876,8 +890,5 @@ async fn a_failing_compaction_does_not_grow_staging_without_bound() {
         most < 15,
         "staging kept {most} segments of {txid} while compactions failed"
     );
-    store.shutdown(std::future::pending()).await;
-    let out = dir.join("restored.db");
-    common::restore_ok(replica.to_str().unwrap(), &out, None);
-    assert_same_content(&db, &out, "while compactions failed");
+    stopped_and_restored_equal(store, &dir, &db, &replica, "while compactions failed").await;
 }
