@@ -325,7 +325,8 @@ pub struct DbSettings {
     /// listed to check that its files still restore up to the database's position. An idle
     /// replica otherwise sends no request, so files deleted behind replicad's back while its
     /// lease stays (an expiry rule of the bucket, a person) would go unnoticed; one that no
-    /// longer restores is re-seeded. A listing is one request per level (ten).
+    /// longer restores is re-seeded. A listing is one request per 1,000 objects on an object
+    /// store.
     pub replica_check_interval: Duration,
     /// Key `min-checkpoint-page-count` (default 1000 pages): WAL size that triggers a PASSIVE
     /// checkpoint.

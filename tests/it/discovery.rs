@@ -514,7 +514,8 @@ fn a_database_that_cannot_start_at_start_up_does_not_stop_the_others() {
         drop(wb);
         let log = d.log.clone();
         d.stop_ok();
-        // Reported once, at the start: the first rescan, right after it, did not retry it.
+        // Reported once, at the start: the first rescan, right after it, did not retry it (the
+        // next periodic rescan, 60 s on, would; the test ends long before).
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let failures = text
             .lines()

@@ -528,7 +528,7 @@ async fn a_snapshot_at_the_verified_txid_is_verified_too() {
 async fn an_unchanged_replica_is_checked_again_after_the_recheck_interval() {
     let dir = TestDir::new("maint-recheck");
     let (db, replica, _writer, store) =
-        verified_every_300ms(&dir, "maint-recheck", "1h", "1s").await;
+        verified_every_300ms(&dir, "maint-recheck", "1h", "3s").await;
     let h = store.dbs()[0].clone();
     let applied = || store.phases().bytes(replicad::util::phase::Phase::Apply);
     let one = applied();

@@ -14,6 +14,9 @@ use crate::replicate::staging::Staging;
 use crate::storage::{LtxFileInfo, ReplicaClient, StorageError, put_new};
 use crate::util::phase::Phase;
 
+/// How soon a periodic listing that failed is tried again.
+const RETRY_CHECK: std::time::Duration = std::time::Duration::from_secs(300);
+
 impl Replica {
     /// A replica that could not be reached at start (`why`): its upload task connects to it
     /// in the background (lease, then listing), with backoff, while the others go ahead. It
@@ -156,7 +159,7 @@ impl Replica {
                 seed.txid, self.remote
             )));
         }
-        let started = Instant::now();
+        let mut started = Instant::now();
         let level = crate::storage::SNAPSHOT_LEVEL;
         let client = self.client.clone();
         let store = || {
@@ -170,10 +173,13 @@ impl Replica {
             )
         };
         let mut put = store().await;
-        if ours && matches!(put, Err(StorageError::Conflict { .. })) {
+        if ours && matches!(put, Err(StorageError::Conflict { .. })) && seed.txid == self.failed_tip
+        {
             self.stats.counters.observe(0, started, &put);
-            self.replace_snapshot(seed.txid).await?;
-            put = store().await;
+            if self.replace_snapshot(seed.txid).await? {
+                started = Instant::now();
+                put = store().await;
+            }
         }
         let bytes = put.as_ref().map_or(0, |info| info.size);
         self.stats
@@ -201,13 +207,15 @@ impl Replica {
     /// alone, so it is what the verify failed on (damaged in place, or made of a database
     /// that was corrupt then), and while it stands no seed can be stored: the replica would
     /// stay unrestorable until the next commit. Objects stay whole: the seed is put after.
-    async fn replace_snapshot(&mut self, txid: TxId) -> Result<(), RoundError> {
+    /// Called only when `txid` is the one the verify failed at; false when the index does
+    /// not hold the object (nothing deleted).
+    async fn replace_snapshot(&mut self, txid: TxId) -> Result<bool, RoundError> {
         let level = crate::storage::SNAPSHOT_LEVEL;
         let Some(old) = (self.index.level(level).iter())
             .find(|f| (f.min_txid, f.max_txid) == (TxId(1), txid))
             .cloned()
         else {
-            return Ok(());
+            return Ok(false);
         };
         tracing::warn!(db = %self.db, replica = %self.name, %txid, "replacing the snapshot that the failed verify restored through with the seed");
         let started = Instant::now();
@@ -215,7 +223,7 @@ impl Replica {
         self.stats.counters.observe(3, started, &deleted);
         deleted.map_err(RoundError::Storage)?;
         self.index.remove(&[old]);
-        Ok(())
+        Ok(true)
     }
 
     /// Stores the seed owed to a replica that failed its verify, after the round's uploads:
@@ -232,9 +240,10 @@ impl Replica {
     /// sends no request, so files deleted behind our back while the lease stays (a bucket's
     /// expiry rule, a person) are found only by listing. The first one falls at a random
     /// point of the second half of the interval, so that databases started together spread.
-    /// It waits for a round with no maintenance job running: the listing replaces the index,
-    /// so it would wait for the job, and uploads with it.
-    pub(super) fn check_due(&mut self) -> bool {
+    /// It waits for a round with no maintenance job running (the listing replaces the index,
+    /// so it would wait for the job, and uploads with it) and, for a quarter of the interval,
+    /// for an `idle` round (nothing to upload), so that no commit waits for it.
+    pub(super) fn check_due(&mut self, idle: bool) -> bool {
         let every = self.maint.replica_check;
         if every.is_zero() || self.job.is_some() {
             return false;
@@ -244,7 +253,16 @@ impl Replica {
             use rand::RngExt;
             now + every.mul_f64(rand::rng().random_range(0.5..1.0))
         });
-        now >= due
+        now >= due && (idle || now >= due + every / 4)
+    }
+
+    /// The periodic listing. Its failure does not fail the round (the uploads go on): it is
+    /// logged and the listing tried again in 5 minutes.
+    pub(super) async fn periodic_check(&mut self) {
+        if let Err(e) = self.recheck_listing().await {
+            tracing::warn!(db = %self.db, replica = %self.name, error = %e, "the periodic listing of the replica failed; retrying in 5 minutes");
+            self.next_check = Some(Instant::now() + RETRY_CHECK.min(self.maint.replica_check));
+        }
     }
 
     /// Our lease vanished: one listing tells a wiped (or truncated) replica from a lease
@@ -267,13 +285,14 @@ impl Replica {
     /// have landed; a file of ours may be gone).
     pub(super) async fn recheck_listing(&mut self) -> Result<bool, RoundError> {
         Box::pin(self.settle_maintenance()).await;
-        self.recheck = false;
-        let every = self.maint.replica_check;
-        self.next_check = (!every.is_zero()).then(|| Instant::now() + every);
         let started = Instant::now();
         let listed = self.client.list_all().await;
         self.stats.counters.observe(2, started, &listed);
+        // A listing that failed leaves a recheck owed (the round's retry lists again).
         let files = listed.map_err(RoundError::Storage)?;
+        self.recheck = false;
+        let every = self.maint.replica_check;
+        self.next_check = (!every.is_zero()).then(|| Instant::now() + every);
         let restorable = crate::restore::calc_plan(&files, None)
             .ok()
             .and_then(|plan| plan.last().map(|f| f.max_txid));
@@ -281,7 +300,8 @@ impl Replica {
         for f in files {
             self.index.insert(f);
         }
-        if restorable.is_some_and(|t| t >= self.remote) {
+        // Nothing stored yet: nothing to wipe (the first seed is the replica's, "empty").
+        if self.remote.0 == 0 || restorable.is_some_and(|t| t >= self.remote) {
             self.send_ack();
             return Ok(false);
         }

@@ -105,6 +105,7 @@ impl Replica {
         };
         match done {
             Ok(maintenance::Done::Unrestorable { tip, reason }) => {
+                self.failed_tip = tip;
                 self.verified = None;
                 let failed =
                     format!("verify failed: the replica does not restore to TXID {tip} ({reason})");

@@ -8,8 +8,9 @@
 //! staging.
 //!
 //! Invariants:
-//! - An idle replica makes no call to its client: the remote contents are known from one
-//!   listing at start and tracked in memory afterwards.
+//! - An idle replica makes no call to its client but the lease refresh and one listing per
+//!   `replica-check-interval`: the remote contents are known from the listing at start and
+//!   tracked in memory afterwards; the periodic listing finds files deleted behind our back.
 //! - The remote position advances by one TXID per acknowledged PUT, never past a failure.
 //! - A segment uploaded while it is staged ([`crate::storage::feed`]; plain S3 only, and only
 //!   the TXID after the remote position) becomes an object only once it is published
@@ -159,6 +160,8 @@ pub struct Replica {
     recheck: bool,
     /// When the replica is next listed to check that it still restores (`replica_check`).
     next_check: Option<Instant>,
+    /// The TXID a verify last failed to restore to (0: none since the start).
+    failed_tip: TxId,
     /// Maintenance jobs that came due and wait for the running one, in order.
     due: VecDeque<Job>,
     /// The maintenance job running beside the uploads (aborted if the replica stops).
@@ -224,6 +227,7 @@ impl Replica {
             l1_failures: 0,
             recheck: false,
             next_check: None,
+            failed_tip: TxId(0),
             due: VecDeque::new(),
             verify_turn: None,
             job: None,
@@ -591,8 +595,10 @@ impl Replica {
                     Err(e) if e.is_vanished() => self.lease_vanished().await?,
                     r => r?,
                 }
-                if self.recheck || self.check_due() {
+                if self.recheck {
                     self.recheck_listing().await?;
+                } else if self.check_due(self.remote >= target && growing.is_none() && !closed) {
+                    self.periodic_check().await;
                 }
                 if let Some(reason) = self.pending_seed {
                     self.reseed(reason, target).await?;
