@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::Duration;
 
-use crate::common::http::{free_port, sample};
+use crate::common::http::{free_port, get_blocking, sample};
 use crate::common::{
     self, TestDir, assert_same_content, max_replica_txid, restore_ok, s, spawn_replicate,
     wait_until,
@@ -133,15 +133,7 @@ fn read_request(conn: &mut std::net::TcpStream) -> Option<Req> {
 
 /// The body of `GET path` on the daemon's HTTP listener.
 fn get(port: u16, path: &str) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    common::http::parse_response(&raw).1
+    get_blocking(port, path).1
 }
 
 fn metrics(port: u16) -> String {
