@@ -25,6 +25,8 @@ mod client_conformance;
 /// Commit detection by inotify: a commit ships without waiting for a tick; polling when
 /// there is no watch.
 mod commit_watch;
+/// A lone staged segment becomes its level-1 object as it is, verified first.
+mod compaction_as_is;
 /// Compaction of Litestream's golden replicas, byte-compatible output.
 mod compactor;
 /// The control socket and `replicad sync`.

@@ -4,7 +4,10 @@
 //!
 //! Invariants:
 //! - Outputs are built in a local temporary file, fsynced, then uploaded whole; a crash
-//!   leaves at most a `.tmp` file locally and never a partial object remotely.
+//!   leaves at most a `.tmp` file locally and never a partial object remotely. An output that
+//!   would be one staged segment again (a lone level-0 input, same codec, same first TXID) is
+//!   that segment, hard-linked into the temporary directory and decoded whole before it is
+//!   stored: only a segment that still verifies is stored twice.
 //! - Level-0 inputs are read from local staging when present (staging keeps level-0 segments
 //!   until level 1 covers them, unless L1 compaction keeps failing), so an L1 compaction
 //!   costs no GET; missing ones are read from the replica.
@@ -458,6 +461,136 @@ async fn build(
         .acquire()
         .await
         .expect("the build semaphore is never closed");
+    let min = min_override.unwrap_or(inputs[0].min_txid);
+    let max = inputs[inputs.len() - 1].max_txid;
+    let name = format!("{level}-{}", ltx::format_filename(min, max));
+    let tmp = fsutil::unique_tmp_path(&m.tmp_dir.join(name));
+    // Dropping this job stops the build at its next read, then removes the output (the
+    // guards drop in reverse order: the stop first). A build past its reads hands its output
+    // over only under the gate, so an output created after the removal goes too.
+    let _remove = fsutil::RemoveOnDrop(tmp.clone());
+    let gate = Gate::default();
+    let _stop = gate.stop_on_drop();
+    let started = Instant::now();
+    let failed = |reason: String| StorageError::Permanent {
+        op: "compact",
+        key: format!("level {level}"),
+        reason,
+    };
+    let lone = lone_staged(staging, inputs, min_override);
+    let as_is = match lone {
+        Some(segment) => link_verified(m, segment, tmp.clone(), gate.clone())
+            .await
+            .map_err(failed)?,
+        None => None,
+    };
+    let timestamp = match as_is {
+        Some(timestamp) => timestamp,
+        None => merge(
+            m,
+            client,
+            staging,
+            inputs,
+            min_override,
+            &tmp,
+            gate,
+            counters,
+        )
+        .await
+        .map_err(|e| match e {
+            Merge::Open(e) => e,
+            Merge::Build(reason) => failed(reason),
+        })?,
+    };
+    drop(turn);
+    let put_started = Instant::now();
+    let put = crate::storage::put_new(client, level, min, max, &tmp, timestamp).await;
+    counters.observe(0, put_started, &put);
+    if let Ok(info) = &put {
+        counters.bytes[0].inc_by(info.size);
+    }
+    let info = put?;
+    tracing::info!(level, min = %min, max = %max, inputs = inputs.len(), bytes = info.size, as_is = as_is.is_some(), elapsed = ?started.elapsed(), "compacted");
+    Ok(info)
+}
+
+/// The staged segment that would be the output unchanged: a lone level-0 segment still in
+/// staging, when the output starts at its TXID. The compactor would copy its page blocks and
+/// zero its WAL fields, which no reader uses (Litestream's restore and compactor included).
+fn lone_staged(
+    staging: &Staging,
+    inputs: &[LtxFileInfo],
+    min_override: Option<TxId>,
+) -> Option<PathBuf> {
+    let [f] = inputs else { return None };
+    (f.level == 0 && f.min_txid == f.max_txid && min_override.is_none_or(|t| t == f.min_txid))
+        .then(|| staging.path(f.min_txid))
+}
+
+/// Links the staged `segment` at `tmp` (which keeps it if staging drops it meanwhile) and
+/// decodes it whole, so that only a segment that still verifies is stored again. Returns its
+/// timestamp, or `None` when it cannot be the output as it is: gone from staging, on another
+/// file system, or written with another codec than outputs use.
+async fn link_verified(
+    m: &Maintenance,
+    segment: PathBuf,
+    tmp: PathBuf,
+    gate: Gate,
+) -> Result<Option<i64>, String> {
+    let tmp_dir = m.tmp_dir.clone();
+    let codec = m.codec;
+    tokio::task::spawn_blocking(move || -> Result<_, String> {
+        fsutil::create_dir_all_durable(&tmp_dir).map_err(|e| e.to_string())?;
+        if std::fs::hard_link(&segment, &tmp).is_err() {
+            return Ok(None);
+        }
+        let verified = (|| -> Result<_, ltx::LtxError> {
+            let file = std::fs::File::open(&tmp)?;
+            let mut dec = Decoder::new(Stoppable::new(file, gate.token().clone()))?;
+            let header = *dec.header();
+            if header.codec()? != codec {
+                return Ok(None);
+            }
+            let mut page = vec![0u8; header.page_size as usize];
+            while dec.next_page(&mut page)?.is_some() {}
+            dec.finish()?;
+            Ok(Some(header.timestamp))
+        })();
+        let kept = match verified {
+            Ok(Some(timestamp)) => gate
+                .unless_stopped(|| Some(timestamp))
+                .ok_or_else(|| "the build was stopped".to_string()),
+            Ok(None) => Ok(None),
+            Err(e) => Err(format!("staged segment {}: {e}", segment.display())),
+        };
+        if !matches!(kept, Ok(Some(_))) {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        kept
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r)
+}
+
+/// Why a merge failed: an input could not be opened (a request), or the build failed.
+enum Merge {
+    Open(StorageError),
+    Build(String),
+}
+
+/// Merges `inputs` into `tmp`, fsynced; returns the output's timestamp.
+#[allow(clippy::too_many_arguments)]
+async fn merge(
+    m: &Maintenance,
+    client: &AnyClient,
+    staging: &Staging,
+    inputs: &[LtxFileInfo],
+    min_override: Option<TxId>,
+    tmp: &std::path::Path,
+    gate: Gate,
+    counters: &ReplicaCounters,
+) -> Result<i64, Merge> {
     let handle = tokio::runtime::Handle::current();
     let mut readers: Vec<Input> = Vec::with_capacity(inputs.len());
     for f in inputs {
@@ -471,7 +604,7 @@ async fn build(
                 let opened = Instant::now();
                 let body = client.open(f.level, f.min_txid, f.max_txid, 0).await;
                 counters.observe(1, opened, &body);
-                let body = body?;
+                let body = body.map_err(Merge::Open)?;
                 readers.push(Box::new(SyncIoBridge::new_with_handle(
                     body,
                     handle.clone(),
@@ -479,21 +612,10 @@ async fn build(
             }
         }
     }
-    let min = min_override.unwrap_or(inputs[0].min_txid);
-    let max = inputs[inputs.len() - 1].max_txid;
-    let name = format!("{level}-{}", ltx::format_filename(min, max));
-    let tmp = fsutil::unique_tmp_path(&m.tmp_dir.join(name));
-    // Dropping this job stops the build at its next read, then removes the output (the
-    // guards drop in reverse order: the stop first). A build past its reads hands its output
-    // over only under the gate, so an output created after the removal goes too.
-    let _remove = fsutil::RemoveOnDrop(tmp.clone());
-    let gate = Gate::default();
-    let _stop = gate.stop_on_drop();
     let tmp_dir = m.tmp_dir.clone();
     let codec = m.codec;
-    let out_path = tmp.clone();
-    let started = Instant::now();
-    let summary = tokio::task::spawn_blocking(move || -> Result<_, String> {
+    let out_path = tmp.to_path_buf();
+    tokio::task::spawn_blocking(move || -> Result<_, String> {
         fsutil::create_dir_all_durable(&tmp_dir).map_err(|e| e.to_string())?;
         let decoders = readers
             .into_iter()
@@ -517,28 +639,14 @@ async fn build(
         std::fs::File::open(&out_path)
             .and_then(|f| f.sync_all())
             .map_err(|e| e.to_string())?;
-        gate.unless_stopped(|| summary).ok_or_else(|| {
-            let _ = std::fs::remove_file(&out_path);
-            "the build was stopped".to_string()
-        })
+        gate.unless_stopped(|| summary.header.timestamp)
+            .ok_or_else(|| {
+                let _ = std::fs::remove_file(&out_path);
+                "the build was stopped".to_string()
+            })
     })
     .await
     .map_err(|e| e.to_string())
     .and_then(|r| r)
-    .map_err(|reason| StorageError::Permanent {
-        op: "compact",
-        key: format!("level {level}"),
-        reason,
-    })?;
-    drop(turn);
-    let put_started = Instant::now();
-    let put =
-        crate::storage::put_new(client, level, min, max, &tmp, summary.header.timestamp).await;
-    counters.observe(0, put_started, &put);
-    if let Ok(info) = &put {
-        counters.bytes[0].inc_by(info.size);
-    }
-    let info = put?;
-    tracing::info!(level, min = %min, max = %max, inputs = inputs.len(), bytes = info.size, elapsed = ?started.elapsed(), "compacted");
-    Ok(info)
+    .map_err(Merge::Build)
 }

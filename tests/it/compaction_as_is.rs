@@ -1,0 +1,194 @@
+//! A level-1 compaction whose only input is a segment still in local staging stores that
+//! segment as it is (on a directory replica, one more hard link: no byte written locally),
+//! after decoding it whole; such objects restore with replicad and with Litestream, and a
+//! staged segment that no longer verifies is never stored again.
+
+use crate::common;
+
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::{TestDir, Writer, assert_same_content, level_ranges};
+use replicad::config::{Config, DbSettings};
+use replicad::daemon::Store;
+use replicad::ltx::{self, Codec, TxId};
+use replicad::replicate::counters::{ReplicaCounters, ReplicaMetrics};
+use replicad::replicate::maintenance::schedule::RetentionPolicy;
+use replicad::replicate::maintenance::{self, Done, Maintenance, Work};
+use replicad::replicate::staging::Staging;
+use replicad::storage::{AnyClient, LtxFileInfo, ReplicaClient};
+
+/// A replica and staging left by a daemon that shipped TXIDs 1 and 2 (2 from the WAL) and
+/// never compacted; returns the database, the replica and the staging directory.
+async fn two_staged_segments(dir: &TestDir) -> (PathBuf, PathBuf, Staging) {
+    let db = dir.join("app.db");
+    let replica = dir.join("replica");
+    let mut writer = Writer::open(&db, common::seed(dir.path().to_str().unwrap()));
+    writer.commit_txn();
+    let never = Duration::from_secs(3600);
+    let settings = DbSettings {
+        monitor_interval: Duration::from_millis(40),
+        min_sync_interval: Duration::from_millis(40),
+        levels: vec![never],
+        snapshot_interval: never,
+        l0_retention: never,
+        compression: Codec::Lz4,
+        ..DbSettings::default()
+    };
+    let config = Config::single(db.clone(), &[replica.display().to_string()], settings).unwrap();
+    let store = Store::open(&config).await.unwrap();
+    let h = store.dbs()[0].clone();
+    let h = &h;
+    let replicated = |txid: u64| async move {
+        while h.replicas[0].1.remote_txid.load(Ordering::Relaxed) < txid {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let within = |what| tokio::time::timeout(Duration::from_secs(30), what);
+    within(replicated(1)).await.expect("TXID 1 on the replica");
+    writer.commit_txn();
+    within(replicated(2)).await.expect("TXID 2 on the replica");
+    store.shutdown(std::future::pending()).await;
+    let staging = Staging::open(dir.join(".app.db-replicad/ltx/0")).unwrap();
+    (db, replica, staging)
+}
+
+fn maintenance_in(dir: &TestDir) -> Maintenance {
+    Maintenance {
+        levels: vec![Duration::from_secs(1)],
+        snapshot_interval: Duration::from_secs(3600),
+        retention: RetentionPolicy {
+            snapshot_retention: Duration::from_secs(3600),
+            l0_retention: Duration::ZERO,
+            calendar: Default::default(),
+        },
+        retention_check: Duration::from_secs(3600),
+        retention_enabled: false,
+        codec: Codec::Lz4,
+        tmp_dir: dir.join("build-tmp"),
+        verify_interval: Duration::ZERO,
+        verify_recheck: Duration::ZERO,
+        replica_check: Duration::ZERO,
+        turns: Default::default(),
+    }
+}
+
+fn counters() -> ReplicaCounters {
+    let phases = Arc::new(replicad::util::phase::PhaseStats::new());
+    ReplicaMetrics::register(&prometheus::Registry::new(), phases).replica("app", "r", false)
+}
+
+/// Compacts the level-0 object `txid` alone into level 1.
+async fn compact_l0(
+    dir: &TestDir,
+    client: &AnyClient,
+    staging: &Staging,
+    txid: u64,
+) -> Result<LtxFileInfo, replicad::storage::StorageError> {
+    let input = client
+        .list(0)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|f| f.min_txid == TxId(txid))
+        .expect("the level-0 object is listed");
+    let work = Work::Compact {
+        level: 1,
+        inputs: vec![input],
+    };
+    let m = maintenance_in(dir);
+    match maintenance::run(work, &m, client, staging, &counters()).await? {
+        Done::Stored(info) => Ok(info),
+        other => panic!("a compaction ended as {other:?}"),
+    }
+}
+
+fn inode(path: &Path) -> u64 {
+    std::fs::metadata(path).unwrap().ino()
+}
+
+fn object(replica: &Path, level: u8, txid: u64) -> PathBuf {
+    replica
+        .join(format!("ltx/{level}"))
+        .join(ltx::format_filename(TxId(txid), TxId(txid)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_staged_segment_is_stored_at_level_1_as_it_is_and_restores() {
+    let dir = TestDir::new("as-is-l1");
+    let (db, replica, staging) = two_staged_segments(&dir).await;
+    let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
+    for txid in [1, 2] {
+        let info = compact_l0(&dir, &client, &staging, txid).await.unwrap();
+        assert_eq!((info.min_txid, info.max_txid), (TxId(txid), TxId(txid)));
+        assert_eq!(
+            inode(&object(&replica, 1, txid)),
+            inode(&staging.path(TxId(txid))),
+            "level-1 object {txid} is the staged segment, linked, not a copy"
+        );
+    }
+    // TXID 2 came from the WAL: its header keeps the WAL fields a merge would have zeroed.
+    let header =
+        ltx::decoder::read_header(std::fs::File::open(object(&replica, 1, 2)).unwrap()).unwrap();
+    assert!(header.wal_offset > 0 && header.wal_size > 0, "{header:?}");
+    assert!(
+        common::files_under(&dir.join("build-tmp"), |_| true).is_empty(),
+        "the build directory keeps no link"
+    );
+
+    // Level 1 alone restores, with replicad and with Litestream.
+    std::fs::remove_dir_all(replica.join("ltx/0")).unwrap();
+    assert_eq!(level_ranges(&replica, 1), vec![(1, 1), (2, 2)]);
+    let out = dir.join("by-replicad.db");
+    common::restore_ok(&replica.display().to_string(), &out, None);
+    assert_same_content(&db, &out, "replicad restore of level 1 stored as is");
+    let Some(ls) = common::litestream_bin() else {
+        eprintln!("SKIPPED the Litestream half: litestream not installed");
+        return;
+    };
+    let out = dir.join("by-litestream.db");
+    let o = std::process::Command::new(ls)
+        .env_remove("AWS_CA_BUNDLE")
+        .args(["restore", "-o", common::s(&out)])
+        .arg(format!("file://{}", replica.display()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_same_content(&db, &out, "Litestream restore of level 1 stored as is");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_segment_that_no_longer_verifies_is_not_stored_again() {
+    let dir = TestDir::new("as-is-rot");
+    let (_db, replica, staging) = two_staged_segments(&dir).await;
+    let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
+    // One byte of a page rots in place, the size kept.
+    let staged = staging.path(TxId(2));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .open(&staged)
+        .unwrap();
+    let at = ltx::HEADER_SIZE as u64 + 64;
+    let mut b = [0u8; 1];
+    file.read_exact_at(&mut b, at).unwrap();
+    file.write_all_at(&[b[0] ^ 0x5a], at).unwrap();
+    drop(file);
+
+    let err = compact_l0(&dir, &client, &staging, 2)
+        .await
+        .expect_err("a segment that does not verify is refused")
+        .to_string();
+    assert!(err.contains("staged segment"), "{err}");
+    assert!(
+        level_ranges(&replica, 1).is_empty(),
+        "nothing was stored at level 1"
+    );
+    assert!(
+        common::files_under(&dir.join("build-tmp"), |_| true).is_empty(),
+        "the build directory keeps no link"
+    );
+}
