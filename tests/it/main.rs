@@ -43,6 +43,8 @@ mod evict_range;
 mod exec_notify;
 /// `restore --follow`: a read replica kept up to date in place.
 mod follow;
+/// A clean stop right after a heal verifies the replica before it reports.
+mod heal_at_stop;
 /// The Helm chart, rendered by the real helm.
 mod helm;
 /// The HTTP endpoints: /metrics, /healthz, /readyz, /status.

@@ -32,7 +32,7 @@ fn fast(codec: Codec) -> DbSettings {
     }
 }
 
-async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+pub(crate) async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -313,7 +313,7 @@ fn kill9_during_compaction_and_snapshots_leaves_no_partial_object() {
 
 /// A database with one commit, replicated to `replica` by a Store that verifies every 300 ms,
 /// compacts only hourly and snapshots every `snapshot`; returns once the first verify passed.
-async fn verified_every_300ms(
+pub(crate) async fn verified_every_300ms(
     dir: &TestDir,
     name: &str,
     snapshot: &str,
@@ -372,7 +372,7 @@ async fn stopped_and_restored_equal(
 /// Flips a byte in the middle of the replica's file at `path`, keeping its size; returns the
 /// damaged bytes. The file is replaced whole: a directory replica's file may share its inode
 /// with the staged segment (it links it), which an in-place write would damage too.
-fn damage(path: &Path) -> Vec<u8> {
+pub(crate) fn damage(path: &Path) -> Vec<u8> {
     let mut bytes = std::fs::read(path).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;

@@ -181,6 +181,39 @@ impl Replica {
         }
     }
 
+    /// At a clean stop, verifies a replica that was re-seeded after a failed verify and not
+    /// verified since (within the shutdown's timeout, which cancels it), so that the stop
+    /// reports what holds: the old verdict would otherwise be the last word on a healed
+    /// replica, and the next process keeps neither.
+    pub(super) async fn confirm_heal(&mut self) {
+        if self.healed && self.unrestorable.is_some() {
+            let turn = self
+                .maint
+                .turns
+                .verifies
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("the verify semaphore is never closed");
+            let job = Job::Verify;
+            match maintenance::plan(job, &self.maint, &self.client, &self.index, None) {
+                Ok(Some(work)) => {
+                    let (m, counters) = (&self.maint, &self.stats.counters);
+                    let done = maintenance::run(work, m, &self.client, &self.staging, counters);
+                    let done = done.await;
+                    drop(turn);
+                    self.finished(job, Ok(done));
+                }
+                Ok(None) => {}
+                Err(e) => self.finished(job, Ok(Err(e))),
+            }
+        }
+        // A verify that passed here or in the job waited for at the stop.
+        if self.unrestorable.is_none() {
+            self.stats.health.recover();
+        }
+    }
+
     /// Aborts the running maintenance job, if any (a request already sent may still land).
     pub(super) fn abort_maintenance(&mut self, why: &str) {
         if let Some((job, _)) = self.job.take() {

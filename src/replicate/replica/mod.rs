@@ -647,14 +647,19 @@ impl Replica {
                     backoff.reset();
                     if closed {
                         // A verify's verdict would not outlive the process: it stops now (its
-                        // restore stops with it). Any other job is waited for, unless the
-                        // shutdown's timeout cancels it: what it stores is kept.
-                        if matches!(self.job, Some((Job::Verify, _))) {
+                        // restore stops with it), unless it confirms a heal (`confirm_heal`).
+                        // Any other job is waited for, unless the shutdown's timeout cancels
+                        // it: what it stores is kept.
+                        if matches!(self.job, Some((Job::Verify, _))) && !self.healed {
                             self.abort_maintenance("the database stopped");
                         }
                         tokio::select! {
                             _ = abort.cancelled() => return,
                             _ = Box::pin(self.settle_maintenance()) => {}
+                        }
+                        tokio::select! {
+                            _ = abort.cancelled() => return,
+                            _ = Box::pin(self.confirm_heal()) => {}
                         }
                         Box::pin(self.lease.release(&self.stats.counters)).await;
                         return;
