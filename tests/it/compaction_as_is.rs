@@ -23,7 +23,7 @@ use replicad::storage::{AnyClient, LtxFileInfo, ReplicaClient};
 
 /// A replica and staging left by a daemon that shipped TXIDs 1 and 2 (2 from the WAL) and
 /// never compacted; returns the database, the replica and the staging directory.
-async fn two_staged_segments(dir: &TestDir) -> (PathBuf, PathBuf, Staging) {
+async fn two_staged_segments(dir: &TestDir, codec: Codec) -> (PathBuf, PathBuf, Staging) {
     let db = dir.join("app.db");
     let replica = dir.join("replica");
     let mut writer = Writer::open(&db, common::seed(dir.path().to_str().unwrap()));
@@ -35,7 +35,7 @@ async fn two_staged_segments(dir: &TestDir) -> (PathBuf, PathBuf, Staging) {
         levels: vec![never],
         snapshot_interval: never,
         l0_retention: never,
-        compression: Codec::Lz4,
+        compression: codec,
         ..DbSettings::default()
     };
     let config = Config::single(db.clone(), &[replica.display().to_string()], settings).unwrap();
@@ -56,7 +56,7 @@ async fn two_staged_segments(dir: &TestDir) -> (PathBuf, PathBuf, Staging) {
     (db, replica, staging)
 }
 
-fn maintenance_in(dir: &TestDir) -> Maintenance {
+fn maintenance_in(dir: &TestDir, codec: Codec) -> Maintenance {
     Maintenance {
         levels: vec![Duration::from_secs(1)],
         snapshot_interval: Duration::from_secs(3600),
@@ -67,7 +67,7 @@ fn maintenance_in(dir: &TestDir) -> Maintenance {
         },
         retention_check: Duration::from_secs(3600),
         retention_enabled: false,
-        codec: Codec::Lz4,
+        codec,
         tmp_dir: dir.join("build-tmp"),
         verify_interval: Duration::ZERO,
         verify_recheck: Duration::ZERO,
@@ -81,9 +81,10 @@ fn counters() -> ReplicaCounters {
     ReplicaMetrics::register(&prometheus::Registry::new(), phases).replica("app", "r", false)
 }
 
-/// Compacts the level-0 object `txid` alone into level 1.
+/// Compacts the level-0 object `txid` alone into level 1, writing `codec`.
 async fn compact_l0(
     dir: &TestDir,
+    codec: Codec,
     client: &AnyClient,
     staging: &Staging,
     txid: u64,
@@ -99,7 +100,7 @@ async fn compact_l0(
         level: 1,
         inputs: vec![input],
     };
-    let m = maintenance_in(dir);
+    let m = maintenance_in(dir, codec);
     match maintenance::run(work, &m, client, staging, &counters()).await? {
         Done::Stored(info) => Ok(info),
         other => panic!("a compaction ended as {other:?}"),
@@ -119,10 +120,12 @@ fn object(replica: &Path, level: u8, txid: u64) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_staged_segment_is_stored_at_level_1_as_it_is_and_restores() {
     let dir = TestDir::new("as-is-l1");
-    let (db, replica, staging) = two_staged_segments(&dir).await;
+    let (db, replica, staging) = two_staged_segments(&dir, Codec::Lz4).await;
     let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
     for txid in [1, 2] {
-        let info = compact_l0(&dir, &client, &staging, txid).await.unwrap();
+        let info = compact_l0(&dir, Codec::Lz4, &client, &staging, txid)
+            .await
+            .unwrap();
         assert_eq!((info.min_txid, info.max_txid), (TxId(txid), TxId(txid)));
         assert_eq!(
             inode(&object(&replica, 1, txid)),
@@ -163,7 +166,7 @@ async fn a_lone_staged_segment_is_stored_at_level_1_as_it_is_and_restores() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_staged_segment_that_no_longer_verifies_is_not_stored_again() {
     let dir = TestDir::new("as-is-rot");
-    let (_db, replica, staging) = two_staged_segments(&dir).await;
+    let (_db, replica, staging) = two_staged_segments(&dir, Codec::Lz4).await;
     let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
     // One byte of a page rots in place, the size kept.
     let staged = staging.path(TxId(2));
@@ -178,7 +181,7 @@ async fn a_staged_segment_that_no_longer_verifies_is_not_stored_again() {
     file.write_all_at(&[b[0] ^ 0x5a], at).unwrap();
     drop(file);
 
-    let err = compact_l0(&dir, &client, &staging, 2)
+    let err = compact_l0(&dir, Codec::Lz4, &client, &staging, 2)
         .await
         .expect_err("a segment that does not verify is refused")
         .to_string();
@@ -191,4 +194,35 @@ async fn a_staged_segment_that_no_longer_verifies_is_not_stored_again() {
         common::files_under(&dir.join("build-tmp"), |_| true).is_empty(),
         "the build directory keeps no link"
     );
+}
+
+/// zstd segments are stored as they are at any level (`zstd:5` here; a header names the codec,
+/// not its level), and segments of another codec than the outputs' are merged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zstd_segments_at_any_level_are_stored_as_they_are_and_another_codec_is_merged() {
+    let dir = TestDir::new("as-is-zstd");
+    let (db, replica, staging) = two_staged_segments(&dir, Codec::Zstd(5)).await;
+    let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
+    compact_l0(&dir, Codec::Zstd(5), &client, &staging, 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        inode(&object(&replica, 1, 1)),
+        inode(&staging.path(TxId(1)))
+    );
+    // Outputs in lz4 from zstd segments are merged into a file of their own.
+    compact_l0(&dir, Codec::Lz4, &client, &staging, 2)
+        .await
+        .unwrap();
+    assert_ne!(
+        inode(&object(&replica, 1, 2)),
+        inode(&staging.path(TxId(2)))
+    );
+    let header =
+        ltx::decoder::read_header(std::fs::File::open(object(&replica, 1, 2)).unwrap()).unwrap();
+    assert_eq!(header.codec().unwrap(), Codec::Lz4);
+    std::fs::remove_dir_all(replica.join("ltx/0")).unwrap();
+    let out = dir.join("restored.db");
+    common::restore_ok(&replica.display().to_string(), &out, None);
+    assert_same_content(&db, &out, "level 1 stored as is and merged");
 }
