@@ -486,21 +486,12 @@ async fn build(
     };
     let timestamp = match as_is {
         Some(timestamp) => timestamp,
-        None => merge(
-            m,
-            client,
-            staging,
-            inputs,
-            min_override,
-            &tmp,
-            gate,
-            counters,
-        )
-        .await
-        .map_err(|e| match e {
-            Merge::Open(e) => e,
-            Merge::Build(reason) => failed(reason),
-        })?,
+        None => {
+            let readers = open_inputs(client, staging, inputs, counters).await?;
+            merge(m, readers, min_override, &tmp, gate)
+                .await
+                .map_err(failed)?
+        }
     };
     drop(turn);
     let put_started = Instant::now();
@@ -574,24 +565,14 @@ async fn link_verified(
     .and_then(|r| r)
 }
 
-/// Why a merge failed: an input could not be opened (a request), or the build failed.
-enum Merge {
-    Open(StorageError),
-    Build(String),
-}
-
-/// Merges `inputs` into `tmp`, fsynced; returns the output's timestamp.
-#[allow(clippy::too_many_arguments)]
-async fn merge(
-    m: &Maintenance,
+/// Opens every input: a level-0 segment from local staging when it is there, any other
+/// file from the replica.
+async fn open_inputs(
     client: &AnyClient,
     staging: &Staging,
     inputs: &[LtxFileInfo],
-    min_override: Option<TxId>,
-    tmp: &std::path::Path,
-    gate: Gate,
     counters: &ReplicaCounters,
-) -> Result<i64, Merge> {
+) -> Result<Vec<Input>, StorageError> {
     let handle = tokio::runtime::Handle::current();
     let mut readers: Vec<Input> = Vec::with_capacity(inputs.len());
     for f in inputs {
@@ -605,14 +586,24 @@ async fn merge(
                 let opened = Instant::now();
                 let body = client.open(f.level, f.min_txid, f.max_txid, 0).await;
                 counters.observe(1, opened, &body);
-                let body = body.map_err(Merge::Open)?;
                 readers.push(Box::new(SyncIoBridge::new_with_handle(
-                    body,
+                    body?,
                     handle.clone(),
                 )));
             }
         }
     }
+    Ok(readers)
+}
+
+/// Merges `readers` into `tmp`, fsynced; returns the output's timestamp.
+async fn merge(
+    m: &Maintenance,
+    readers: Vec<Input>,
+    min_override: Option<TxId>,
+    tmp: &std::path::Path,
+    gate: Gate,
+) -> Result<i64, String> {
     let tmp_dir = m.tmp_dir.clone();
     let codec = m.codec;
     let out_path = tmp.to_path_buf();
@@ -649,5 +640,4 @@ async fn merge(
     .await
     .map_err(|e| e.to_string())
     .and_then(|r| r)
-    .map_err(Merge::Build)
 }
