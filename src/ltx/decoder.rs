@@ -309,6 +309,14 @@ impl<R: Read> Decoder<R> {
         Ok(())
     }
 
+    /// Decodes every page, then checks the index and trailer ([`Decoder::finish`]): the whole
+    /// file verified.
+    pub fn verify_to_end(mut self) -> Result<Trailer, LtxError> {
+        let mut page = vec![0u8; self.header.page_size as usize];
+        while self.next_page(&mut page)?.is_some() {}
+        self.finish()
+    }
+
     /// Drains any remaining pages, then reads and checks the index and trailer.
     pub fn finish(mut self) -> Result<Trailer, LtxError> {
         if !self.pages_done {

@@ -173,11 +173,9 @@ impl Staging {
         };
         let path = self.path(txid);
         let verify = || -> Result<StagedTip, ltx::LtxError> {
-            let mut dec = ltx::Decoder::new(File::open(&path)?)?;
+            let dec = ltx::Decoder::new(File::open(&path)?)?;
             let header = *dec.header();
-            let mut page = vec![0u8; header.page_size as usize];
-            while dec.next_page(&mut page)?.is_some() {}
-            let trailer = dec.finish()?;
+            let trailer = dec.verify_to_end()?;
             Ok(StagedTip {
                 header,
                 post_apply_checksum: trailer.post_apply_checksum,

@@ -226,3 +226,39 @@ async fn zstd_segments_at_any_level_are_stored_as_they_are_and_another_codec_is_
     common::restore_ok(&replica.display().to_string(), &out, None);
     assert_same_content(&db, &out, "level 1 stored as is and merged");
 }
+
+/// A level-9 snapshot whose plan is the lone full segment at TXID 1 is that segment too; a
+/// compaction whose staged segment is gone merges from the replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_first_segment_is_the_snapshot_and_a_pruned_one_is_merged_from_the_replica() {
+    let dir = TestDir::new("as-is-l9");
+    let (db, replica, staging) = two_staged_segments(&dir, Codec::Lz4).await;
+    let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
+    let l0 = client.list(0).await.unwrap();
+    let first = l0.iter().find(|f| f.min_txid == TxId(1)).unwrap().clone();
+    let work = Work::Snapshot { plan: vec![first] };
+    let m = maintenance_in(&dir, Codec::Lz4);
+    match maintenance::run(work, &m, &client, &staging, &counters()).await {
+        Ok(Done::Stored(info)) => assert_eq!((info.level, info.max_txid), (9, TxId(1))),
+        other => panic!("the snapshot ended as {other:?}"),
+    }
+    assert_eq!(
+        inode(&object(&replica, 9, 1)),
+        inode(&staging.path(TxId(1)))
+    );
+
+    let staged = inode(&staging.path(TxId(2)));
+    std::fs::remove_file(staging.path(TxId(2))).unwrap();
+    compact_l0(&dir, Codec::Lz4, &client, &staging, 2)
+        .await
+        .unwrap();
+    assert_ne!(
+        inode(&object(&replica, 1, 2)),
+        staged,
+        "merged into a file of its own"
+    );
+    std::fs::remove_dir_all(replica.join("ltx/0")).unwrap();
+    let out = dir.join("restored.db");
+    common::restore_ok(&replica.display().to_string(), &out, None);
+    assert_same_content(&db, &out, "level 9 as is, then level 1 merged");
+}

@@ -514,8 +514,14 @@ fn lone_staged(
     min_override: Option<TxId>,
 ) -> Option<PathBuf> {
     let [f] = inputs else { return None };
-    (f.level == 0 && f.min_txid == f.max_txid && min_override.is_none_or(|t| t == f.min_txid))
-        .then(|| staging.path(f.min_txid))
+    staged_txid(f)
+        .filter(|&txid| min_override.is_none_or(|t| t == txid))
+        .map(|txid| staging.path(txid))
+}
+
+/// The TXID of `f` if it is a level-0 segment, which staging may still hold.
+fn staged_txid(f: &LtxFileInfo) -> Option<TxId> {
+    (f.level == 0 && f.min_txid == f.max_txid).then_some(f.min_txid)
 }
 
 /// Links the staged `segment` at `tmp` (which keeps it if staging drops it meanwhile) and
@@ -537,15 +543,13 @@ async fn link_verified(
         }
         let verified = (|| -> Result<_, ltx::LtxError> {
             let file = std::fs::File::open(&tmp)?;
-            let mut dec = Decoder::new(Stoppable::new(file, gate.token().clone()))?;
+            let dec = Decoder::new(Stoppable::new(file, gate.token().clone()))?;
             let header = *dec.header();
             // By family: the level of zstd or gzip blocks does not matter to a reader.
             if header.flags & ltx::HEADER_FLAG_CODEC_MASK != codec.flag_bits() {
                 return Ok(None);
             }
-            let mut page = vec![0u8; header.page_size as usize];
-            while dec.next_page(&mut page)?.is_some() {}
-            dec.finish()?;
+            dec.verify_to_end()?;
             Ok(Some(header.timestamp))
         })();
         let kept = match verified {
@@ -576,10 +580,7 @@ async fn open_inputs(
     let handle = tokio::runtime::Handle::current();
     let mut readers: Vec<Input> = Vec::with_capacity(inputs.len());
     for f in inputs {
-        let local = staging.path(f.min_txid);
-        let local = (f.level == 0 && f.min_txid == f.max_txid)
-            .then(|| std::fs::File::open(&local).ok())
-            .flatten();
+        let local = staged_txid(f).and_then(|txid| std::fs::File::open(staging.path(txid)).ok());
         match local {
             Some(file) => readers.push(Box::new(file)),
             None => {

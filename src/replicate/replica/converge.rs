@@ -192,7 +192,14 @@ impl Replica {
         // Whatever asked for it, this seed is the one any other pending one would store.
         self.pending_seed = None;
         self.heal_owed = false;
-        self.healed |= self.unrestorable.is_some();
+        if self.unrestorable.is_some() {
+            self.healed = true;
+            self.heal_unverified = true;
+            self.unrestorable = Some(format!(
+                "verify failed at TXID {}; re-seeded at TXID {}, not verified since",
+                self.failed_tip, seed.txid
+            ));
+        }
         // Counted before the log line: a slow log write must not leave the object visible
         // and uncounted.
         self.stats.counters.reseeds[reason as usize].inc();

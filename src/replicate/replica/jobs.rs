@@ -106,6 +106,7 @@ impl Replica {
         match done {
             Ok(maintenance::Done::Unrestorable { tip, reason }) => {
                 self.failed_tip = tip;
+                self.heal_unverified = false;
                 self.verified = None;
                 let failed =
                     format!("verify failed: the replica does not restore to TXID {tip} ({reason})");
@@ -131,6 +132,7 @@ impl Replica {
             }
             Ok(done) => {
                 if let maintenance::Done::Checked(id) = done {
+                    self.heal_unverified = false;
                     let at = Instant::now();
                     self.verified = Some(Verified { plan: id, at });
                     if self.unrestorable.take().is_some() {
@@ -148,8 +150,10 @@ impl Replica {
             Err(e) => {
                 tracing::warn!(db = %self.db, replica = %self.name, ?job, error = %e, "maintenance failed; retrying at its next interval");
                 // A file we stored is gone: the replica may have been wiped around a
-                // lease write (which then survived); the next round lists it.
-                if matches!(e, StorageError::NotFound(_)) {
+                // lease write (which then survived); the next round lists it. So is an
+                // output whose name is taken: the index missed that object (a put whose
+                // answer was lost, then a retry that built other bytes).
+                if matches!(e, StorageError::NotFound(_) | StorageError::Conflict { .. }) {
                     self.recheck = true;
                 }
             }
@@ -186,15 +190,18 @@ impl Replica {
     /// reports what holds: the old verdict would otherwise be the last word on a healed
     /// replica, and the next process keeps neither.
     pub(super) async fn confirm_heal(&mut self) {
-        if self.healed && self.unrestorable.is_some() {
-            let turn = self
-                .maint
-                .turns
-                .verifies
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("the verify semaphore is never closed");
+        if self.heal_unverified {
+            let turn = match self.verify_turn.take() {
+                Some(turn) => turn,
+                None => self
+                    .maint
+                    .turns
+                    .verifies
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the verify semaphore is never closed"),
+            };
             let job = Job::Verify;
             match maintenance::plan(job, &self.maint, &self.client, &self.index, None) {
                 Ok(Some(work)) => {

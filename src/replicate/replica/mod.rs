@@ -156,6 +156,9 @@ pub struct Replica {
     /// A seed was stored since the verify failed (another failure then points at the
     /// database itself, and no further seed is made).
     healed: bool,
+    /// A seed was stored since the verify failed and no verify has run since (see
+    /// `confirm_heal`).
+    heal_unverified: bool,
     /// A file of ours was found missing: list the replica before the next upload.
     recheck: bool,
     /// When the replica is next listed to check that it still restores (`replica_check`).
@@ -222,6 +225,7 @@ impl Replica {
             unrestorable: None,
             heal_owed: false,
             healed: false,
+            heal_unverified: false,
             uploading: TxId(0),
             verified: None,
             l1_failures: 0,
@@ -647,21 +651,23 @@ impl Replica {
                     backoff.reset();
                     if closed {
                         // A verify's verdict would not outlive the process: it stops now (its
-                        // restore stops with it), unless it confirms a heal (`confirm_heal`).
-                        // Any other job is waited for, unless the shutdown's timeout cancels
-                        // it: what it stores is kept.
-                        if matches!(self.job, Some((Job::Verify, _))) && !self.healed {
+                        // restore stops with it), unless it confirms a heal (`confirm_heal`,
+                        // after the lease: it only reads). Any other job is waited for, unless
+                        // the shutdown's timeout cancels it: what it stores is kept. Our own
+                        // place in the verify turns' line would hold up that verify's turn.
+                        drop(in_line.take());
+                        if matches!(self.job, Some((Job::Verify, _))) && !self.heal_unverified {
                             self.abort_maintenance("the database stopped");
                         }
                         tokio::select! {
                             _ = abort.cancelled() => return,
                             _ = Box::pin(self.settle_maintenance()) => {}
                         }
+                        Box::pin(self.lease.release(&self.stats.counters)).await;
                         tokio::select! {
-                            _ = abort.cancelled() => return,
+                            _ = abort.cancelled() => {}
                             _ = Box::pin(self.confirm_heal()) => {}
                         }
-                        Box::pin(self.lease.release(&self.stats.counters)).await;
                         return;
                     }
                     None
