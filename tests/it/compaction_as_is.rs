@@ -107,6 +107,14 @@ async fn compact_l0(
     }
 }
 
+/// With level 0 deleted, the replica restores (with replicad) to `db`'s content.
+fn restores_without_level_0(dir: &TestDir, db: &Path, replica: &Path, what: &str) {
+    std::fs::remove_dir_all(replica.join("ltx/0")).unwrap();
+    let out = dir.join(&format!("{}.db", what.replace(' ', "-")));
+    common::restore_ok(&replica.display().to_string(), &out, None);
+    assert_same_content(db, &out, what);
+}
+
 fn inode(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().ino()
 }
@@ -143,22 +151,19 @@ async fn a_lone_staged_segment_is_stored_at_level_1_as_it_is_and_restores() {
     );
 
     // Level 1 alone restores, with replicad and with Litestream.
-    std::fs::remove_dir_all(replica.join("ltx/0")).unwrap();
+    restores_without_level_0(
+        &dir,
+        &db,
+        &replica,
+        "replicad restore of level 1 stored as is",
+    );
     assert_eq!(level_ranges(&replica, 1), vec![(1, 1), (2, 2)]);
-    let out = dir.join("by-replicad.db");
-    common::restore_ok(&replica.display().to_string(), &out, None);
-    assert_same_content(&db, &out, "replicad restore of level 1 stored as is");
     let Some(ls) = common::litestream_bin() else {
         eprintln!("SKIPPED the Litestream half: litestream not installed");
         return;
     };
     let out = dir.join("by-litestream.db");
-    let o = std::process::Command::new(ls)
-        .env_remove("AWS_CA_BUNDLE")
-        .args(["restore", "-o", common::s(&out)])
-        .arg(format!("file://{}", replica.display()))
-        .output()
-        .unwrap();
+    let o = common::litestream_restore(&ls, &replica, &out);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_same_content(&db, &out, "Litestream restore of level 1 stored as is");
 }
@@ -221,10 +226,7 @@ async fn zstd_segments_at_any_level_are_stored_as_they_are_and_another_codec_is_
     let header =
         ltx::decoder::read_header(std::fs::File::open(object(&replica, 1, 2)).unwrap()).unwrap();
     assert_eq!(header.codec().unwrap(), Codec::Lz4);
-    std::fs::remove_dir_all(replica.join("ltx/0")).unwrap();
-    let out = dir.join("restored.db");
-    common::restore_ok(&replica.display().to_string(), &out, None);
-    assert_same_content(&db, &out, "level 1 stored as is and merged");
+    restores_without_level_0(&dir, &db, &replica, "level 1 stored as is and merged");
 }
 
 /// A level-9 snapshot whose plan is the lone full segment at TXID 1 is that segment too; a
@@ -257,8 +259,5 @@ async fn a_lone_first_segment_is_the_snapshot_and_a_pruned_one_is_merged_from_th
         staged,
         "merged into a file of its own"
     );
-    std::fs::remove_dir_all(replica.join("ltx/0")).unwrap();
-    let out = dir.join("restored.db");
-    common::restore_ok(&replica.display().to_string(), &out, None);
-    assert_same_content(&db, &out, "level 9 as is, then level 1 merged");
+    restores_without_level_0(&dir, &db, &replica, "level 9 as is, then level 1 merged");
 }

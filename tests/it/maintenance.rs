@@ -229,16 +229,7 @@ async fn litestream_restores_a_replica_replicad_compacted() {
     store.shutdown(std::future::pending()).await;
     assert!(!level_ranges(&replica, 9).is_empty() && !level_ranges(&replica, 1).is_empty());
     let out = dir.join("by-litestream.db");
-    let o = std::process::Command::new(ls)
-        .env_remove("AWS_CA_BUNDLE")
-        .args([
-            "restore",
-            "-o",
-            out.to_str().unwrap(),
-            &format!("file://{}", replica.display()),
-        ])
-        .output()
-        .unwrap();
+    let o = common::litestream_restore(&ls, &replica, &out);
     assert!(
         o.status.success(),
         "litestream restore: {}",

@@ -9,7 +9,6 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::{self, sleep};
@@ -369,15 +368,6 @@ fn config_file_form() {
         restore_ok(s(r), &out, None);
         assert_same_content(db, &out, &format!("{}", db.display()));
     }
-}
-
-fn litestream_restore(ls: &Path, replica: &Path, out: &Path) -> std::process::Output {
-    Command::new(ls)
-        .args(["restore", "-o", s(out)])
-        .arg(format!("file://{}", replica.display()))
-        .env_remove("AWS_CA_BUNDLE")
-        .output()
-        .expect("run litestream")
 }
 
 #[test]

@@ -718,6 +718,17 @@ pub fn litestream_bin() -> Option<PathBuf> {
     found
 }
 
+/// `litestream restore -o out file://replica` (the host's CA bundle unset: it breaks
+/// Litestream's clients).
+pub fn litestream_restore(ls: &Path, replica: &Path, out: &Path) -> Output {
+    Command::new(ls)
+        .args(["restore", "-o", s(out)])
+        .arg(format!("file://{}", replica.display()))
+        .env_remove("AWS_CA_BUNDLE")
+        .output()
+        .expect("run litestream")
+}
+
 /// Waits (at most 60 s) until the replica holds `txid`; returns the TXID it holds.
 pub async fn wait_for_replica_txid(c: &replicad::storage::AnyClient, txid: u64, name: &str) -> u64 {
     use replicad::storage::ReplicaClient;
