@@ -25,6 +25,9 @@ pub(super) fn barrier_busy(attempt: i32) -> bool {
 /// Most unlocked backfill passes before a checkpoint takes the barrier.
 pub(super) const BACKFILL_PASSES: usize = 16;
 
+/// Most unlocked passes once the WAL holds half of `truncate-page-n`.
+pub(super) const NEAR_TRUNCATE_PASSES: usize = 3;
+
 /// Frames left past our read mark that a checkpoint copies under the barrier without another
 /// unlocked pass first (about 1 MiB of 4 KiB pages: a few milliseconds of copying).
 pub(super) const BACKFILL_SETTLED_FRAMES: u64 = 256;
@@ -164,8 +167,9 @@ impl Db {
         // later tick, without holding up the monitor. Insistently past a quarter of the
         // TRUNCATE threshold, so that a writer that never pauses gets one short stall of a
         // PASSIVE checkpoint instead of a TRUNCATE's long one followed by a full segment.
-        let insist = pages >= self.insist_pages();
-        if insist {
+        // The WAL as it is now, after the passes: a writer committing back to back grows it
+        // during them by more than the whole threshold, and a polite barrier then fails.
+        if self.wal_pages().max(pages) >= self.insist_pages() {
             barrier.busy_handler(Some(barrier_busy))?;
         } else {
             barrier.busy_timeout(Duration::from_millis(10))?;
@@ -364,14 +368,15 @@ impl Db {
         // Where the previous pass left our read mark, in frames.
         let mut read_mark = 0;
         let mut last_behind = u64::MAX;
-        // Near the TRUNCATE threshold the barrier comes sooner: passes do not shrink the WAL.
-        let passes = if self.wal_pages() >= u64::from(self.settings.truncate_page_n / 2) {
-            3
-        } else {
-            BACKFILL_PASSES
-        };
         let start_gen = self.mark_salts();
-        for pass in 0..passes {
+        for pass in 0..BACKFILL_PASSES {
+            // Near the TRUNCATE threshold the barrier comes sooner, and past it at once:
+            // passes do not shrink the WAL, and a fast writer grows it during each of them.
+            let wal = self.wal_pages();
+            let limit = u64::from(self.settings.truncate_page_n);
+            if (pass >= NEAR_TRUNCATE_PASSES && wal >= limit / 2) || (pass >= 1 && wal >= limit) {
+                return Ok((written, last_behind, false));
+            }
             // Moving the mark hands a large backlog to whichever checkpoint comes next;
             // holding the checkpoint lock across the move makes it ours, not the
             // application's auto-checkpoint (which would copy it inside one of its commits).
