@@ -3,7 +3,8 @@
 //! exit 0, rather than the verdict the seed answered.
 
 use crate::common;
-use crate::maintenance::{damage, verified_every_300ms, wait_until};
+use crate::maintenance::wait_until;
+use crate::periodic_verify::{damage, verified_every_300ms};
 
 use std::time::Duration;
 

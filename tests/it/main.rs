@@ -69,6 +69,8 @@ mod monitoring;
 mod never_unprotected;
 /// Google Cloud Storage, Azure and WebDAV replicas end to end, against real servers.
 mod object_replicate;
+/// The periodic verify: a failing replica reported and re-seeded, rechecks, turns.
+mod periodic_verify;
 /// Per-phase throughput metrics and the /status endpoint.
 mod phases_status;
 /// README.md's commands, run verbatim.
@@ -91,6 +93,8 @@ mod single_writer;
 mod snapshot_verify;
 /// Randomized soak (the long one is `#[ignore]`d; `tests/soak/run.sh` runs it).
 mod soak;
+/// Databases and replicas that cannot start: not ready, config errors, failed starts.
+mod start_failures;
 /// Storage errors as one readable line: replica, operation, cause, hint.
 mod storage_errors;
 /// Webhooks and the heartbeat ping (`notify`), received by a loopback HTTP server.
