@@ -45,7 +45,7 @@ pub struct ReplicateArgs {
     /// TRUNCATE checkpoint above this many WAL pages.
     #[arg(long, value_name = "PAGES")]
     pub truncate_page_n: Option<u32>,
-    /// Page codec: lz4 (Litestream-compatible), zstd[:LEVEL], gzip[:LEVEL], none.
+    /// Page codec: lz4 (Litestream-compatible), zstd or zstd:LEVEL, gzip or gzip:LEVEL, none.
     #[arg(long, value_name = "CODEC")]
     pub compression: Option<Codec>,
     /// Run the full change verification at least this often even when idle.

@@ -232,7 +232,7 @@ pub struct DirConfig {
     pub recursive: bool,
     /// Key `watch` (default false): add and remove databases while running.
     pub watch: bool,
-    /// The replicas of every discovered database, before [`DirConfig::replica_for`].
+    /// The replicas of every discovered database, before [`DirConfig::db`] moves them under it.
     pub replicas: Vec<ReplicaConfig>,
     /// Effective settings of every discovered database.
     pub settings: DbSettings,

@@ -3,7 +3,7 @@
 //!
 //! - Events come from the state `/readyz` judges by: every second the databases' and
 //!   replicas' health cells, lag and counters are compared with what was last seen
-//!   ([`diff`]). A failure is reported once it has lasted `max-lag` (the readiness grace: a
+//!   (`diff`). A failure is reported once it has lasted `max-lag` (the readiness grace: a
 //!   network blip flaps nothing), a replica more than `max-lag` behind counts as failing
 //!   even when its uploads report no error, and a recovery is reported only after its
 //!   failure was. A lost lease is one `lease-lost` event (the replica stopped for good). A

@@ -8,7 +8,7 @@
 //!
 //! Invariants:
 //! - A parked database is checked at the grid times its monitor would have ticked at (its
-//!   [`TickGrid`] slot), so parking adds no lag.
+//!   `TickGrid` slot), so parking adds no lag.
 //! - A monitor leaves by dropping its [`Parked`] (a forced sync, shutdown); the watch forgets
 //!   such entries at its next pass. An entry still held by its monitor is dropped only
 //!   after that monitor has been woken.

@@ -1,6 +1,6 @@
 //! The tick grid: when monitors tick.
 //!
-//! Every database ticks once per monitor interval, on one of [`TICK_SLOTS`] slots of that
+//! Every database ticks once per monitor interval, on one of `TICK_SLOTS` slots of that
 //! interval, all slots counted from one epoch per process. Databases that share a slot share
 //! the runtime's timer wake-up, and the [`crate::replicate::dormant`] checks a slot's dormant
 //! databases at the very times their monitors would have ticked.

@@ -8,7 +8,7 @@
 //! Apply walks the chain newest first and writes each page number once, the first time it is
 //! seen (the newest copy wins, as upstream's compactor decides), with positional writes into
 //! `<to>.tmp` ([`OutputFile`]: around the page cache when unchecked), decoded by a thread per
-//! core by default ([`RestoreOptions::threads`], [`pages`]), which also write the pages when they go through the page cache (direct
+//! core by default ([`RestoreOptions::threads`], `pages`), which also write the pages when they go through the page cache (direct
 //! writes go out from the reading thread in 1 MiB runs). Memory is two batches of 256 KiB of
 //! pages and their stored frames per thread, the 1 MiB run, a bitmap of written pages and,
 //! from a remote replica, a [`DownloadWindow`] of `parallelism` chunks, whatever the size of

@@ -34,7 +34,7 @@
 //! 7. An application's FULL, RESTART or TRUNCATE checkpoint waits on our read transaction
 //!    for one monitor tick at most: the Db seals, steps aside while it runs, and proves
 //!    continuity before it takes a new WAL generation as following its mark
-//!    ([`app_checkpoint`]).
+//!    (`app_checkpoint`).
 //! 8. While our connection is open, the WAL at the path is the file it opened: SQLite deletes
 //!    a WAL only on the last connection's close. Another file there, or none, means something
 //!    else deleted it under the application ([`DbError::WalLost`]): our connection closes at
@@ -160,7 +160,7 @@ pub struct DbStats {
     /// ([`crate::replicate::walwatch`]); 0 while commits are found by polling.
     pub commit_watched: AtomicBool,
     /// Times the database stepped out of the way of an application's FULL, RESTART or
-    /// TRUNCATE checkpoint ([`app_checkpoint`]).
+    /// TRUNCATE checkpoint (`app_checkpoint`).
     pub checkpoint_yields: AtomicU64,
     /// Yields that found the WAL restarted without an index proof and continued the chain
     /// on the new WAL (the database file held our position) instead of a full segment.
@@ -235,7 +235,7 @@ pub enum DbError {
     /// generations, so it was dropped (the next sync sees the restart).
     #[error("the WAL was restarted while it was read; dropped what was read")]
     WalRestartedDuringRead,
-    /// The WAL file was deleted while the application had the database open ([`lost_wal`]).
+    /// The WAL file was deleted while the application had the database open (`lost_wal`).
     #[error(
         "the WAL file {path} was {what} while the database was open, by something other than \
          SQLite: the application's open connections commit into a file that no new connection \
