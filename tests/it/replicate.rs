@@ -755,7 +755,7 @@ fn checkpoints_keep_up_with_a_writer_committing_back_to_back() {
         "{checkpoints} checkpoints ({truncates} TRUNCATE) in 5 s beside {commits} commits"
     );
     // 8,000-21,000 frames here; passes that went on past the threshold let it reach
-    // 15,000-55,000 (over 32,000 in 5 of 6 runs).
+    // 15,000-55,000 (over 32,000 in 4 of 6 runs).
     assert!(
         peak_frames <= 32_000,
         "the WAL reached {peak_frames} frames (truncate-page-n 8,000)"
