@@ -25,7 +25,8 @@ pub(super) fn barrier_busy(attempt: i32) -> bool {
 /// Most unlocked backfill passes before a checkpoint takes the barrier.
 pub(super) const BACKFILL_PASSES: usize = 16;
 
-/// Most unlocked passes once the WAL holds half of `truncate-page-n`.
+/// No pass begins after this many once the WAL holds half of `truncate-page-n` (judged at
+/// each pass; none after the first once it holds all of it).
 pub(super) const NEAR_TRUNCATE_PASSES: usize = 3;
 
 /// Frames left past our read mark that a checkpoint copies under the barrier without another
@@ -167,8 +168,9 @@ impl Db {
         // later tick, without holding up the monitor. Insistently past a quarter of the
         // TRUNCATE threshold, so that a writer that never pauses gets one short stall of a
         // PASSIVE checkpoint instead of a TRUNCATE's long one followed by a full segment.
-        // The WAL as it is now, after the passes: a writer committing back to back grows it
-        // during them by more than the whole threshold, and a polite barrier then fails.
+        // The WAL as it is now, after the passes, which a fast writer can grow past the
+        // quarter (a polite barrier then fails, and the next tick meets the TRUNCATE
+        // threshold); the size at entry still counts if the WAL restarted under a pass.
         if self.wal_pages().max(pages) >= self.insist_pages() {
             barrier.busy_handler(Some(barrier_busy))?;
         } else {
@@ -357,6 +359,9 @@ impl Db {
     /// Unlocked work around the copy keeps the barrier short: after a large copy, a sync of
     /// the database file (SQLite syncs it only when a copy reaches the end of the WAL); after
     /// every copy, a seal of what landed meanwhile.
+    ///
+    /// No pass begins after [`NEAR_TRUNCATE_PASSES`] once the WAL holds half of
+    /// `truncate-page-n`, nor after the first once it holds all of it (judged at each pass).
     ///
     /// Returns segments written and the frames the application committed during the last
     /// pass's copy; 0 with a complete last copy means the whole WAL was in the database file.
