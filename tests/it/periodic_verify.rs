@@ -348,6 +348,7 @@ async fn a_verify_that_fails_again_after_its_seed_points_at_the_database() {
     assert!(reason().contains("also after a seed"), "{}", reason());
     store.shutdown(std::future::pending()).await;
 }
+
 /// Verifies take turns across the Store: with four databases due for a verify at the same
 /// moments, at most one is restored at a time (each verify holds a whole copy of its database
 /// on disk and a core), and every database is still verified, though each also compacts

@@ -255,6 +255,7 @@ async fn litestream_and_replicad_read_each_others_buckets() {
     run_ok(&server, &["restore", "--to", out2.to_str().unwrap(), &url2]);
     assert_same_content(&db2, &out2, "replicad restore of Litestream's bucket");
 }
+
 /// A shutdown drops a running verify at once (its verdict would not outlive the process), and
 /// the verify leaves nothing behind: its restore is cancelled (downloads stop, the blocking
 /// decoder ends, the temporary output is removed) instead of running on, or waiting forever
