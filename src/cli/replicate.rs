@@ -182,10 +182,11 @@ pub async fn run_config(config: Config) -> Result<i32, CliError> {
     } else {
         None
     };
-    // About five descriptors per open database (SQLite keeps the file twice, the WAL and the
-    // shared memory; the `-shm` lock probe) plus headroom for staging writes, sockets and
-    // replicas: past that, idle databases go dormant at once rather than after `dormant-after`.
-    let budget = raise_fd_limit().map(|limit| (limit.saturating_sub(1024) / 6) as usize);
+    // Past this many open connections (and claims), idle databases go dormant at once rather
+    // than after `dormant-after`.
+    let budget = raise_fd_limit().map(|limit| {
+        (limit.saturating_sub(1024) / crate::replicate::db::FDS_PER_AWAKE as u64) as usize
+    });
     let store = Store::open_budgeted(&config, drill, budget)
         .await
         .map_err(|e| match e {
@@ -383,8 +384,8 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     }
 }
 
-/// Raises the open-file limit: each database holds about four descriptors (database, WAL,
-/// shared memory, a replica connection or file), so 10,000 databases need 40,000, far above
+/// Raises the open-file limit: each awake database holds about five descriptors (database,
+/// WAL, shared memory, its claim, a replica connection or file), so 10,000 need 50,000, far above
 /// the usual soft limit of 1024. The soft limit goes to the hard one; with CAP_SYS_RESOURCE
 /// (root), both go to the kernel's per-process maximum (`fs.nr_open`). Go's runtime (so
 /// Litestream) raises only the soft limit.

@@ -175,6 +175,13 @@ struct Core {
     wal_watcher: Arc<crate::replicate::walwatch::WalWatcher>,
 }
 
+/// One database's claim, counted in the Store's descriptor budget while it lives; its monitor
+/// and upload tasks hold it.
+pub(super) struct DbClaim {
+    lock: StagingLock,
+    _counted: crate::replicate::db::CountedClaim,
+}
+
 /// One database's own cancellation and tasks.
 struct Running {
     token: CancellationToken,
@@ -312,12 +319,13 @@ impl StoreCore {
             });
         }
         // One daemon per database: a second one would share (and clean) this staging.
-        let lock = Arc::new(
-            StagingLock::acquire(&meta).map_err(|source| StoreError::Claimed {
+        let lock = Arc::new(DbClaim {
+            lock: StagingLock::acquire(&meta).map_err(|source| StoreError::Claimed {
                 db: dbc.path.clone(),
                 source,
             })?,
-        );
+            _counted: core.awake.count_claim(),
+        });
         // Every replica's lease comes first, before anything local or remote is touched: a
         // second daemon for this database must not clean up the first one's staging or
         // build files, and what is listed below is then ours alone to extend.
@@ -340,7 +348,8 @@ impl StoreCore {
             let client = client.with_age(rc.age.clone().unwrap_or_default());
             let verifies = !dbc.settings.verify_interval.is_zero();
             let counters = core.counters.replica(&db_label, &rc.name, verifies);
-            let mut lease = Lease::new(client.clone(), &db_label, dbc.settings.lease_ttl);
+            let mut lease = Lease::new(client.clone(), &db_label, dbc.settings.lease_ttl)
+                .succeeding(lock.lock.predecessor());
             let _permit = core
                 .permits
                 .acquire()

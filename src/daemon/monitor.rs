@@ -36,7 +36,6 @@ use super::SyncTrigger;
 use crate::ltx::TxId;
 use crate::replicate::db::{Db, DbError, SeedRequest};
 use crate::replicate::dormant::{DormantWatch, Parked};
-use crate::replicate::staging::StagingLock;
 use crate::replicate::tick::TickGrid;
 use crate::replicate::walwatch::{WalWatch, WalWatcher};
 use crate::util::retry::Backoff;
@@ -141,7 +140,7 @@ impl Events {
 pub(super) async fn monitor(
     mut db: Db,
     mut seeds: Option<tokio::sync::mpsc::UnboundedReceiver<SeedRequest>>,
-    lock: Arc<StagingLock>,
+    lock: Arc<super::DbClaim>,
     mut acks: Vec<watch::Receiver<TxId>>,
     ingest: CancellationToken,
     permits: Arc<Semaphore>,

@@ -9,8 +9,13 @@
 //! - **Acquire**, before the replica is listed at start: read the lease. If another instance
 //!   holds it and refreshed it less than *its* TTL ago by our clock, refuse (the daemon exits
 //!   1 with an error naming the holder's host, pid and database). A lease left by a previous
-//!   run of the same database on the same host whose process is gone (or whose pid is ours: a
-//!   container restart) is taken over at once. Any other lease that looks expired is watched
+//!   run of the same database on the same host is taken over at once when that run is known
+//!   to have ended: it is the instance named by the database's local claim, which this
+//!   process now holds (`StagingLock`: a kernel lock, released only when its holder ends), or
+//!   its lease says it ran before this host's last boot, or in our PID namespace under a pid
+//!   no process has now. A pid from another boot or another PID namespace is never trusted:
+//!   after a reboot another process may have it, and every container with a PID namespace of
+//!   its own is pid 1. Any other lease that looks expired is watched
 //!   for its TTL on our monotonic clock and taken over only if it did not change (a live
 //!   holder rewrites it every TTL/2): a clock that disagrees can delay a takeover, never make
 //!   one early.
@@ -78,6 +83,13 @@ pub struct LeaseRecord {
     pub refreshed_ms: i64,
     /// replicad version.
     pub version: String,
+    /// The holder's boot (`/proc/sys/kernel/random/boot_id`); empty when written by a
+    /// replicad that did not record it.
+    #[serde(default)]
+    pub boot: String,
+    /// The holder's PID namespace (`/proc/self/ns/pid`): its pid means something only there.
+    #[serde(default)]
+    pub pid_ns: String,
 }
 
 impl fmt::Display for LeaseRecord {
@@ -186,8 +198,8 @@ impl LeaseError {
     }
 }
 
-/// Random id of this process, shared by all its leases.
-fn instance_id() -> &'static str {
+/// Random id of this process, shared by all its leases and local claims.
+pub(crate) fn instance_id() -> &'static str {
     static ID: OnceLock<String> = OnceLock::new();
     ID.get_or_init(|| {
         use rand::RngExt;
@@ -204,8 +216,8 @@ fn host_name() -> String {
         .into_owned()
 }
 
-/// True unless the process `pid` certainly does not exist on this host.
-pub(crate) fn pid_alive(pid: u32) -> bool {
+/// True unless the process `pid` certainly does not exist in this PID namespace.
+fn pid_alive(pid: u32) -> bool {
     let Some(pid) = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)
@@ -216,6 +228,13 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
         rustix::process::test_kill_process(pid),
         Err(rustix::io::Errno::SRCH)
     )
+}
+
+/// This boot's id and this process's PID namespace (empty where `/proc` does not say).
+fn boot_and_pid_ns() -> (String, String) {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let ns = std::fs::read_link("/proc/self/ns/pid").unwrap_or_default();
+    (boot.trim().to_string(), ns.to_string_lossy().into_owned())
 }
 
 fn now_ms() -> i64 {
@@ -236,6 +255,9 @@ pub struct Lease {
     version: Option<String>,
     /// Whether the backend honours conditional writes (learnt by the probe at acquire).
     mode: Mode,
+    /// The instance that ran this database here before us and has ended
+    /// ([`Lease::succeeding`]).
+    predecessor: Option<String>,
 }
 
 /// How the lease is kept single: where the store allows it, every write of the lease is
@@ -265,6 +287,7 @@ impl Mode {
 impl Lease {
     /// The lease this process would hold on `client` for database `db`.
     pub fn new(client: AnyClient, db: &str, ttl: Duration) -> Lease {
+        let (boot, pid_ns) = boot_and_pid_ns();
         Lease {
             client,
             me: LeaseRecord {
@@ -275,13 +298,24 @@ impl Lease {
                 ttl_ms: ttl.as_millis() as u64,
                 refreshed_ms: 0,
                 version: env!("CARGO_PKG_VERSION").to_string(),
+                boot,
+                pid_ns,
             },
             ttl,
             written_at: None,
             confirmed_at: None,
             version: None,
             mode: Mode::Unknown,
+            predecessor: None,
         }
+    }
+
+    /// Names the instance that ran this database on this host before this process and is
+    /// known to have ended (`StagingLock::predecessor`): a lease it left is taken over at
+    /// once.
+    pub fn succeeding(mut self, predecessor: Option<&str>) -> Lease {
+        self.predecessor = predecessor.map(str::to_string);
+        self
     }
 
     /// How this lease is kept single (known once acquired).
@@ -368,11 +402,28 @@ impl Lease {
         other.instance == self.me.instance && other.db == self.me.db
     }
 
-    /// A previous run of this database on this host that is gone: safe to take over at once.
+    /// A previous run of this database on this host that has ended: safe to take over at once.
     fn is_my_predecessor(&self, other: &LeaseRecord) -> bool {
         other.host == self.me.host
             && other.db == self.me.db
-            && (other.pid == self.me.pid || !pid_alive(other.pid))
+            && (self.predecessor.as_deref() == Some(other.instance.as_str())
+                || self.has_ended(other))
+    }
+
+    /// Whether `other`'s process has certainly ended, as seen from here: it ran before this
+    /// host's last boot, or in our PID namespace under a pid no process has now. Unknown (so
+    /// false) in another PID namespace of this boot: a twin container is pid 1 too, and that
+    /// is where the local claim decides ([`Lease::succeeding`]).
+    fn has_ended(&self, other: &LeaseRecord) -> bool {
+        let me = &self.me;
+        if [&other.boot, &other.pid_ns, &me.boot, &me.pid_ns]
+            .iter()
+            .any(|s| s.is_empty())
+        {
+            // Written by a replicad that did not record them: judged by the pid, as it did.
+            return other.pid == me.pid || !pid_alive(other.pid);
+        }
+        other.boot != me.boot || (other.pid_ns == me.pid_ns && !pid_alive(other.pid))
     }
 
     /// Takes the lease (see the module docs), or says who holds it.

@@ -33,13 +33,14 @@ pub struct StagedTip {
 pub enum StagingError {
     /// Another live replicad claimed this database.
     #[error(
-        "another replicad already replicates this database (pid {pid}, lock {}); \
+        "another replicad already replicates this database (pid {}, lock {}); \
          run one daemon per database, with every replica in its config",
+        pid.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
         lock.display()
     )]
     Claimed {
-        /// Its pid.
-        pid: u32,
+        /// Its pid (in its own PID namespace), when the claim file names one.
+        pid: Option<u32>,
         /// The claim file.
         lock: PathBuf,
     },
@@ -68,20 +69,26 @@ fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Stagi
     move |source| StagingError::Io { op, path, source }
 }
 
-/// The claim of one database's local state (`<meta>/lock`): one daemon per database. The file
-/// names the claiming process; a claim by a process that is gone (a crash, kill -9) or by our
-/// own pid (a container restarted as pid 1) is free. No descriptor is held while it lives (at
-/// 10,000 databases that would be 10,000 descriptors); `flock` only makes the claim itself
-/// atomic. Removed when the value is dropped.
+/// The claim of one database's local state (`<meta>/lock`): one daemon per database.
+///
+/// The claim is an exclusive `flock` on the open file, held while this value lives: the kernel
+/// drops it when the process ends, however it ends (crash, kill -9, power loss). So a claim is
+/// never judged by a pid, which after a reboot may belong to another process, and which is 1
+/// for every container with a PID namespace of its own. It costs one descriptor per database
+/// (beside the four or so each holds). The file names its claimant (`<pid> <instance>`) and
+/// stays when the process ends: the next claimant learns from it which instance ran this
+/// database here before ([`StagingLock::predecessor`]).
 #[derive(Debug)]
 pub struct StagingLock {
-    path: PathBuf,
+    /// Open for as long as the claim lives: closing it releases the `flock`.
+    _file: File,
+    predecessor: Option<String>,
 }
 
 impl StagingLock {
     /// Claims `meta` (creating the directory), or says which live process holds it.
     pub fn acquire(meta: &Path) -> Result<StagingLock, StagingError> {
-        use std::io::{Seek, Write};
+        use std::io::Write;
         fsutil::create_dir_all_durable(meta).map_err(io_err("create", meta))?;
         let path = meta.join("lock");
         let mut file = fs::OpenOptions::new()
@@ -91,42 +98,53 @@ impl StagingLock {
             .truncate(false)
             .open(&path)
             .map_err(io_err("open", &path))?;
-        // Two daemons claiming at once take turns here; the descriptor closes below.
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| io_err("lock", &path)(e.into()))?;
         let mut text = String::new();
-        let _ = file.read_to_string(&mut text);
-        if let Some(pid) = claimed_by_another(&text) {
-            return Err(StagingError::Claimed { pid, lock: path });
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                let _ = file.read_to_string(&mut text);
+                let pid = text.split_whitespace().next().and_then(|p| p.parse().ok());
+                return Err(StagingError::Claimed { pid, lock: path });
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", &path)(e)),
         }
+        file.read_to_string(&mut text)
+            .map_err(io_err("read", &path))?;
+        // A claim written before claims named their instance is a bare pid: no predecessor.
+        let predecessor = text.split_whitespace().nth(1).map(str::to_string);
         file.set_len(0)
             .and_then(|()| file.rewind())
-            .and_then(|()| write!(file, "{}", std::process::id()))
+            .and_then(|()| {
+                writeln!(
+                    file,
+                    "{} {}",
+                    std::process::id(),
+                    crate::replicate::lease::instance_id()
+                )
+            })
             .and_then(|()| file.sync_data())
             .map_err(io_err("write", &path))?;
-        Ok(StagingLock { path })
+        Ok(StagingLock {
+            _file: file,
+            predecessor,
+        })
     }
 
-    /// True when a live process (other than this one) has claimed `meta` (checked before
-    /// writing over a database: a running daemon would keep replicating the file it has open).
+    /// The instance that held this claim before this process (its `flock` is ours now, so it
+    /// has ended), if the claim file named one.
+    pub fn predecessor(&self) -> Option<&str> {
+        self.predecessor.as_deref()
+    }
+
+    /// True when a live process has claimed `meta` (checked before writing over a database:
+    /// a running daemon would keep replicating the file it has open).
     pub fn is_held(meta: &Path) -> bool {
-        fs::read_to_string(meta.join("lock")).is_ok_and(|t| claimed_by_another(&t).is_some())
+        let Ok(file) = File::open(meta.join("lock")) else {
+            return false;
+        };
+        // Shared, and released when `file` closes right below.
+        matches!(file.try_lock_shared(), Err(fs::TryLockError::WouldBlock))
     }
-}
-
-impl Drop for StagingLock {
-    fn drop(&mut self) {
-        if fs::read_to_string(&self.path).is_ok_and(|t| t.trim() == std::process::id().to_string())
-        {
-            let _ = fs::remove_file(&self.path);
-        }
-    }
-}
-
-/// The pid in a claim, when it is a live process other than this one.
-fn claimed_by_another(text: &str) -> Option<u32> {
-    let pid: u32 = text.trim().parse().ok()?;
-    (pid != std::process::id() && crate::replicate::lease::pid_alive(pid)).then_some(pid)
 }
 
 impl Staging {
@@ -240,5 +258,44 @@ impl Staging {
             fs::remove_file(self.path(t))?;
         }
         fsutil::fsync_dir(&self.dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The claim is the kernel lock, not the pid the file names: a second claim is refused
+    /// while the first lives (even in this process), a claim file naming a live process that
+    /// holds no lock (pid 1 here: a reused pid after a reboot, or a twin container's) is free,
+    /// and each claim learns the instance that held it before.
+    #[test]
+    fn the_claim_is_the_lock_and_names_its_predecessor() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let meta = dir.path().join("meta");
+        assert!(!StagingLock::is_held(&meta));
+        let first = StagingLock::acquire(&meta).expect("a free claim");
+        assert!(StagingLock::is_held(&meta));
+        match StagingLock::acquire(&meta) {
+            Err(StagingError::Claimed { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
+            other => panic!("a second claim while the first lives: {other:?}"),
+        }
+        drop(first);
+        assert!(!StagingLock::is_held(&meta));
+        let second = StagingLock::acquire(&meta).expect("released when dropped");
+        assert_eq!(
+            second.predecessor(),
+            Some(crate::replicate::lease::instance_id())
+        );
+        drop(second);
+
+        fs::write(meta.join("lock"), "1 0123abcd\n").expect("write the claim file");
+        let third = StagingLock::acquire(&meta).expect("a pid that holds no lock is no claim");
+        assert_eq!(third.predecessor(), Some("0123abcd"));
+        drop(third);
+        // A claim file written before claims named their instance.
+        fs::write(meta.join("lock"), "1").expect("write the claim file");
+        let fourth = StagingLock::acquire(&meta).expect("a bare pid is no claim");
+        assert_eq!(fourth.predecessor(), None);
     }
 }

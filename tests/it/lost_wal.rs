@@ -172,12 +172,7 @@ fn replication_resumes_once_no_process_has_the_lost_wal_open() {
 /// replication resumes once it lets go.
 #[test]
 fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
-    if !rustix::process::geteuid().is_root() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs as root and must be able to make a PID namespace"
-        );
-        eprintln!("SKIPPED: unshare --pid needs root");
+    if !can_unshare_pid() {
         return;
     }
     let dir = TestDir::new("wal-deleted-unseen");
@@ -191,22 +186,7 @@ fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
     let port = free_port();
     let cfg = config(&dir, &db, &[&a], port, "");
     add_database(&cfg, &other, &dir.join("b"));
-    fs::create_dir_all(dir.join("logs")).unwrap();
-    let log = dir.join("logs/replicad-00.log");
-    let out = fs::File::create(&log).unwrap();
-    // Killed with unshare (`--kill-child`), which the Daemon's drop kills if the test fails.
-    let mut d = Daemon {
-        child: Command::new("unshare")
-            .args(["--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL"])
-            .arg(bin())
-            .args(["replicate", "--config", s(&cfg)])
-            .env("NO_COLOR", "1")
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap(),
-        log: log.clone(),
-    };
+    let mut d = spawn_replicate_unshared(dir.path(), &["--config", s(&cfg)]);
     wait_until(&dir, "the daemon to answer", || get_status_ok(port));
     caught_up(&dir, port, &db, &a, 0);
     c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
@@ -217,19 +197,9 @@ fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
     holder.kill().unwrap();
     holder.wait().unwrap();
     caught_up(&dir, port, &db, &a, 0);
-    // SIGTERM to the daemon itself (unshare's child), whose exit code unshare returns.
-    let children =
-        fs::read_to_string(format!("/proc/{0}/task/{0}/children", d.child.id())).unwrap();
-    let inner = children.split_whitespace().next().expect("unshare's child");
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", inner])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal_unshared(&d, "-TERM");
     let st = wait_timeout(&mut d.child, WAIT).expect("the daemon to stop");
-    let text = fs::read_to_string(&log).unwrap();
+    let text = fs::read_to_string(&d.log).unwrap();
     assert_eq!(st.code(), Some(0), "{text}");
     assert!(text.contains("replicad restore --txid"), "{text}");
     assert_eq!(rows(&db), 30, "the commits only in the lost WAL are gone");

@@ -97,5 +97,7 @@ mod soak;
 mod start_failures;
 /// Storage errors as one readable line: replica, operation, cause, hint.
 mod storage_errors;
+/// Twin containers and reused pids: the local claim is a kernel lock, never a pid.
+mod twins;
 /// Webhooks and the heartbeat ping (`notify`), received by a loopback HTTP server.
 mod webhooks;

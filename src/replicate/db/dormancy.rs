@@ -89,14 +89,31 @@ impl DormantProbe {
 /// above the kernel's coarse timestamp granularity (one jiffy, 1-10 ms).
 pub(super) const STAMP_MARGIN: Duration = Duration::from_millis(50);
 
-/// Open connections against a descriptor budget, shared by the databases of one Store (each
-/// open connection holds about four descriptors). Above the budget, idle databases go dormant
-/// at once instead of after `dormant-after`, so that thousands of databases fit the open-file
-/// limit.
+/// Descriptors an awake database is counted for: about five (SQLite keeps the file twice, the
+/// WAL, the shared memory, the `-shm` lock probe) and a share of the headroom for staging
+/// writes, sockets and replicas. `replicate` sets the budget to its open-file limit, less
+/// 1024, over this.
+pub const FDS_PER_AWAKE: usize = 6;
+
+/// Open connections against a descriptor budget, shared by the databases of one Store. Every
+/// database also holds one descriptor for its claim, dormant or not (counted by
+/// [`AwakeBudget::count_claim`]). Above the budget, idle databases go dormant at once instead
+/// of after `dormant-after`, so that thousands of databases fit the open-file limit.
 #[derive(Debug)]
 pub struct AwakeBudget {
     awake: AtomicUsize,
     budget: AtomicUsize,
+    claims: AtomicUsize,
+}
+
+/// One database's claim counted against an [`AwakeBudget`]; uncounted when dropped.
+#[derive(Debug)]
+pub struct CountedClaim(Arc<AwakeBudget>);
+
+impl Drop for CountedClaim {
+    fn drop(&mut self) {
+        self.0.claims.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl AwakeBudget {
@@ -105,17 +122,26 @@ impl AwakeBudget {
         AwakeBudget {
             awake: AtomicUsize::new(0),
             budget: AtomicUsize::new(usize::MAX),
+            claims: AtomicUsize::new(0),
         }
     }
 
-    /// Sets how many databases may keep a connection open before idle ones go dormant early:
-    /// `replicate` derives it from its open-file limit.
+    /// Sets how many databases may keep a connection open (less the claims' share) before
+    /// idle ones go dormant early: `replicate` derives it from its open-file limit.
     pub fn set(&self, databases: usize) {
         self.budget.store(databases, Ordering::Relaxed);
     }
 
+    /// Counts one database's claim (one descriptor) until the value is dropped.
+    pub fn count_claim(self: &Arc<Self>) -> CountedClaim {
+        self.claims.fetch_add(1, Ordering::Relaxed);
+        CountedClaim(self.clone())
+    }
+
     fn pressed(&self) -> bool {
-        self.awake.load(Ordering::Relaxed) > self.budget.load(Ordering::Relaxed)
+        let claims = self.claims.load(Ordering::Relaxed).div_ceil(FDS_PER_AWAKE);
+        self.awake.load(Ordering::Relaxed).saturating_add(claims)
+            > self.budget.load(Ordering::Relaxed)
     }
 }
 
@@ -413,5 +439,26 @@ impl DormantProbe {
             },
             stats: Arc::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Claims take their descriptors from the budget: six of them cost one awake database.
+    #[test]
+    fn claims_count_against_the_descriptor_budget() {
+        let budget = Arc::new(AwakeBudget::unlimited());
+        budget.set(2);
+        budget.awake.store(1, Ordering::Relaxed);
+        let claims: Vec<_> = (0..FDS_PER_AWAKE).map(|_| budget.count_claim()).collect();
+        assert!(!budget.pressed(), "one awake and six claims fit two");
+        let seventh = budget.count_claim();
+        assert!(budget.pressed(), "one awake and seven claims do not");
+        drop(seventh);
+        drop(claims);
+        budget.awake.store(2, Ordering::Relaxed);
+        assert!(!budget.pressed(), "claims uncounted when dropped");
     }
 }

@@ -103,7 +103,7 @@ mod shm;
 mod sync;
 pub use connection::configure_sqlite_memory;
 use dormancy::Dormant;
-pub use dormancy::{AwakeBudget, DormantProbe};
+pub use dormancy::{AwakeBudget, CountedClaim, DormantProbe, FDS_PER_AWAKE};
 pub use seed::{SeedRequest, SeedRequests, SeedSnapshot};
 
 /// Most WAL bytes one segment covers; a larger backlog is cut into several segments.

@@ -8,6 +8,69 @@ fn own_pid_counts_as_alive_and_a_dead_pid_does_not() {
     assert!(!pid_alive(0));
 }
 
+/// Only the instance named by the local claim we hold counts as a previous run that ended:
+/// a twin with our host, database and pid (another container, pid 1 in its own PID namespace)
+/// does not, nor a dead process whose pid another now has.
+#[test]
+fn a_predecessor_is_the_claims_previous_instance_not_a_pid() {
+    let lease = |predecessor: Option<&str>| {
+        Lease::new(
+            AnyClient::from_url("/nonexistent-replica").expect("a plain path is a valid URL"),
+            "/data/a.db",
+            DEFAULT_LEASE_TTL,
+        )
+        .succeeding(predecessor)
+    };
+    let other = |instance: &str| LeaseRecord {
+        instance: instance.to_string(),
+        ..lease(None).me
+    };
+    let twin = other("twin");
+    assert!(!lease(None).is_my_predecessor(&twin));
+    assert!(!lease(Some("earlier")).is_my_predecessor(&twin));
+    assert!(lease(Some("twin")).is_my_predecessor(&twin));
+    let elsewhere = LeaseRecord {
+        host: "another-host".into(),
+        ..twin.clone()
+    };
+    assert!(!lease(Some("twin")).is_my_predecessor(&elsewhere));
+    let other_db = LeaseRecord {
+        db: "/data/b.db".into(),
+        ..twin
+    };
+    assert!(!lease(Some("twin")).is_my_predecessor(&other_db));
+}
+
+/// With no claim naming it (local state lost), a lease's process is known to have ended
+/// only when it ran before this boot, or in our PID namespace under a pid nobody has now.
+#[test]
+fn without_a_claim_only_another_boot_or_a_dead_pid_in_our_namespace_has_ended() {
+    let lease = Lease::new(
+        AnyClient::from_url("/nonexistent-replica").expect("a plain path is a valid URL"),
+        "/data/a.db",
+        DEFAULT_LEASE_TTL,
+    );
+    assert!(!lease.me.boot.is_empty() && !lease.me.pid_ns.is_empty());
+    let dead = 1 << 30;
+    let record = |boot: &str, pid_ns: &str, pid: u32| LeaseRecord {
+        instance: "earlier".into(),
+        boot: boot.into(),
+        pid_ns: pid_ns.into(),
+        pid,
+        ..lease.me.clone()
+    };
+    let (boot, ns) = (lease.me.boot.clone(), lease.me.pid_ns.clone());
+    assert!(lease.is_my_predecessor(&record("another boot", &ns, std::process::id())));
+    assert!(lease.is_my_predecessor(&record(&boot, &ns, dead)));
+    assert!(!lease.is_my_predecessor(&record(&boot, &ns, std::process::id())));
+    // Another PID namespace of this boot: a twin container, pid 1 like ours may be.
+    assert!(!lease.is_my_predecessor(&record(&boot, "pid:[1]", dead)));
+    assert!(!lease.is_my_predecessor(&record(&boot, "pid:[1]", 1)));
+    // A lease that records neither: judged by its pid, as before.
+    assert!(lease.is_my_predecessor(&record("", "", dead)));
+    assert!(!lease.is_my_predecessor(&record("", "", 1)));
+}
+
 #[test]
 fn record_round_trips_as_json_and_displays_the_holder() {
     let lease = Lease::new(

@@ -126,16 +126,32 @@ pub fn spawn_replicate(dir: &Path, args: &[&str]) -> Daemon {
 /// [`spawn_replicate`] with extra environment variables (test hooks such as
 /// `REPLICAD_TEST_NO_INDEX_PROOF`).
 pub fn spawn_replicate_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+    let mut cmd = Command::new(bin());
+    cmd.arg("replicate").args(args).envs(env.iter().copied());
+    spawn_logged(dir, cmd)
+}
+
+/// [`spawn_replicate`] in a PID namespace of its own, where the daemon is pid 1 as in a
+/// container (root only: see [`can_unshare_pid`]). `unshare --kill-child` takes the daemon
+/// down when the [`Daemon`] (unshare) is killed; [`signal_unshared`] reaches the daemon itself.
+pub fn spawn_replicate_unshared(dir: &Path, args: &[&str]) -> Daemon {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL"])
+        .arg(bin())
+        .arg("replicate")
+        .args(args);
+    spawn_logged(dir, cmd)
+}
+
+/// Runs `cmd` with stdout and stderr to `<dir>/logs/replicad-N.log`.
+fn spawn_logged(dir: &Path, mut cmd: Command) -> Daemon {
     let logs = dir.join("logs");
     fs::create_dir_all(&logs).unwrap();
     let n = fs::read_dir(&logs).unwrap().count();
     let log = logs.join(format!("replicad-{n:02}.log"));
     let out = File::create(&log).unwrap();
     let err = out.try_clone().unwrap();
-    let child = Command::new(bin())
-        .arg("replicate")
-        .args(args)
-        .envs(env.iter().copied())
+    let child = cmd
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(out)
@@ -143,6 +159,28 @@ pub fn spawn_replicate_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> D
         .spawn()
         .expect("spawn replicad replicate");
     Daemon { child, log }
+}
+
+/// Whether this process may make PID namespaces (root). CI runs as root, so there it must.
+pub fn can_unshare_pid() -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI runs as root and must be able to make a PID namespace"
+    );
+    eprintln!("SKIPPED: unshare --pid needs root");
+    false
+}
+
+/// Sends `sig` to the daemon [`spawn_replicate_unshared`] started (unshare's child, whose
+/// exit code unshare returns).
+pub fn signal_unshared(d: &Daemon, sig: &str) {
+    let children =
+        fs::read_to_string(format!("/proc/{0}/task/{0}/children", d.child.id())).unwrap();
+    let inner = children.split_whitespace().next().expect("unshare's child");
+    signal(inner.parse().expect("a pid"), sig);
 }
 
 fn signal(pid: u32, sig: &str) {
