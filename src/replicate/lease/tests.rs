@@ -13,14 +13,7 @@ fn own_pid_counts_as_alive_and_a_dead_pid_does_not() {
 /// does not, nor a dead process whose pid another now has.
 #[test]
 fn a_predecessor_is_the_claims_previous_instance_not_a_pid() {
-    let lease = |predecessor: Option<&str>| {
-        Lease::new(
-            AnyClient::from_url("/nonexistent-replica").expect("a plain path is a valid URL"),
-            "/data/a.db",
-            DEFAULT_LEASE_TTL,
-        )
-        .succeeding(predecessor)
-    };
+    let lease = |predecessor: Option<&str>| local_lease().succeeding(predecessor);
     let other = |instance: &str| LeaseRecord {
         instance: instance.to_string(),
         ..lease(None).me
@@ -45,11 +38,7 @@ fn a_predecessor_is_the_claims_previous_instance_not_a_pid() {
 /// only when it ran before this boot, or in our PID namespace under a pid nobody has now.
 #[test]
 fn without_a_claim_only_another_boot_or_a_dead_pid_in_our_namespace_has_ended() {
-    let lease = Lease::new(
-        AnyClient::from_url("/nonexistent-replica").expect("a plain path is a valid URL"),
-        "/data/a.db",
-        DEFAULT_LEASE_TTL,
-    );
+    let lease = local_lease();
     assert!(!lease.me.boot.is_empty() && !lease.me.pid_ns.is_empty());
     let dead = 1 << 30;
     let record = |boot: &str, pid_ns: &str, pid: u32| LeaseRecord {
@@ -71,13 +60,18 @@ fn without_a_claim_only_another_boot_or_a_dead_pid_in_our_namespace_has_ended() 
     assert!(!lease.is_my_predecessor(&record("", "", 1)));
 }
 
-#[test]
-fn record_round_trips_as_json_and_displays_the_holder() {
-    let lease = Lease::new(
+/// This process's lease of `/data/a.db` on a directory replica (never written here).
+fn local_lease() -> Lease {
+    Lease::new(
         AnyClient::from_url("/nonexistent-replica").expect("a plain path is a valid URL"),
         "/data/a.db",
         DEFAULT_LEASE_TTL,
-    );
+    )
+}
+
+#[test]
+fn record_round_trips_as_json_and_displays_the_holder() {
+    let lease = local_lease();
     let json = serde_json::to_string(&lease.me).expect("serialises");
     let back: LeaseRecord = serde_json::from_str(&json).expect("parses");
     assert_eq!(back, lease.me);
