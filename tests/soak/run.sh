@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long soak (see tests/it/soak.rs): tests/soak/run.sh [--cycles N] [--seed S] [--from K] [--debug]
+# The long soak (see tests/it/soak/mod.rs): tests/soak/run.sh [--cycles N] [--seed S] [--from K] [--debug]
 # Defaults: 200 cycles, a random seed (printed). Replay one cycle K of a run with
 # --seed S --from K --cycles 1. Set REPLICAD_TEST_KEEP=1 to keep every cycle's directory
 # (a failing cycle's directory is always kept and its path printed). --debug uses the dev

@@ -5,7 +5,7 @@
 //!
 //! `soak_short` runs 2 cycles in plain `cargo test`. The long run is
 //! `tests/soak/run.sh --cycles 200 --seed S` (or, by hand,
-//! `SOAK_CYCLES=200 SOAK_SEED=S cargo test --release --test soak -- --ignored --nocapture`).
+//! `SOAK_CYCLES=200 SOAK_SEED=S cargo test --release --test it -- --ignored --exact soak::soak_long --nocapture`).
 //! Every run prints its seed and each cycle its own: `SOAK_SEED=S SOAK_FROM=K SOAK_CYCLES=1`
 //! replays cycle K alone.
 //!
@@ -41,6 +41,9 @@ use common::s3::S3Server;
 use common::*;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+
+mod support;
+use support::*;
 
 /// Writer mode: when `SOAK_WRITER_DB` is set (by the soak, which re-executes this binary),
 /// run one writer process's steps; otherwise a no-op.
@@ -126,69 +129,6 @@ fn cycle_seed(seed: u64, n: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct Stats {
-    phases: u64,
-    writer_procs: u64,
-    kills: u64,
-    fault_runs: u64,
-    injected: u64,
-    s3_outages: u64,
-    startup_refusals: u64,
-    compared: u64,
-    pruned: u64,
-    wipes: u64,
-    added_replicas: u64,
-    staging_lost: u64,
-    publish_failures: u64,
-    replaced: u64,
-}
-
-impl std::ops::AddAssign for Stats {
-    fn add_assign(&mut self, o: Stats) {
-        self.phases += o.phases;
-        self.writer_procs += o.writer_procs;
-        self.kills += o.kills;
-        self.fault_runs += o.fault_runs;
-        self.injected += o.injected;
-        self.s3_outages += o.s3_outages;
-        self.startup_refusals += o.startup_refusals;
-        self.compared += o.compared;
-        self.pruned += o.pruned;
-        self.wipes += o.wipes;
-        self.added_replicas += o.added_replicas;
-        self.staging_lost += o.staging_lost;
-        self.publish_failures += o.publish_failures;
-        self.replaced += o.replaced;
-    }
-}
-
-impl std::fmt::Display for Stats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "phases {} writer-procs {} kill-9 {} fault-runs {} injected-faults {} s3-outages {} \
-             startup-refusals {} restores-compared {} pruned-points {} replica-wipes {} \
-             replicas-added {} staging-lost-while-s3-down {} publish-failures {} \
-             databases-replaced {}",
-            self.phases,
-            self.writer_procs,
-            self.kills,
-            self.fault_runs,
-            self.injected,
-            self.s3_outages,
-            self.startup_refusals,
-            self.compared,
-            self.pruned,
-            self.wipes,
-            self.added_replicas,
-            self.staging_lost,
-            self.publish_failures,
-            self.replaced
-        )
-    }
 }
 
 fn run_soak(seed: u64, from: u64, cycles: u64) {
@@ -352,80 +292,6 @@ impl Cycle {
             sleep(Duration::from_millis(100));
         }
     }
-}
-
-/// The highest TXID at which `replica` was re-seeded, from the daemons' logs (0: never).
-fn seeded_up_to(logs: &str, replica: &str) -> u64 {
-    logs.lines()
-        .filter(|l| l.contains("replica re-seeded") && l.contains(&format!("replica={replica} ")))
-        .filter_map(|l| {
-            let at = l.find(" txid=")? + " txid=".len();
-            u64::from_str_radix(l[at..].split_whitespace().next()?, 16).ok()
-        })
-        .max()
-        .unwrap_or(0)
-}
-
-/// Whether a `.tmp` file (a segment being written) is anywhere under `dir`.
-fn has_tmp(dir: &Path) -> bool {
-    let Ok(rd) = fs::read_dir(dir) else {
-        return false;
-    };
-    rd.flatten().any(|e| {
-        let p = e.path();
-        if p.is_dir() {
-            has_tmp(&p)
-        } else {
-            e.file_name().to_string_lossy().ends_with(".tmp")
-        }
-    })
-}
-
-/// The highest TXID of any `<min>-<max>.ltx` file under `dir` (any depth); 0 if none.
-/// The lowest max TXID of the snapshots in `level9` (`u64::MAX` when there is none).
-fn oldest_snapshot(level9: &Path) -> u64 {
-    fs::read_dir(level9)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(parse_ltx_name))
-        .map(|(_, max)| max)
-        .min()
-        .unwrap_or(u64::MAX)
-}
-
-fn max_txid_under(dir: &Path) -> u64 {
-    let Ok(rd) = fs::read_dir(dir) else { return 0 };
-    let mut max = 0;
-    for e in rd.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            max = max.max(max_txid_under(&p));
-        } else if let Some((_, b)) = e.file_name().to_str().and_then(parse_ltx_name) {
-            max = max.max(b);
-        }
-    }
-    max
-}
-
-/// Faults the drill daemons of this cycle injected: the last "faults injected so far" count
-/// each of them logged.
-fn count_injected(dir: &Path) -> u64 {
-    let Ok(rd) = fs::read_dir(dir.join("logs")) else {
-        return 0;
-    };
-    rd.flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("replicad-"))
-        .filter_map(|e| {
-            let text = fs::read_to_string(e.path()).unwrap_or_default();
-            let line = text
-                .lines()
-                .rev()
-                .find(|l| l.contains("faults injected so far"))?;
-            let n = line.split("injected=").nth(1)?.split_whitespace().next()?;
-            n.parse::<u64>().ok()
-        })
-        .sum()
 }
 
 fn spawn_writer(c: &Cycle, seed: u64, steps: usize, schema: bool, tag: &str) -> Child {
