@@ -230,11 +230,15 @@ fn pid_alive(pid: u32) -> bool {
     )
 }
 
-/// This boot's id and this process's PID namespace (empty where `/proc` does not say).
-fn boot_and_pid_ns() -> (String, String) {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let ns = std::fs::read_link("/proc/self/ns/pid").unwrap_or_default();
-    (boot.trim().to_string(), ns.to_string_lossy().into_owned())
+/// This boot's id and this process's PID namespace (empty where `/proc` does not say); read
+/// once, not at each of thousands of leases.
+fn boot_and_pid_ns() -> &'static (String, String) {
+    static IDS: OnceLock<(String, String)> = OnceLock::new();
+    IDS.get_or_init(|| {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let ns = std::fs::read_link("/proc/self/ns/pid").unwrap_or_default();
+        (boot.trim().to_string(), ns.to_string_lossy().into_owned())
+    })
 }
 
 fn now_ms() -> i64 {
@@ -298,8 +302,8 @@ impl Lease {
                 ttl_ms: ttl.as_millis() as u64,
                 refreshed_ms: 0,
                 version: env!("CARGO_PKG_VERSION").to_string(),
-                boot,
-                pid_ns,
+                boot: boot.clone(),
+                pid_ns: pid_ns.clone(),
             },
             ttl,
             written_at: None,

@@ -186,7 +186,7 @@ fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
     let port = free_port();
     let cfg = config(&dir, &db, &[&a], port, "");
     add_database(&cfg, &other, &dir.join("b"));
-    let mut d = spawn_replicate_unshared(dir.path(), &["--config", s(&cfg)]);
+    let d = spawn_replicate_unshared(dir.path(), &["--config", s(&cfg)]);
     wait_until(&dir, "the daemon to answer", || get_status_ok(port));
     caught_up(&dir, port, &db, &a, 0);
     c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
@@ -197,10 +197,7 @@ fn a_lock_holder_out_of_sight_keeps_the_database_closed() {
     holder.kill().unwrap();
     holder.wait().unwrap();
     caught_up(&dir, port, &db, &a, 0);
-    signal_unshared(&d, "-TERM");
-    let st = wait_timeout(&mut d.child, WAIT).expect("the daemon to stop");
-    let text = fs::read_to_string(&d.log).unwrap();
-    assert_eq!(st.code(), Some(0), "{text}");
+    let text = stop_unshared_ok(d);
     assert!(text.contains("replicad restore --txid"), "{text}");
     assert_eq!(rows(&db), 30, "the commits only in the lost WAL are gone");
     restored_equals(&dir, &a, &db, "restored.db");

@@ -103,9 +103,7 @@ fn twin_containers_are_refused_and_a_restart_takes_over_at_once() {
     assert!(log.contains(AT_ONCE), "{log}");
     insert(&c, 20, "third");
     uploaded_past(&dir, &r, n);
-    signal_unshared(&restarted, "-TERM");
-    let st = wait_timeout(&mut restarted.child, WAIT).expect("the daemon to stop");
-    assert_eq!(st.code(), Some(0), "{}", restarted.log_text());
+    stop_unshared_ok(restarted);
     drop(c);
     restored_equals(&dir, &r, &db, "restored.db");
 }

@@ -174,6 +174,16 @@ pub fn can_unshare_pid() -> bool {
     false
 }
 
+/// Stops the daemon [`spawn_replicate_unshared`] started with SIGTERM; it must exit 0.
+/// Returns its log.
+pub fn stop_unshared_ok(mut d: Daemon) -> String {
+    signal_unshared(&d, "-TERM");
+    let st = wait_timeout(&mut d.child, WAIT).expect("the daemon to stop");
+    let log = d.log_text();
+    assert_eq!(st.code(), Some(0), "{log}");
+    log
+}
+
 /// Sends `sig` to the daemon [`spawn_replicate_unshared`] started (unshare's child, whose
 /// exit code unshare returns).
 pub fn signal_unshared(d: &Daemon, sig: &str) {
