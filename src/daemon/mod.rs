@@ -33,27 +33,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, DbConfig};
 use crate::daemon::discovery::Discovery;
-use crate::ltx::TxId;
-use crate::replicate::counters::{ReplicaCounters, ReplicaMetrics};
-use crate::replicate::db::{Db, RemoteTip};
+use crate::replicate::counters::ReplicaMetrics;
 use crate::replicate::dormant::DormantWatch;
-use crate::replicate::health::stopped_on_panic;
-use crate::replicate::lease::Lease;
-use crate::replicate::maintenance::Maintenance;
-use crate::replicate::maintenance::schedule::RetentionPolicy;
-use crate::replicate::replica::Replica;
-use crate::replicate::staging::{Staging, StagingLock};
 use crate::storage::AnyClient;
 pub use registry::{DbHandle, DbRegistry, SyncTrigger, unprotected};
 
 mod monitor;
-use monitor::monitor;
+mod start;
 
 /// Databases opened (replica listings, first sync) at the same time: thousands of databases
 /// must start without a thundering herd on the disk and the object store.
@@ -178,7 +170,7 @@ struct Core {
 /// One database's claim, counted in the Store's descriptor budget while it lives; its monitor
 /// and upload tasks hold it.
 pub(super) struct DbClaim {
-    lock: StagingLock,
+    lock: crate::replicate::staging::StagingLock,
     _counted: crate::replicate::db::CountedClaim,
 }
 
@@ -297,213 +289,6 @@ impl StoreCore {
                 watch
             })
             .clone()
-    }
-
-    async fn start_db(
-        &self,
-        dbc: &DbConfig,
-        token: &CancellationToken,
-        tasks: &TaskTracker,
-    ) -> Result<DbHandle, StoreError> {
-        let core = &*self.inner;
-        let db_label = dbc.path.display().to_string();
-        let meta = dbc
-            .meta_path
-            .clone()
-            .unwrap_or_else(|| crate::replicate::db::default_meta_path(&dbc.path));
-        let parent = crate::util::fsutil::parent_dir(&dbc.path);
-        if !parent.is_dir() {
-            return Err(StoreError::MissingDir {
-                db: dbc.path.clone(),
-                dir: parent.to_path_buf(),
-            });
-        }
-        // One daemon per database: a second one would share (and clean) this staging.
-        let lock = Arc::new(DbClaim {
-            lock: StagingLock::acquire(&meta).map_err(|source| StoreError::Claimed {
-                db: dbc.path.clone(),
-                source,
-            })?,
-            _counted: core.awake.count_claim(),
-        });
-        // Every replica's lease comes first, before anything local or remote is touched: a
-        // second daemon for this database must not clean up the first one's staging or
-        // build files, and what is listed below is then ours alone to extend.
-        // (config, client, counters, lease, why it is deferred: unreachable at start).
-        let mut leased: Vec<(_, AnyClient, _, Lease, Option<String>)> =
-            Vec::with_capacity(dbc.replicas.len());
-        for rc in &dbc.replicas {
-            let client = match rc.client_in(&core.s3_clients) {
-                Ok(c) => c,
-                Err(e) => {
-                    release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
-                    return Err(StoreError::Config(e));
-                }
-            };
-            let client = match &core.wrap {
-                Some(w) => w(&db_label, &rc.name, client),
-                None => client,
-            };
-            // Every replica sees both plain and `.age` names, so a switch is never silent.
-            let client = client.with_age(rc.age.clone().unwrap_or_default());
-            let verifies = !dbc.settings.verify_interval.is_zero();
-            let counters = core.counters.replica(&db_label, &rc.name, verifies);
-            let mut lease = Lease::new(client.clone(), &db_label, dbc.settings.lease_ttl)
-                .succeeding(lock.lock.predecessor());
-            let _permit = core
-                .permits
-                .acquire()
-                .await
-                .map_err(|_| StoreError::ShuttingDown)?;
-            let deferred = match lease
-                .acquire_with_retries(&counters, STARTUP_LEASE_ATTEMPTS)
-                .await
-            {
-                Ok(()) => None,
-                // Another host's lease to watch for its TTL, or unreachable for now: the
-                // others go ahead; this one connects in the background.
-                Err(e @ crate::replicate::lease::LeaseError::Expired { .. }) => {
-                    Some(format!("waiting to take its lease over: {e}"))
-                }
-                Err(e) if e.is_retryable() => Some(format!("unreachable since start: {e}")),
-                Err(e) => {
-                    // Hand back what this database already took: the other instance may need
-                    // those replicas too.
-                    release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
-                    return Err(StoreError::Lease {
-                        replica: rc.name.clone(),
-                        db: dbc.path.clone(),
-                        source: e,
-                    });
-                }
-            };
-            leased.push((rc, client, counters, lease, deferred));
-        }
-        let staging_dir = meta.join("ltx").join("0");
-        let staging = match Staging::open(staging_dir.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
-                return Err(StoreError::Io {
-                    op: "open staging",
-                    path: staging_dir,
-                    source: e,
-                });
-            }
-        };
-        // Seed snapshots of a previous run: never uploaded whole, rebuilt on demand.
-        let _ = std::fs::remove_dir_all(meta.join("seed"));
-        let mut replicas: Vec<Replica> = Vec::new();
-        let mut tip = RemoteTip::default();
-        let mut leased = leased.into_iter();
-        while let Some((rc, client, counters, lease, deferred)) = leased.next() {
-            let mut r = Replica::new(
-                rc.name.clone(),
-                db_label.clone(),
-                client,
-                staging.clone(),
-                dbc.settings.heartbeat_interval,
-                counters,
-                maintenance_of(&dbc.settings, meta.join("tmp").join(&rc.name), &core.turns),
-                lease,
-            );
-            if let Some(why) = deferred {
-                replicas.push(r.deferred(why));
-                continue;
-            }
-            let _permit = core
-                .permits
-                .acquire()
-                .await
-                .map_err(|_| StoreError::ShuttingDown)?;
-            match r.init_with(STARTUP_LIST_ATTEMPTS).await {
-                Err(e) if e.is_retryable() => {
-                    replicas.push(r.deferred(format!("unreachable since start: {e}")));
-                    continue;
-                }
-                Ok(t) => {
-                    let forced = tip.full_reason.or(t.full_reason);
-                    if t.txid > tip.txid {
-                        tip = t;
-                    }
-                    tip.full_reason = forced;
-                }
-                Err(e) => {
-                    drop(_permit);
-                    let rest = leased.map(|(_, _, c, l, _)| (c, l));
-                    release_all(rest.chain(replicas.into_iter().map(Replica::into_lease))).await;
-                    r.release_lease().await;
-                    return Err(StoreError::List {
-                        replica: rc.name.clone(),
-                        db: dbc.path.clone(),
-                        source: e,
-                    });
-                }
-            }
-            replicas.push(r);
-        }
-        let settings = codec_for(dbc, &mut replicas);
-        let mut db = Db::new(dbc.path.clone(), Some(meta), settings, tip);
-        db.set_network_fs(crate::util::fsutil::on_network_fs(
-            crate::util::fsutil::parent_dir(&dbc.path),
-        ));
-        db.share_awake_budget(core.awake.clone());
-        db.share_phases(core.phases.clone());
-        let seeds = db.take_seed_requests();
-        let replicas: Vec<Replica> = replicas
-            .into_iter()
-            .map(|r| r.with_seeds(db.seed_requests()))
-            .collect();
-        let trigger = Arc::new(SyncTrigger::default());
-        let handle = DbHandle {
-            path: dbc.path.clone(),
-            stats: db.stats(),
-            replicas: replicas
-                .iter()
-                .map(|r| (r.name().to_string(), r.stats()))
-                .collect(),
-            pos: db.subscribe(),
-            sync: trigger.clone(),
-            unstarted: false,
-        };
-        let acks: Vec<watch::Receiver<TxId>> = replicas.iter().map(Replica::acks).collect();
-        for (r, (_, stats)) in replicas.into_iter().zip(&handle.replicas) {
-            let span =
-                tracing::info_span!("replica", db = %dbc.path.display(), replica = %r.name());
-            let rx = db.subscribe();
-            let feed = (r.streams_segments() && crate::storage::feed::supported())
-                .then(|| db.segment_feed());
-            let abort = core.root.clone();
-            let held = lock.clone();
-            let run = async move {
-                r.run(rx, feed, abort).await;
-                drop(held);
-            };
-            let run = stopped_on_panic(run, stats.health.clone(), "upload");
-            let fut = tracing::Instrument::instrument(run, span);
-            core.tracker.spawn(tasks.track_future(fut));
-        }
-        let span = tracing::info_span!("db", db = %dbc.path.display());
-        let monitor = monitor(
-            db,
-            seeds,
-            lock,
-            acks,
-            token.clone(),
-            core.permits.clone(),
-            dbc.settings.monitor_interval,
-            trigger,
-            (!dbc.settings.dormant_after.is_zero())
-                .then(|| self.dormant_watch(dbc.settings.monitor_interval)),
-            (
-                Some(core.wal_watcher.clone()),
-                dbc.settings.min_sync_interval,
-            ),
-        );
-        let monitor = stopped_on_panic(monitor, handle.stats.clone(), "monitor");
-        let fut = tracing::Instrument::instrument(monitor, span);
-        core.tracker.spawn(tasks.track_future(fut));
-        Ok(handle)
     }
 }
 
@@ -703,82 +488,5 @@ impl Store {
             core.root.cancel();
             core.tracker.wait().await;
         }
-    }
-}
-
-/// Releases leases taken by a start that failed: the next start (or another host) must not
-/// wait out their TTL.
-async fn release_all(leases: impl Iterator<Item = (ReplicaCounters, Lease)>) {
-    for (counters, mut lease) in leases {
-        lease.release(&counters).await;
-    }
-}
-
-/// A replica's maintenance settings; removes build leftovers of a previous run.
-/// The database's settings with its codec decided: a database whose codec was not chosen
-/// explicitly keeps writing `lz4` to a replica that holds Litestream-readable files, so that
-/// Litestream can still restore it; an explicit codec Litestream cannot read on such a replica
-/// is kept, with one warning.
-fn codec_for(dbc: &DbConfig, replicas: &mut [Replica]) -> crate::config::DbSettings {
-    use crate::config::CodecOrigin;
-    use crate::ltx::Codec;
-    let mut settings = dbc.settings.clone();
-    let readable: Vec<&str> = replicas
-        .iter()
-        .filter(|r| r.remote_codec() == Some(Codec::Lz4))
-        .map(Replica::name)
-        .collect();
-    if readable.is_empty() || settings.compression == Codec::Lz4 {
-        return settings;
-    }
-    let names = readable.join(", ");
-    match dbc.codec {
-        CodecOrigin::Set => tracing::warn!(
-            db = %dbc.path.display(),
-            replicas = %names,
-            compression = settings.compression.name(),
-            "the replica holds files Litestream can restore, but `compression` is not lz4: \
-             Litestream cannot restore the files written from now on (set `compression: lz4` \
-             to keep it able to)"
-        ),
-        CodecOrigin::Default | CodecOrigin::LitestreamFile => {
-            tracing::info!(
-                db = %dbc.path.display(),
-                replicas = %names,
-                "the replica holds files Litestream can restore: writing lz4 so that it still \
-                 can (set `compression` to choose another codec)"
-            );
-            settings.compression = Codec::Lz4;
-            for r in replicas.iter_mut() {
-                r.set_output_codec(Codec::Lz4);
-            }
-        }
-    }
-    settings
-}
-
-fn maintenance_of(
-    s: &crate::config::DbSettings,
-    tmp_dir: std::path::PathBuf,
-    turns: &crate::replicate::maintenance::Turns,
-) -> Maintenance {
-    // Leftovers are partial outputs of a crashed compaction: never uploaded, safe to drop.
-    let _ = std::fs::remove_dir_all(&tmp_dir);
-    Maintenance {
-        levels: s.levels.clone(),
-        snapshot_interval: s.snapshot_interval,
-        retention: RetentionPolicy {
-            snapshot_retention: s.snapshot_retention,
-            l0_retention: s.l0_retention,
-            calendar: s.calendar,
-        },
-        retention_check: s.l0_retention_check_interval,
-        retention_enabled: s.retention_enabled,
-        codec: s.compression,
-        tmp_dir,
-        verify_interval: s.verify_interval,
-        verify_recheck: s.verify_recheck_interval,
-        replica_check: s.replica_check_interval,
-        turns: turns.clone(),
     }
 }

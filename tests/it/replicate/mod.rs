@@ -227,6 +227,40 @@ fn kill9_at_random_points_then_restart() {
     t.check_restore("after kill -9 rounds");
 }
 
+/// What a crashed run left half-made beside the database (a segment being written, a seed
+/// snapshot, a compaction's partial output) is dropped by the next start, never shipped.
+#[test]
+fn a_start_drops_what_a_crashed_run_left_half_made() {
+    let t = Setup::new("leftovers");
+    let mut w = Writer::open(
+        &t.db,
+        seed("a_start_drops_what_a_crashed_run_left_half_made"),
+    );
+    w.run(5);
+    let d = t.spawn(&[]);
+    assert!(wait_for_txid(&t.replica, 1, WAIT), "{}", t.context());
+    d.kill9();
+    let m = max_replica_txid(&t.replica);
+    let meta = t.dir.join("db/.app.db-replicad");
+    let planted = [
+        meta.join("ltx/0/0000000000000063-0000000000000063.ltx.tmp"),
+        meta.join("seed/0000000000000001-0000000000000063.ltx"),
+        meta.join("tmp/file/compacting.ltx"),
+    ];
+    for p in &planted {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"half made").unwrap();
+    }
+    let d = t.spawn(&[]);
+    w.run(5);
+    assert!(wait_for_txid(&t.replica, m + 1, WAIT), "{}", t.context());
+    d.stop_ok();
+    for p in &planted {
+        assert!(!p.exists(), "{} is still there", p.display());
+    }
+    t.check_restore("after the leftovers");
+}
+
 #[test]
 fn two_replicas_restore_the_same() {
     let seed = seed("two_replicas_restore_the_same");
