@@ -1,16 +1,18 @@
 //! A fault-injecting wrapper around any replica client, for tests and failure drills: fail the
-//! first N calls, fail a fraction of calls, add latency, and drop GET bodies mid-stream.
+//! first N calls, fail a fraction of calls, add latency, drop GET bodies mid-stream, and list
+//! like a store whose listings lag its PUTs.
 //!
 //! The faults are held behind an `Arc` so a test can change them while a Store runs (e.g. a
 //! failure storm, then recovery). Injected failures are [`StorageError::Transient`], the kind a
 //! real network or a 5xx produces.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::RngExt;
 use tokio::io::{AsyncRead, ReadBuf};
@@ -29,6 +31,10 @@ pub struct Faults {
     latency_ms: AtomicU64,
     /// If non-zero, GET bodies fail after this many bytes.
     cut_body_after: AtomicU64,
+    /// If non-zero, listings leave out files put less than this many ms ago.
+    listing_lag_ms: AtomicU64,
+    /// When each file was put (level, min, max), recorded while listings lag.
+    put_at: Mutex<HashMap<(u8, TxId, TxId), Instant>>,
     injected: AtomicU64,
 }
 
@@ -58,6 +64,37 @@ impl Faults {
     /// GET bodies error out after `n` bytes (0: never).
     pub fn cut_bodies_after(&self, n: u64) {
         self.cut_body_after.store(n, Ordering::Relaxed);
+    }
+
+    /// Listings leave out the files put less than `d` ago, as a store whose listings lag its
+    /// PUTs does (zero: listings see every file again).
+    pub fn set_listing_lag(&self, d: Duration) {
+        self.listing_lag_ms
+            .store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn lagging(&self) -> Option<Duration> {
+        let ms = self.listing_lag_ms.load(Ordering::Relaxed);
+        (ms > 0).then(|| Duration::from_millis(ms))
+    }
+
+    fn put_done(&self, f: &LtxFileInfo) {
+        if self.lagging().is_some() {
+            let mut at = self.put_at.lock().unwrap_or_else(|e| e.into_inner());
+            at.insert((f.level, f.min_txid, f.max_txid), Instant::now());
+        }
+    }
+
+    /// `files` less those a lagging listing does not show yet.
+    fn listed(&self, mut files: Vec<LtxFileInfo>) -> Vec<LtxFileInfo> {
+        if let Some(lag) = self.lagging() {
+            let at = self.put_at.lock().unwrap_or_else(|e| e.into_inner());
+            files.retain(|f| {
+                at.get(&(f.level, f.min_txid, f.max_txid))
+                    .is_none_or(|t| t.elapsed() >= lag)
+            });
+        }
+        files
     }
 
     /// Failures injected so far.
@@ -184,13 +221,13 @@ impl ReplicaClient for FaultyClient {
 
     async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {
         self.faults.before("list").await?;
-        self.inner_list(level).await
+        Ok(self.faults.listed(self.inner_list(level).await?))
     }
 
     /// One call, one fault draw: as a backend that lists a replica in one request.
     async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
         self.faults.before("list").await?;
-        self.inner_list_all().await
+        Ok(self.faults.listed(self.inner_list_all().await?))
     }
 
     async fn open(
@@ -221,7 +258,9 @@ impl ReplicaClient for FaultyClient {
         ts: i64,
     ) -> Result<LtxFileInfo, StorageError> {
         self.faults.before("put").await?;
-        self.inner_put(level, min, max, src, ts).await
+        let info = self.inner_put(level, min, max, src, ts).await?;
+        self.faults.put_done(&info);
+        Ok(info)
     }
 
     async fn delete(&self, files: &[LtxFileInfo]) -> Result<(), StorageError> {

@@ -51,6 +51,8 @@ mod helm;
 mod http;
 /// The idle path: no work, no request, no allocation growth while nothing changes.
 mod idle;
+/// A store whose listings lag its PUTs: no needless seed, a real wipe still found.
+mod lagging_listing;
 /// Large segments encoded on every core.
 mod large_segment;
 /// Litestream command lines (Go flag syntax) accepted unchanged.

@@ -3,12 +3,13 @@
 //! not restorable, and the late connection of a replica unreachable at start (see the
 //! module doc of [`super`] for the rules).
 
-use crate::replicate::health::SeedReason;
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{Replica, RoundError};
 use crate::ltx::{self, TxId};
+use crate::replicate::health::SeedReason;
 use crate::replicate::maintenance::schedule::RemoteIndex;
 use crate::replicate::staging::Staging;
 use crate::storage::{LtxFileInfo, ReplicaClient, StorageError, put_new};
@@ -289,20 +290,34 @@ impl Replica {
     /// equal and are kept). An upload racing the wipe can leave the newest file standing with
     /// nothing under it, so the test is the restore plan, not the tip. True when it was wiped.
     /// Either way the listing becomes the index (a dropped maintenance job's last request may
-    /// have landed; a file of ours may be gone).
+    /// have landed; a file of ours may be gone), with the files of ours a lagging listing did
+    /// not show yet.
     pub(super) async fn recheck_listing(&mut self) -> Result<bool, RoundError> {
         Box::pin(self.settle_maintenance()).await;
         let started = Instant::now();
         let listed = self.client.list_all().await;
         self.stats.counters.observe(2, started, &listed);
         // A listing that failed leaves a recheck owed (the round's retry lists again).
-        let files = listed.map_err(RoundError::Storage)?;
+        let mut files = listed.map_err(RoundError::Storage)?;
+        let plan_tip = |files: &[LtxFileInfo]| {
+            crate::restore::calc_plan(files, None)
+                .ok()
+                .and_then(|plan| plan.last().map(|f| f.max_txid))
+        };
+        let mut restorable = plan_tip(&files);
+        if self.remote.0 > 0 && restorable.is_none_or(|t| t < self.remote) {
+            let known = self.index.all();
+            if self.listing_lags(&known, &files).await? {
+                let listed: HashSet<_> = files.iter().map(key).collect();
+                let late = known.iter().filter(|f| !listed.contains(&key(f)));
+                tracing::warn!(db = %self.db, replica = %self.name, listed = files.len(), late = late.clone().count(), "the replica's listing lacks files stored here that a read finds: the store's listings lag its writes; keeping them");
+                files.extend(late.cloned());
+                restorable = plan_tip(&files);
+            }
+        }
         self.recheck = false;
         let every = self.maint.replica_check;
         self.next_check = (!every.is_zero()).then(|| Instant::now() + every);
-        let restorable = crate::restore::calc_plan(&files, None)
-            .ok()
-            .and_then(|plan| plan.last().map(|f| f.max_txid));
         self.index = RemoteIndex::default();
         for f in files {
             self.index.insert(f);
@@ -320,4 +335,43 @@ impl Replica {
         self.send_ack();
         Ok(true)
     }
+
+    /// Whether every file of `known` (the index: what we stored and listed) that our restore
+    /// plan needs and the `listed` files lack is still there, read newest first: a store whose
+    /// listings lag its PUTs shows the newest files late, and a replica that restored a moment
+    /// ago is not wiped for that. The first one missing ends it (a real wipe costs one read).
+    async fn listing_lags(
+        &self,
+        known: &[LtxFileInfo],
+        listed: &[LtxFileInfo],
+    ) -> Result<bool, RoundError> {
+        let listed: HashSet<_> = listed.iter().map(key).collect();
+        let Ok(plan) = crate::restore::calc_plan(known, None) else {
+            return Ok(false);
+        };
+        if plan.last().is_none_or(|f| f.max_txid < self.remote) {
+            return Ok(false);
+        }
+        let mut unlisted: Vec<_> = plan.iter().filter(|f| !listed.contains(&key(f))).collect();
+        unlisted.sort_by_key(|f| std::cmp::Reverse(f.max_txid));
+        if unlisted.is_empty() {
+            return Ok(false);
+        }
+        for f in unlisted {
+            let started = Instant::now();
+            let read = self.client.read_header(f).await;
+            self.stats.counters.observe(1, started, &read);
+            match read {
+                Ok(h) if (h.min_txid, h.max_txid) == (f.min_txid, f.max_txid) => {}
+                Ok(_) | Err(StorageError::NotFound(_)) => return Ok(false),
+                Err(e) => return Err(RoundError::Storage(e)),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// What names one file on the replica.
+fn key(f: &LtxFileInfo) -> (u8, TxId, TxId, bool) {
+    (f.level, f.min_txid, f.max_txid, f.encrypted)
 }
