@@ -17,7 +17,8 @@ use crate::storage::faulty::{Faults, FaultyClient};
 
 /// The environment variable: comma-separated `key=value` pairs, keys `fail-rate` (0.0-1.0:
 /// probability that a call fails), `fail-first` (the first N calls fail), `latency` (a Go
-/// duration added before every call) and `cut-bodies-after` (GET bodies break after N bytes).
+/// duration added before every call), `cut-bodies-after` (GET bodies break after N bytes) and
+/// `listing-lag` (a Go duration: listings leave out files stored less than that long ago).
 /// Example: `REPLICAD_DRILL_FAULTS=fail-rate=0.2,latency=5ms`.
 pub const ENV: &str = "REPLICAD_DRILL_FAULTS";
 
@@ -45,9 +46,13 @@ pub fn parse(spec: &str) -> Result<Arc<Faults>, String> {
             "cut-bodies-after" => {
                 faults.cut_bodies_after(value.trim().parse().map_err(|e| bad(&e))?)
             }
+            "listing-lag" => {
+                let d: Duration = humantime::parse_duration(value.trim()).map_err(|e| bad(&e))?;
+                faults.set_listing_lag(d);
+            }
             other => {
                 return Err(format!(
-                    "{ENV}: unknown key {other:?} (fail-rate, fail-first, latency, cut-bodies-after)"
+                    "{ENV}: unknown key {other:?} (fail-rate, fail-first, latency, cut-bodies-after, listing-lag)"
                 ));
             }
         }
@@ -90,12 +95,15 @@ mod tests {
 
     #[test]
     fn parses_every_key_and_refuses_bad_values() {
-        let f = parse("fail-rate=0.5, fail-first=2,latency=5ms,cut-bodies-after=100").unwrap();
+        let f =
+            parse("fail-rate=0.5, fail-first=2,latency=5ms,cut-bodies-after=100,listing-lag=2s")
+                .unwrap();
         assert_eq!(f.injected(), 0);
         for bad in [
             "fail-rate=2",
             "fail-rate=x",
             "latency=5",
+            "listing-lag=soon",
             "nope=1",
             "fail-first",
         ] {
