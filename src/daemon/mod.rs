@@ -41,6 +41,7 @@ use crate::config::{Config, DbConfig};
 use crate::daemon::discovery::Discovery;
 use crate::replicate::counters::ReplicaMetrics;
 use crate::replicate::dormant::DormantWatch;
+use crate::replicate::health::SLOW_WORK;
 use crate::storage::AnyClient;
 pub use registry::{DbHandle, DbRegistry, SyncTrigger, unprotected};
 
@@ -244,6 +245,55 @@ impl StoreCore {
         }
     }
 
+    /// [`StoreCore::add`], at the Store's open: a start still running after
+    /// [`SLOW_WORK`] (a hung mount under the database, a replica that takes the
+    /// connection and never answers) goes on in the background, its database reported not
+    /// protected until it has started, so that the other databases and the endpoints do not
+    /// wait for it. A start that then fails stays reported (the daemon cannot exit 2 or 1 for
+    /// it any more).
+    async fn add_patiently(&self, dbc: &DbConfig) -> Result<(), StoreError> {
+        let mut start = {
+            let (me, dbc) = (self.clone(), dbc.clone());
+            tokio::spawn(async move { me.add(&dbc).await })
+        };
+        let Ok(joined) = tokio::time::timeout(SLOW_WORK, &mut start).await else {
+            let why = format!(
+                "its start has run for {SLOW_WORK:?} (its file system or a replica does not \
+                 answer); the other databases go on, and it is NOT protected until it starts"
+            );
+            tracing::error!(db = %dbc.path.display(), "{why}");
+            self.registry().unstarted(&dbc.path, why);
+            let (core, path) = (self.clone(), dbc.path.clone());
+            let ingest = self.inner.ingest.clone();
+            self.spawn(async move {
+                let abort = start.abort_handle();
+                let joined = tokio::select! {
+                    joined = start => joined,
+                    // At the stop, dropped where it waits (a blocked thread cannot be stopped;
+                    // nothing it left undone is lost: the next start claims and lists again).
+                    _ = ingest.cancelled() => return abort.abort(),
+                };
+                let failed = match joined {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(e)) => Some(e),
+                    Err(e) => Some(panicked(&path, e)),
+                };
+                match failed {
+                    None => tracing::info!(db = %path.display(), "started after all"),
+                    Some(e) => {
+                        tracing::error!(db = %path.display(), error = %e, "its start failed; it is NOT protected until replicad restarts");
+                        core.registry().unstarted(&path, format!("not replicated: {e}"));
+                    }
+                }
+            });
+            return Ok(());
+        };
+        match joined {
+            Ok(added) => added.map(drop),
+            Err(e) => Err(panicked(&dbc.path, e)),
+        }
+    }
+
     /// Stops replicating the database at `path`: a final sync, then its uploads drain. The
     /// other databases are not touched. Returns when its tasks are stopping, not ended.
     pub async fn remove(&self, path: &Path) -> bool {
@@ -362,12 +412,12 @@ impl Store {
         // Databases start concurrently (listing a replica is a network round trip: thousands
         // started one by one would take minutes).
         // Every start runs to its end (a start dropped half-way would keep its leases).
-        let added: Vec<Result<Added, StoreError>> = futures_util::stream::iter(&config.dbs)
-            .map(|dbc| core.add(dbc))
+        let added: Vec<Result<(), StoreError>> = futures_util::stream::iter(&config.dbs)
+            .map(|dbc| core.add_patiently(dbc))
             .buffer_unordered(OPEN_CONCURRENCY)
             .collect()
             .await;
-        let added: Result<Vec<Added>, StoreError> = added.into_iter().collect();
+        let added: Result<(), StoreError> = added.into_iter().collect();
         let store = Store {
             core: core.clone(),
             shutdown_timeout: config.shutdown_sync_timeout,
@@ -488,5 +538,14 @@ impl Store {
             core.root.cancel();
             core.tracker.wait().await;
         }
+    }
+}
+
+/// The start of the database at `db` that panicked, as an error (then reported, not lost).
+fn panicked(db: &Path, e: tokio::task::JoinError) -> StoreError {
+    StoreError::Io {
+        op: "start",
+        path: db.to_path_buf(),
+        source: std::io::Error::other(e),
     }
 }

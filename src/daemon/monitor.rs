@@ -51,7 +51,8 @@ const PARTIAL_PAUSE: Duration = Duration::from_millis(20);
 const PARTIAL_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// Path of a file; while it exists, each full sync of a database in the same directory, and
-/// its idle check when on a network file system, blocks before it starts. Stands in for a call
+/// its idle check when on a network file system, blocks before it starts; so does its start.
+/// Stands in for a call
 /// blocked on a hung file system or a dying disk in tests of
 /// [`crate::replicate::health::SLOW_WORK`].
 pub const SYNC_GATE_ENV: &str = "REPLICAD_TEST_SYNC_GATE";
@@ -394,8 +395,9 @@ async fn any_changed(acks: &mut [watch::Receiver<TxId>]) {
 }
 
 /// Waits while the file named by [`SYNC_GATE_ENV`] exists, if it is beside the database `db`
-/// (tests only; the variable is read once).
-fn wait_at_test_gate(db: &std::path::Path) {
+/// (tests only; the variable is read once): in each sync, and in the start's first touch of
+/// the database's file system.
+pub(super) fn wait_at_test_gate(db: &std::path::Path) {
     static GATE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
     if let Some(gate) = GATE.get_or_init(|| std::env::var_os(SYNC_GATE_ENV).map(Into::into))
         && gate.parent() == db.parent()

@@ -24,7 +24,7 @@ use crate::replicate::lease::Lease;
 use crate::replicate::maintenance::Maintenance;
 use crate::replicate::maintenance::schedule::RetentionPolicy;
 use crate::replicate::replica::Replica;
-use crate::replicate::staging::{Staging, StagingError, StagingLock};
+use crate::replicate::staging::{Staging, StagingLock};
 use crate::storage::AnyClient;
 
 impl StoreCore {
@@ -40,28 +40,35 @@ impl StoreCore {
             .meta_path
             .clone()
             .unwrap_or_else(|| crate::replicate::db::default_meta_path(&dbc.path));
-        let parent = crate::util::fsutil::parent_dir(&dbc.path);
-        if !parent.is_dir() {
-            return Err(StoreError::MissingDir {
-                db: dbc.path.clone(),
-                dir: parent.to_path_buf(),
-            });
-        }
-        // One daemon per database: a second one would share (and clean) this staging.
+        // One daemon per database: a second one would share (and clean) this staging. The
+        // start's first touch of the database's file system, off the runtime's threads: a hung
+        // mount holds up this start alone (and `Store::open` goes on without it).
         let claimed = off_runtime({
-            let meta = meta.clone();
-            move || StagingLock::acquire(&meta)
+            let (db, meta) = (dbc.path.clone(), meta.clone());
+            move || {
+                super::monitor::wait_at_test_gate(&db);
+                match crate::util::fsutil::parent_dir(&db).is_dir() {
+                    true => StagingLock::acquire(&meta).map(Some),
+                    false => Ok(None),
+                }
+            }
         })
-        .await
-        .unwrap_or_else(|source| {
-            let (op, path) = ("claim", meta.join("lock"));
-            Err(StagingError::Io { op, path, source })
-        });
+        .await;
+        let db = dbc.path.clone();
+        let claimed = match claimed {
+            Ok(Ok(Some(lock))) => lock,
+            Ok(Ok(None)) => {
+                let dir = crate::util::fsutil::parent_dir(&db).to_path_buf();
+                return Err(StoreError::MissingDir { db, dir });
+            }
+            Ok(Err(source)) => return Err(StoreError::Claimed { db, source }),
+            Err(source) => {
+                let (op, path) = ("claim", meta.join("lock"));
+                return Err(StoreError::Io { op, path, source });
+            }
+        };
         let lock = Arc::new(DbClaim {
-            lock: claimed.map_err(|source| StoreError::Claimed {
-                db: dbc.path.clone(),
-                source,
-            })?,
+            lock: claimed,
             _counted: core.awake.count_claim(),
         });
         // Every replica's lease comes first, before anything local or remote is touched: a
@@ -120,12 +127,12 @@ impl StoreCore {
         let staging_dir = meta.join("ltx").join("0");
         let names: Vec<String> = dbc.replicas.iter().map(|rc| rc.name.clone()).collect();
         let opened = off_runtime({
-            let meta = meta.clone();
-            move || open_local(&meta, &names)
+            let (db, meta) = (dbc.path.clone(), meta.clone());
+            move || open_local(&db, &meta, &names)
         })
         .await
         .and_then(|opened| opened);
-        let staging = match opened {
+        let (staging, network_fs) = match opened {
             Ok(s) => s,
             Err(e) => {
                 release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
@@ -187,9 +194,7 @@ impl StoreCore {
         }
         let settings = codec_for(dbc, &mut replicas);
         let mut db = Db::new(dbc.path.clone(), Some(meta), settings, tip);
-        db.set_network_fs(crate::util::fsutil::on_network_fs(
-            crate::util::fsutil::parent_dir(&dbc.path),
-        ));
+        db.set_network_fs(network_fs);
         db.share_awake_budget(core.awake.clone());
         db.share_phases(core.phases.clone());
         let seeds = db.take_seed_requests();
@@ -262,14 +267,16 @@ async fn off_runtime<T: Send + 'static>(
 
 /// Opens the database's staging and drops what a previous run left half-made: seed
 /// snapshots (never uploaded whole, rebuilt on demand) and the replicas' build directories
-/// (partial outputs of a crashed compaction, never uploaded).
-fn open_local(meta: &Path, replicas: &[String]) -> std::io::Result<Staging> {
+/// (partial outputs of a crashed compaction, never uploaded). Also tells whether the database
+/// is on a network file system.
+fn open_local(db: &Path, meta: &Path, replicas: &[String]) -> std::io::Result<(Staging, bool)> {
     let staging = Staging::open(meta.join("ltx").join("0"))?;
     let _ = std::fs::remove_dir_all(meta.join("seed"));
     for name in replicas {
         let _ = std::fs::remove_dir_all(meta.join("tmp").join(name));
     }
-    Ok(staging)
+    let network_fs = crate::util::fsutil::on_network_fs(crate::util::fsutil::parent_dir(db));
+    Ok((staging, network_fs))
 }
 
 /// Releases leases taken by a start that failed: the next start (or another host) must not

@@ -1,10 +1,13 @@
 //! Databases and replicas that cannot start are loud, through the real binary: a missing
 //! database is not ready until it exists, a missing directory is a config error, a file that
 //! is not a database and a replica that cannot be written fail the start and name themselves,
-//! and a failed start hands back its leases.
+//! a failed start hands back its leases, and a start that hangs holds up only its database.
 
 use crate::common;
-use crate::never_unprotected::{config, get, insert, new_db, restored_equals, wait_caught_up};
+use crate::never_unprotected::{
+    add_database, caught_up, config, get, get_status_ok, insert, new_db, restored_equals,
+    wait_caught_up,
+};
 
 use std::fs;
 use std::process::Command;
@@ -160,4 +163,58 @@ fn a_failed_start_hands_back_its_leases() {
     }
     d.stop_ok();
     restored_equals(&dir, &rb, &bad_db, "bad-restored.db");
+}
+
+/// A database whose file system hangs when replicad starts (a hard NFS mount whose server is
+/// down after a reboot; stood in for by `REPLICAD_TEST_SYNC_GATE`, which holds its start's
+/// first file access): after 10 s the daemon goes on without it, serves its endpoints,
+/// replicates the other database, and reports this one not protected in `/readyz` and the log
+/// until the mount answers; then it starts and catches up.
+#[test]
+fn a_start_that_hangs_holds_up_only_its_own_database() {
+    let dir = TestDir::new("hung-start");
+    fs::create_dir_all(dir.join("nfs")).unwrap();
+    let db = dir.join("nfs/app.db");
+    let other = dir.join("local.db");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    insert(&new_db(&db), 10, "first");
+    let o = new_db(&other);
+    insert(&o, 10, "first");
+    let gate = dir.join("nfs/gate");
+    fs::write(&gate, b"").unwrap();
+    let port = free_port();
+    let cfg = config(&dir, &db, &[&a], port, "");
+    add_database(&cfg, &other, &b);
+    let d = spawn_replicate_env(
+        dir.path(),
+        &["--config", s(&cfg)],
+        &[("REPLICAD_TEST_SYNC_GATE", s(&gate))],
+    );
+    wait_until(&dir, "the daemon to answer", || get_status_ok(port));
+    let txid = caught_up(&dir, port, &other, &b, 0);
+    let (code, body) = get(port, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains(s(&db)) && body.contains("its start has run for"),
+        "{body}"
+    );
+    assert!(
+        d.log_text().contains("NOT protected until it starts"),
+        "{}",
+        d.log_text()
+    );
+    insert(&o, 10, "meanwhile");
+    caught_up(&dir, port, &other, &b, txid);
+
+    fs::remove_file(&gate).unwrap();
+    caught_up(&dir, port, &db, &a, 0);
+    wait_until(&dir, "ready", || get(port, "/readyz").0 == 200);
+    assert!(
+        d.log_text().contains("started after all"),
+        "{}",
+        d.log_text()
+    );
+    d.stop_ok();
+    restored_equals(&dir, &a, &db, "after-the-hang.db");
+    restored_equals(&dir, &b, &other, "the-other.db");
 }
