@@ -192,17 +192,7 @@ fn a_start_that_hangs_holds_up_only_its_own_database() {
     );
     wait_until(&dir, "the daemon to answer", || get_status_ok(port));
     let txid = caught_up(&dir, port, &other, &b, 0);
-    let (code, body) = get(port, "/readyz");
-    assert_eq!(code, 503, "{body}");
-    assert!(
-        body.contains(s(&db)) && body.contains("its start has run for"),
-        "{body}"
-    );
-    assert!(
-        d.log_text().contains("NOT protected until it starts"),
-        "{}",
-        d.log_text()
-    );
+    assert_start_reported_hung(port, &db, &d);
     insert(&o, 10, "meanwhile");
     caught_up(&dir, port, &other, &b, txid);
 
@@ -217,4 +207,53 @@ fn a_start_that_hangs_holds_up_only_its_own_database() {
     d.stop_ok();
     restored_equals(&dir, &a, &db, "after-the-hang.db");
     restored_equals(&dir, &b, &other, "the-other.db");
+}
+
+/// A stop while a database's start still hangs ends at once and says that database was not
+/// protected (exit 1); the next start, with the mount answering again, replicates it.
+#[test]
+fn a_stop_while_a_start_hangs_says_so() {
+    let dir = TestDir::new("hung-start-stop");
+    fs::create_dir_all(dir.join("nfs")).unwrap();
+    let db = dir.join("nfs/app.db");
+    let a = dir.join("a");
+    insert(&new_db(&db), 10, "first");
+    let gate = dir.join("nfs/gate");
+    fs::write(&gate, b"").unwrap();
+    let port = free_port();
+    let cfg = config(&dir, &db, &[&a], port, "");
+    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
+    let d = spawn_replicate_env(dir.path(), &["--config", s(&cfg)], &env);
+    wait_until(&dir, "the daemon to answer", || get_status_ok(port));
+    assert_start_reported_hung(port, &db, &d);
+    let log = d.log.clone();
+    let st = d.stop();
+    let text = fs::read_to_string(log).unwrap();
+    assert_eq!(st.code(), Some(1), "{text}");
+    assert!(text.contains("its start has run for"), "{text}");
+
+    fs::remove_file(&gate).unwrap();
+    let d = spawn_replicate_env(dir.path(), &["--config", s(&cfg)], &env);
+    wait_caught_up(&dir, port, &a);
+    d.stop_ok();
+    restored_equals(&dir, &a, &db, "after-the-hang.db");
+}
+
+/// `/readyz`, the metrics and the log report the start of `db` as hung.
+fn assert_start_reported_hung(port: u16, db: &std::path::Path, d: &Daemon) {
+    let (code, body) = get(port, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains(s(db)) && body.contains("its start has run for"),
+        "{body}"
+    );
+    let metrics = get(port, "/metrics").1;
+    let label = format!("db=\"{}\"", db.display());
+    assert_eq!(
+        common::http::sample(&metrics, "replicad_db_protected", &label),
+        Some(0.0),
+        "{metrics}"
+    );
+    let log = d.log_text();
+    assert!(log.contains("NOT protected until it starts"), "{log}");
 }
