@@ -32,6 +32,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use globset::{Glob, GlobMatcher};
 use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind};
 use notify::{EventKind, INotifyWatcher, RecursiveMode, Watcher};
@@ -309,8 +310,22 @@ impl Discovery {
         let mut tracked = HashSet::new();
         // One database that cannot start must not stop the others: it is reported instead.
         let mut failed = HashSet::new();
-        for path in found {
-            match me.add(core, &path).await {
+        // Started as the configured ones are, several at once: one after the other, a thousand
+        // databases behind a store 20 ms away took 112 s (7 s so), every one unprotected and
+        // the endpoints unserved meanwhile.
+        let added: Vec<(PathBuf, Result<bool, StoreError>)> = futures_util::stream::iter(found)
+            .map(|path| {
+                let me = &me;
+                async move {
+                    let added = me.add(core, &path).await;
+                    (path, added)
+                }
+            })
+            .buffer_unordered(super::OPEN_CONCURRENCY)
+            .collect()
+            .await;
+        for (path, added) in added {
+            match added {
                 Ok(true) => {
                     tracked.insert(path);
                 }
@@ -358,14 +373,16 @@ impl Discovery {
             return Ok(false);
         };
         let dbc = self.cfg.db(rel);
-        match core.add(&dbc).await? {
-            Added::Started => {
+        match core.add_patiently(&dbc).await? {
+            // Reported, and replicated once its start ends.
+            None => Ok(true),
+            Some(Added::Started) => {
                 let replicas: Vec<&str> = dbc.replicas.iter().map(|r| r.url.as_str()).collect();
                 tracing::info!(db = %path.display(), rel = %rel.display(), ?replicas,
                     "database discovered: replicating");
                 Ok(true)
             }
-            Added::AlreadyRunning => {
+            Some(Added::AlreadyRunning) => {
                 tracing::debug!(db = %path.display(), "discovered database is already replicated");
                 Ok(false)
             }

@@ -245,13 +245,13 @@ impl StoreCore {
         }
     }
 
-    /// [`StoreCore::add`], at the Store's open: a start still running after
-    /// [`SLOW_WORK`] (a hung mount under the database, a replica that takes the
-    /// connection and never answers) goes on in the background, its database reported not
-    /// protected until it has started, so that the other databases and the endpoints do not
-    /// wait for it. A start that then fails stays reported (the daemon cannot exit 2 or 1 for
-    /// it any more).
-    async fn add_patiently(&self, dbc: &DbConfig) -> Result<(), StoreError> {
+    /// [`StoreCore::add`], for the starts nobody waits on one by one (the Store's open,
+    /// directory discovery): a start still running after [`SLOW_WORK`] (a hung mount under
+    /// the database, a replica that takes the connection and never answers) goes on in the
+    /// background, its database reported not protected until it has started, so that the
+    /// other databases and the endpoints do not wait for it (`None`). A start that then fails
+    /// stays reported (the daemon cannot exit 2 or 1 for it any more).
+    pub(crate) async fn add_patiently(&self, dbc: &DbConfig) -> Result<Option<Added>, StoreError> {
         let mut start = {
             let (me, dbc) = (self.clone(), dbc.clone());
             tokio::spawn(async move { me.add(&dbc).await })
@@ -286,10 +286,10 @@ impl StoreCore {
                     }
                 }
             });
-            return Ok(());
+            return Ok(None);
         };
         match joined {
-            Ok(added) => added.map(drop),
+            Ok(added) => added.map(Some),
             Err(e) => Err(panicked(&dbc.path, e)),
         }
     }
@@ -413,7 +413,7 @@ impl Store {
         // started one by one would take minutes).
         // Every start runs to its end (a start dropped half-way would keep its leases).
         let added: Vec<Result<(), StoreError>> = futures_util::stream::iter(&config.dbs)
-            .map(|dbc| core.add_patiently(dbc))
+            .map(|dbc| async { core.add_patiently(dbc).await.map(drop) })
             .buffer_unordered(OPEN_CONCURRENCY)
             .collect()
             .await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::http::{free_port, get_blocking as get};
 use common::{
     Daemon, TestDir, WAIT, Writer, bin, content_hash, listing, max_replica_txid, restore_ok, s,
-    seed, spawn_replicate, wait_for_txid,
+    seed, spawn_replicate, spawn_replicate_env, wait_for_txid,
 };
 
 /// `GET /status` on 127.0.0.1:`port`, parsed.
@@ -527,4 +527,44 @@ fn a_database_that_cannot_start_at_start_up_does_not_stop_the_others() {
         assert_eq!(content_hash(&out), content_hash(&b));
         break;
     }
+}
+
+/// A discovered database whose file system hangs at the start (its subdirectory a hard NFS
+/// mount whose server is down; `REPLICAD_TEST_SYNC_GATE` holds its start's first file access)
+/// holds up neither the others nor the endpoints: after 10 s it is reported, and once the
+/// mount answers it is replicated.
+#[test]
+fn a_discovered_database_whose_start_hangs_does_not_hold_up_the_others() {
+    let seed = seed("discovery_hung_start");
+    let t = TestDir::new("discovery-hung-start");
+    let data = t.join("data");
+    let replica = t.join("replica");
+    std::fs::create_dir_all(data.join("nfs")).unwrap();
+    let (a, b, hung) = (data.join("a.db"), data.join("b.db"), data.join("nfs/c.db"));
+    for (i, db) in [&a, &b, &hung].into_iter().enumerate() {
+        Writer::open(db, seed + i as u64).run(3);
+    }
+    let gate = data.join("nfs/gate");
+    std::fs::write(&gate, b"").unwrap();
+    let port = free_port();
+    let cfg = config(t.path(), &data, &replica, port, false);
+    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
+    let d = spawn_replicate_env(t.path(), &["-c", s(&cfg)], &env);
+    listening(&d, port);
+    caught_up(&d, port, &a);
+    caught_up(&d, port, &b);
+    let (code, body) = get(port, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains(s(&hung)) && body.contains("its start has run for"),
+        "{body}"
+    );
+
+    std::fs::remove_file(&gate).unwrap();
+    caught_up(&d, port, &hung);
+    wait_until(&d, "ready", || get(port, "/readyz").0 == 200);
+    d.stop_ok();
+    let out = t.join("restored-c");
+    restore_ok(s(&replica.join("nfs/c.db")), &out, None);
+    assert_eq!(content_hash(&out), content_hash(&hung));
 }
