@@ -28,6 +28,7 @@ use crate::replicate::staging::{Staging, StagingLock};
 use crate::storage::AnyClient;
 
 impl StoreCore {
+    /// Starts `dbc` in the order of the module doc; on failure, hands back the leases it took.
     pub(super) async fn start_db(
         &self,
         dbc: &DbConfig,
