@@ -367,54 +367,89 @@ pub(crate) fn get_status_ok(port: u16) -> bool {
 /// has hung for 10 s. On the runtime's own thread (one here), the hang would stall them all.
 #[test]
 fn a_hung_network_file_system_stops_only_its_own_database() {
-    let dir = TestDir::new("hung-nfs");
-    fs::create_dir_all(dir.join("nfs")).unwrap();
-    let db = dir.join("nfs/app.db");
-    let other = dir.join("local.db");
-    let (a, b) = (dir.join("a"), dir.join("b"));
-    let c = new_db(&db);
-    insert(&c, 10, "first");
-    let o = new_db(&other);
-    insert(&o, 10, "first");
-    // Beside the database on the "network" file system only.
-    let gate = dir.join("nfs/gate");
-    let port = free_port();
-    let cfg = config(&dir, &db, &[&a], port, "");
-    add_database(&cfg, &other, &b);
+    let t = NfsPair::new("hung-nfs");
+    let (dir, db, other, a, b, gate, port) = (&t.dir, &t.db, &t.other, &t.a, &t.b, &t.gate, t.port);
+    let o = Connection::open(other).unwrap();
     let d = spawn_replicate_env(
         dir.path(),
-        &["--config", s(&cfg)],
+        &["--config", s(&t.cfg)],
         &[
-            ("REPLICAD_TEST_SYNC_GATE", s(&gate)),
+            ("REPLICAD_TEST_SYNC_GATE", s(gate)),
             ("REPLICAD_TEST_NETWORK_FS", s(&dir.join("nfs"))),
             // One runtime thread, as on a one-core host: a hang on it would stall everything.
             ("TOKIO_WORKER_THREADS", "1"),
         ],
     );
-    wait_until(&dir, "the daemon to answer", || get_status_ok(port));
-    caught_up(&dir, port, &db, &a, 0);
-    let txid = caught_up(&dir, port, &other, &b, 0);
+    wait_until(dir, "the daemon to answer", || get_status_ok(port));
+    caught_up(dir, port, db, a, 0);
+    let txid = caught_up(dir, port, other, b, 0);
 
     // No commit: the idle check itself hangs (a sync would wait at the gate whatever ran it).
-    fs::write(&gate, b"").unwrap();
+    fs::write(gate, b"").unwrap();
     // The other database is replicated meanwhile.
     insert(&o, 10, "meanwhile");
-    let txid = caught_up(&dir, port, &other, &b, txid);
-    wait_until(&dir, "/readyz to report the hung database", || {
+    let txid = caught_up(dir, port, other, b, txid);
+    wait_until(dir, "/readyz to report the hung database", || {
         let (code, body) = get(port, "/readyz");
-        code == 503 && body.contains(s(&db)) && body.contains("has been running for")
+        code == 503 && body.contains(s(db)) && body.contains("has been running for")
     });
     let (_, body) = get(port, "/readyz");
-    assert!(!body.contains(s(&other)), "{body}");
+    assert!(!body.contains(s(other)), "{body}");
     insert(&o, 10, "still");
-    caught_up(&dir, port, &other, &b, txid);
+    caught_up(dir, port, other, b, txid);
 
-    fs::remove_file(&gate).unwrap();
-    caught_up(&dir, port, &db, &a, 0);
-    wait_until(&dir, "ready again", || get(port, "/readyz").0 == 200);
-    d.stop_ok();
-    restored_equals(&dir, &a, &db, "after-the-hang.db");
-    restored_equals(&dir, &b, &other, "the-other.db");
+    t.release_and_restore(d);
+}
+
+/// Two databases for a daemon on `port` (`cfg`): `db` in `nfs/`, a directory standing in for
+/// a network mount, where `gate` (`REPLICAD_TEST_SYNC_GATE`) holds its file work, and `other`
+/// beside it; replicated to `a` and `b`.
+pub(crate) struct NfsPair {
+    pub(crate) dir: TestDir,
+    pub(crate) db: PathBuf,
+    pub(crate) other: PathBuf,
+    pub(crate) a: PathBuf,
+    pub(crate) b: PathBuf,
+    pub(crate) gate: PathBuf,
+    pub(crate) port: u16,
+    pub(crate) cfg: PathBuf,
+}
+
+impl NfsPair {
+    pub(crate) fn new(name: &str) -> NfsPair {
+        let dir = TestDir::new(name);
+        fs::create_dir_all(dir.join("nfs")).unwrap();
+        let (db, other) = (dir.join("nfs/app.db"), dir.join("local.db"));
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        insert(&new_db(&db), 10, "first");
+        insert(&new_db(&other), 10, "first");
+        let (gate, port) = (dir.join("nfs/gate"), free_port());
+        let cfg = config(&dir, &db, &[&a], port, "");
+        add_database(&cfg, &other, &b);
+        NfsPair {
+            dir,
+            db,
+            other,
+            a,
+            b,
+            gate,
+            port,
+            cfg,
+        }
+    }
+
+    /// Opens the gate; once both databases are caught up and the daemon ready, stops it
+    /// (exit 0) and checks that both replicas restore equal to their sources.
+    pub(crate) fn release_and_restore(&self, d: Daemon) {
+        let (dir, port) = (&self.dir, self.port);
+        fs::remove_file(&self.gate).unwrap();
+        wait_until(dir, "the daemon to answer", || get_status_ok(port));
+        caught_up(dir, port, &self.db, &self.a, 0);
+        wait_until(dir, "ready again", || get(port, "/readyz").0 == 200);
+        d.stop_ok();
+        restored_equals(dir, &self.a, &self.db, "after-the-hang.db");
+        restored_equals(dir, &self.b, &self.other, "the-other.db");
+    }
 }
 
 #[test]

@@ -5,8 +5,7 @@
 
 use crate::common;
 use crate::never_unprotected::{
-    add_database, caught_up, config, get, get_status_ok, insert, new_db, restored_equals,
-    wait_caught_up,
+    NfsPair, caught_up, config, get, get_status_ok, insert, new_db, restored_equals, wait_caught_up,
 };
 
 use std::fs;
@@ -16,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::http::free_port;
 use common::*;
+use rusqlite::Connection;
 
 #[test]
 fn a_missing_database_is_not_ready_until_it_is_created() {
@@ -172,71 +172,41 @@ fn a_failed_start_hands_back_its_leases() {
 /// until the mount answers; then it starts and catches up.
 #[test]
 fn a_start_that_hangs_holds_up_only_its_own_database() {
-    let dir = TestDir::new("hung-start");
-    fs::create_dir_all(dir.join("nfs")).unwrap();
-    let db = dir.join("nfs/app.db");
-    let other = dir.join("local.db");
-    let (a, b) = (dir.join("a"), dir.join("b"));
-    insert(&new_db(&db), 10, "first");
-    let o = new_db(&other);
-    insert(&o, 10, "first");
-    let gate = dir.join("nfs/gate");
-    fs::write(&gate, b"").unwrap();
-    let port = free_port();
-    let cfg = config(&dir, &db, &[&a], port, "");
-    add_database(&cfg, &other, &b);
-    let d = spawn_replicate_env(
-        dir.path(),
-        &["--config", s(&cfg)],
-        &[("REPLICAD_TEST_SYNC_GATE", s(&gate))],
-    );
-    wait_until(&dir, "the daemon to answer", || get_status_ok(port));
-    let txid = caught_up(&dir, port, &other, &b, 0);
-    assert_start_reported_hung(port, &db, &d);
-    insert(&o, 10, "meanwhile");
-    caught_up(&dir, port, &other, &b, txid);
-
-    fs::remove_file(&gate).unwrap();
-    caught_up(&dir, port, &db, &a, 0);
-    wait_until(&dir, "ready", || get(port, "/readyz").0 == 200);
-    assert!(
-        d.log_text().contains("started after all"),
-        "{}",
-        d.log_text()
-    );
-    d.stop_ok();
-    restored_equals(&dir, &a, &db, "after-the-hang.db");
-    restored_equals(&dir, &b, &other, "the-other.db");
+    let t = NfsPair::new("hung-start");
+    fs::write(&t.gate, b"").unwrap();
+    let env = [("REPLICAD_TEST_SYNC_GATE", s(&t.gate))];
+    let d = spawn_replicate_env(t.dir.path(), &["--config", s(&t.cfg)], &env);
+    let (dir, port) = (&t.dir, t.port);
+    wait_until(dir, "the daemon to answer", || get_status_ok(port));
+    let txid = caught_up(dir, port, &t.other, &t.b, 0);
+    assert_start_reported_hung(port, &t.db, &d);
+    insert(&Connection::open(&t.other).unwrap(), 10, "meanwhile");
+    caught_up(dir, port, &t.other, &t.b, txid);
+    let log = d.log.clone();
+    t.release_and_restore(d);
+    let text = fs::read_to_string(log).unwrap();
+    assert!(text.contains("started after all"), "{text}");
 }
 
 /// A stop while a database's start still hangs ends at once and says that database was not
 /// protected (exit 1); the next start, with the mount answering again, replicates it.
 #[test]
 fn a_stop_while_a_start_hangs_says_so() {
-    let dir = TestDir::new("hung-start-stop");
-    fs::create_dir_all(dir.join("nfs")).unwrap();
-    let db = dir.join("nfs/app.db");
-    let a = dir.join("a");
-    insert(&new_db(&db), 10, "first");
-    let gate = dir.join("nfs/gate");
-    fs::write(&gate, b"").unwrap();
-    let port = free_port();
-    let cfg = config(&dir, &db, &[&a], port, "");
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
-    let d = spawn_replicate_env(dir.path(), &["--config", s(&cfg)], &env);
-    wait_until(&dir, "the daemon to answer", || get_status_ok(port));
-    assert_start_reported_hung(port, &db, &d);
+    let t = NfsPair::new("hung-start-stop");
+    fs::write(&t.gate, b"").unwrap();
+    let env = [("REPLICAD_TEST_SYNC_GATE", s(&t.gate))];
+    let d = spawn_replicate_env(t.dir.path(), &["--config", s(&t.cfg)], &env);
+    wait_until(&t.dir, "the daemon to answer", || get_status_ok(t.port));
+    assert_start_reported_hung(t.port, &t.db, &d);
     let log = d.log.clone();
     let st = d.stop();
     let text = fs::read_to_string(log).unwrap();
     assert_eq!(st.code(), Some(1), "{text}");
     assert!(text.contains("its start has run for"), "{text}");
 
-    fs::remove_file(&gate).unwrap();
-    let d = spawn_replicate_env(dir.path(), &["--config", s(&cfg)], &env);
-    wait_caught_up(&dir, port, &a);
-    d.stop_ok();
-    restored_equals(&dir, &a, &db, "after-the-hang.db");
+    // The gate stays until the next start is under way: `release_and_restore` opens it.
+    let d = spawn_replicate_env(t.dir.path(), &["--config", s(&t.cfg)], &env);
+    t.release_and_restore(d);
 }
 
 /// `/readyz`, the metrics and the log report the start of `db` as hung.
