@@ -411,7 +411,8 @@ impl Store {
         ));
         // Databases start concurrently (listing a replica is a network round trip: thousands
         // started one by one would take minutes).
-        // Every start runs to its end (a start dropped half-way would keep its leases).
+        // Every start runs to its end, except one still hung at the stop (`add_patiently`),
+        // which keeps the leases it took until their TTL or the next start here.
         let added: Vec<Result<(), StoreError>> = futures_util::stream::iter(&config.dbs)
             .map(|dbc| async { core.add_patiently(dbc).await.map(drop) })
             .buffer_unordered(OPEN_CONCURRENCY)
