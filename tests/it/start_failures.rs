@@ -173,9 +173,7 @@ fn a_failed_start_hands_back_its_leases() {
 #[test]
 fn a_start_that_hangs_holds_up_only_its_own_database() {
     let t = NfsPair::new("hung-start");
-    fs::write(&t.gate, b"").unwrap();
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&t.gate))];
-    let d = spawn_replicate_env(t.dir.path(), &["--config", s(&t.cfg)], &env);
+    let d = spawn_gated(&t);
     let (dir, port) = (&t.dir, t.port);
     wait_until(dir, "the daemon to answer", || get_status_ok(port));
     let txid = caught_up(dir, port, &t.other, &t.b, 0);
@@ -193,9 +191,7 @@ fn a_start_that_hangs_holds_up_only_its_own_database() {
 #[test]
 fn a_stop_while_a_start_hangs_says_so() {
     let t = NfsPair::new("hung-start-stop");
-    fs::write(&t.gate, b"").unwrap();
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&t.gate))];
-    let d = spawn_replicate_env(t.dir.path(), &["--config", s(&t.cfg)], &env);
+    let d = spawn_gated(&t);
     wait_until(&t.dir, "the daemon to answer", || get_status_ok(t.port));
     assert_start_reported_hung(t.port, &t.db, &d);
     let log = d.log.clone();
@@ -205,7 +201,7 @@ fn a_stop_while_a_start_hangs_says_so() {
     assert!(text.contains("its start has run for"), "{text}");
 
     // The gate stays until the next start is under way: `release_and_restore` opens it.
-    let d = spawn_replicate_env(t.dir.path(), &["--config", s(&t.cfg)], &env);
+    let d = spawn_gated(&t);
     t.release_and_restore(d);
 }
 
@@ -226,4 +222,11 @@ fn assert_start_reported_hung(port: u16, db: &std::path::Path, d: &Daemon) {
     );
     let log = d.log_text();
     assert!(log.contains("NOT protected until it starts"), "{log}");
+}
+
+/// Closes `t`'s gate and starts the daemon: the start of `t.db` hangs until it opens.
+fn spawn_gated(t: &NfsPair) -> Daemon {
+    fs::write(&t.gate, b"").unwrap();
+    let env = [("REPLICAD_TEST_SYNC_GATE", s(&t.gate))];
+    spawn_replicate_env(t.dir.path(), &["--config", s(&t.cfg)], &env)
 }
