@@ -19,8 +19,9 @@
 //! - A database is removed only when its file no longer exists; the Store then stops that
 //!   database alone ([`StoreCore::remove`]). A database that fails to start, at start-up or
 //!   later, stops nothing else: it is listed as not protected (a stand-in in the registry)
-//!   and, with `watch`, retried at its next change or rescan. Only a configuration error
-//!   stops the start.
+//!   and, with `watch`, retried at its next change or rescan; so is a start that went on in
+//!   the background (`StoreCore::add_patiently`) and failed there. Only a configuration
+//!   error stops the start.
 //! - All file-system work (walks, header reads, inotify calls) runs on the blocking pool.
 //! - The follow task is spawned through the Store ([`StoreCore`]), tracked like every other
 //!   task, and ends when the Store stops ingesting; only the Store starts database tasks.
@@ -32,14 +33,16 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use globset::{Glob, GlobMatcher};
 use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind};
 use notify::{EventKind, INotifyWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use crate::config::DirConfig;
-use crate::daemon::{Added, StoreCore, StoreError};
+use crate::daemon::{Added, Patient, StoreCore, StoreError};
 
 /// The first 16 bytes of every SQLite 3 database file.
 pub const HEADER: &[u8; 16] = b"SQLite format 3\0";
@@ -87,6 +90,23 @@ struct Changes {
     added: Vec<PathBuf>,
     removed: Vec<PathBuf>,
 }
+
+/// What starting a discovered database did.
+enum Start {
+    /// Nothing: outside this entry, or already replicated (configured by `path` as well).
+    Skipped,
+    /// It is replicated.
+    Started,
+    /// Still starting in the background, reported not protected meanwhile; how it ended
+    /// arrives on this.
+    Late(Late),
+}
+
+/// How a start left to the background ended (a closed channel: the Store stopped first).
+type Late = tokio::sync::oneshot::Receiver<Result<Added, StoreError>>;
+
+/// The background starts still awaited, each with its database.
+type Pending = FuturesUnordered<BoxFuture<'static, (PathBuf, Option<StoreError>)>>;
 
 /// What inotify's thread passes on.
 enum Signal {
@@ -248,11 +268,13 @@ impl Discovery {
                 Err(_) => {}
             }
         }
-        let mut c = changes(found, tracked);
-        c.removed = gone;
-        c.removed.sort();
-        c.removed.dedup();
-        c
+        gone.sort();
+        gone.dedup();
+        // Only the named paths are looked at: one event costs no stat of every database.
+        Changes {
+            added: found.into_iter().filter(|p| !tracked.contains(p)).collect(),
+            removed: gone,
+        }
     }
 
     /// What inotify's thread passes on for one event: nothing for reads and for the
@@ -313,7 +335,7 @@ impl Discovery {
         // Started as the configured ones are, several at once: one after the other, a thousand
         // databases behind a store 20 ms away took 112 s (7 s so), every one unprotected and
         // the endpoints unserved meanwhile.
-        let added: Vec<(PathBuf, Result<bool, StoreError>)> = futures_util::stream::iter(found)
+        let added: Vec<(PathBuf, Result<Start, StoreError>)> = futures_util::stream::iter(found)
             .map(|path| {
                 let me = &me;
                 async move {
@@ -324,12 +346,17 @@ impl Discovery {
             .buffer_unordered(super::OPEN_CONCURRENCY)
             .collect()
             .await;
+        let pending = Pending::new();
         for (path, added) in added {
             match added {
-                Ok(true) => {
+                Ok(Start::Started) => {
                     tracked.insert(path);
                 }
-                Ok(false) => {}
+                Ok(Start::Late(late)) => {
+                    pending.push(awaited(path.clone(), late));
+                    tracked.insert(path);
+                }
+                Ok(Start::Skipped) => {}
                 Err(e) if e.is_config() || matches!(e, StoreError::ShuttingDown) => return Err(e),
                 Err(e) => {
                     me.unstarted(core, &path, &e);
@@ -343,7 +370,7 @@ impl Discovery {
         if me.cfg.watch {
             let (dir, c) = (me.cfg.dir.clone(), core.clone());
             core.spawn(crate::replicate::health::on_panic(
-                follow(me, core.clone(), tracked, failed),
+                follow(me, core.clone(), tracked, failed, pending),
                 move |why| stopped(&c, &dir, &why),
             ));
         }
@@ -367,25 +394,27 @@ impl Discovery {
             .unstarted(path, format!("not replicated: {e} ({retry})"));
     }
 
-    /// Starts the database at `path`; whether it is now replicated by this entry.
-    async fn add(&self, core: &StoreCore, path: &Path) -> Result<bool, StoreError> {
+    /// Starts the database at `path`.
+    async fn add(&self, core: &StoreCore, path: &Path) -> Result<Start, StoreError> {
         let Some(rel) = self.rel(path) else {
-            return Ok(false);
+            return Ok(Start::Skipped);
         };
         let dbc = self.cfg.db(rel);
         match core.add_patiently(&dbc).await? {
-            // Reported, and replicated once its start ends.
-            None => Ok(true),
-            Some(Added::Started) => {
+            Patient::Late(late) => Ok(Start::Late(late)),
+            Patient::Done(Added::Started) => {
                 let replicas: Vec<&str> = dbc.replicas.iter().map(|r| r.url.as_str()).collect();
                 tracing::info!(db = %path.display(), rel = %rel.display(), ?replicas,
                     "database discovered: replicating");
-                Ok(true)
+                Ok(Start::Started)
             }
-            Some(Added::AlreadyRunning) => {
+            Patient::Done(Added::AlreadyRunning) => {
                 tracing::debug!(db = %path.display(), "discovered database is already replicated");
-                Ok(false)
+                Ok(Start::Skipped)
             }
+            // Not reachable from discovery, whose adds and removes of a path are one after
+            // the other; nothing runs either way.
+            Patient::Done(Added::Removed) => Ok(Start::Skipped),
         }
     }
 }
@@ -402,6 +431,19 @@ fn stopped(core: &StoreCore, dir: &Path, why: &str) {
              here are not noticed: restart replicad"
         ),
     );
+}
+
+/// The outcome of the background start of `path`: its error, if it failed.
+fn awaited(path: PathBuf, late: Late) -> BoxFuture<'static, (PathBuf, Option<StoreError>)> {
+    async move {
+        let failed = match late.await {
+            Ok(Err(e)) => Some(e),
+            // Started, removed meanwhile, or the Store stopped.
+            Ok(Ok(_)) | Err(_) => None,
+        };
+        (path, failed)
+    }
+    .boxed()
 }
 
 /// Whether nothing is at `path` any more.
@@ -426,6 +468,7 @@ async fn follow(
     core: StoreCore,
     mut tracked: HashSet<PathBuf>,
     mut failed: HashSet<PathBuf>,
+    mut pending: Pending,
 ) {
     let stop = core.ingest().clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<Signal>();
@@ -469,19 +512,21 @@ async fn follow(
             return;
         };
         let batch = std::mem::take(&mut paths);
+        let unstarted = failed.clone();
         let looked = tokio::task::spawn_blocking(move || {
             let c = if full {
                 d.rescan(&mut watches, &known)
             } else {
                 d.look(&mut watches, &batch, &known)
             };
-            (watches, c)
+            let unstarted_gone: Vec<PathBuf> = unstarted.into_iter().filter(|p| gone(p)).collect();
+            (watches, c, unstarted_gone)
         })
         .await;
-        let changes = match looked {
-            Ok((w, c)) => {
+        let (changes, unstarted_gone) = match looked {
+            Ok((w, c, g)) => {
                 st = Some(w);
-                c
+                (c, g)
             }
             Err(e) => {
                 stopped(&core, &me.cfg.dir, &e.to_string());
@@ -495,7 +540,8 @@ async fn follow(
             }
         }
         // A database that never started and is gone is no longer reported.
-        for path in failed.extract_if(|p| gone(p)).collect::<Vec<_>>() {
+        for path in unstarted_gone {
+            failed.remove(&path);
             core.remove(&path).await;
         }
         for path in changes.added {
@@ -503,11 +549,16 @@ async fn follow(
                 break;
             }
             match me.add(&core, &path).await {
-                Ok(true) => {
+                Ok(Start::Started) => {
                     failed.remove(&path);
                     tracked.insert(path);
                 }
-                Ok(false) => {
+                Ok(Start::Late(late)) => {
+                    failed.remove(&path);
+                    pending.push(awaited(path.clone(), late));
+                    tracked.insert(path);
+                }
+                Ok(Start::Skipped) => {
                     failed.remove(&path);
                 }
                 Err(e) => {
@@ -520,6 +571,14 @@ async fn follow(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(next_rescan) => full = true,
+            // A start left to the background failed: reported, and retried as any failed start
+            // (not tracked, it is found again by the next look at it or rescan).
+            Some((path, e)) = pending.next(), if !pending.is_empty() => {
+                if let Some(e) = e && tracked.remove(&path) {
+                    me.unstarted(&core, &path, &e);
+                    failed.insert(path);
+                }
+            }
             s = rx.recv(), if events => {
                 tokio::time::sleep(SETTLE).await;
                 let mut next = s;

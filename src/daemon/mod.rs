@@ -17,8 +17,10 @@
 //! [`crate::daemon::discovery`]). Removing one cancels only its own token: its monitor runs the same
 //! final sync (it fails harmlessly when the file is gone) and its upload tasks drain what is
 //! staged, exactly as at shutdown, while every other database goes on untouched. A path
-//! that comes back is started again only once its previous tasks have all ended, so two
-//! monitors never share one staging directory.
+//! that comes back is started again only once its previous start and tasks have all ended,
+//! so two monitors never share one staging directory; that wait holds up no other path (a
+//! start hung on a dead mount can last for ever). A start whose path is removed meanwhile
+//! ends as [`Added::Removed`], however it went: nothing runs, nothing is reported.
 //!
 //! Invariant: only the Store spawns long-lived tasks, and every one is tracked (by the
 //! Store's tracker, and a database's tasks also by that database's own tracker).
@@ -188,6 +190,23 @@ pub enum Added {
     Started,
     /// The path was already replicated (e.g. also configured by `path`); nothing changed.
     AlreadyRunning,
+    /// The path was removed while it started: nothing runs, nothing is reported.
+    Removed,
+}
+
+/// How [`StoreCore::add_patiently`] left a start.
+#[derive(Debug)]
+pub(crate) enum Patient {
+    /// It ended in time.
+    Done(Added),
+    /// It goes on in the background, its database reported not protected meanwhile; how it
+    /// ends arrives here (nothing if the Store stops first).
+    Late(tokio::sync::oneshot::Receiver<Result<Added, StoreError>>),
+}
+
+/// Whether a database's start has ended and every task it spawned too.
+fn drained(r: &Running) -> bool {
+    r.tasks.is_closed() && r.tasks.is_empty()
 }
 
 impl StoreCore {
@@ -201,7 +220,7 @@ impl StoreCore {
         let core = &*self.inner;
         let token = core.ingest.child_token();
         let tasks = TaskTracker::new();
-        {
+        loop {
             let mut running = core.running.lock().await;
             if core.ingest.is_cancelled() {
                 return Err(StoreError::ShuttingDown);
@@ -210,8 +229,17 @@ impl StoreCore {
                 if !prev.token.is_cancelled() {
                     return Ok(Added::AlreadyRunning);
                 }
-                // Removed, and maybe still draining: never two monitors on one staging dir.
-                prev.tasks.wait().await;
+                // Removed, and maybe still draining or still starting: never two monitors on
+                // one staging dir. Waited without the lock, which every add and remove takes:
+                // a start hung on a dead mount must hold up only its own path.
+                if !drained(prev) {
+                    let prev = prev.tasks.clone();
+                    drop(running);
+                    tokio::select! {
+                        _ = prev.wait() => continue,
+                        _ = core.ingest.cancelled() => return Err(StoreError::ShuttingDown),
+                    }
+                }
             }
             // Reserved before the (slow) start, so that starts of other databases run
             // concurrently while a second add of this path sees it running.
@@ -222,13 +250,19 @@ impl StoreCore {
                     tasks: tasks.clone(),
                 },
             );
+            break;
         }
         // Boxed: a start nests leases, listings and every client wrapper; unboxed, the
         // layout of the futures that await it exceeds the compiler's type query depth.
         let started = Box::pin(self.start_db(dbc, &token, &tasks)).await;
         tasks.close();
+        // Removed while starting (not stopped): however the start ended, nothing is to run or
+        // be reported; its tasks, if any, are already stopping.
+        if token.is_cancelled() && !core.ingest.is_cancelled() {
+            return Ok(Added::Removed);
+        }
         match started {
-            // Removed while starting: its tasks are already stopping; never list it.
+            // Stopped while starting: its tasks are already stopping; never list it.
             Ok(_) if token.is_cancelled() => Ok(Added::Started),
             Ok(handle) => {
                 core.registry.insert(handle);
@@ -249,9 +283,9 @@ impl StoreCore {
     /// directory discovery): a start still running after [`SLOW_WORK`] (a hung mount under
     /// the database, a replica that takes the connection and never answers) goes on in the
     /// background, its database reported not protected until it has started, so that the
-    /// other databases and the endpoints do not wait for it (`None`). A start that then fails
-    /// stays reported (the daemon cannot exit 2 or 1 for it any more).
-    pub(crate) async fn add_patiently(&self, dbc: &DbConfig) -> Result<Option<Added>, StoreError> {
+    /// other databases and the endpoints do not wait for it ([`Patient::Late`]). A start that
+    /// then fails stays reported (the daemon cannot exit 2 or 1 for it any more).
+    pub(crate) async fn add_patiently(&self, dbc: &DbConfig) -> Result<Patient, StoreError> {
         let mut start = {
             let (me, dbc) = (self.clone(), dbc.clone());
             tokio::spawn(async move { me.add(&dbc).await })
@@ -265,6 +299,7 @@ impl StoreCore {
             self.registry().unstarted(&dbc.path, why);
             let (core, path) = (self.clone(), dbc.path.clone());
             let ingest = self.inner.ingest.clone();
+            let (tell, told) = tokio::sync::oneshot::channel();
             self.spawn(async move {
                 let abort = start.abort_handle();
                 let joined = tokio::select! {
@@ -273,23 +308,28 @@ impl StoreCore {
                     // nothing it left undone is lost: the next start claims and lists again).
                     _ = ingest.cancelled() => return abort.abort(),
                 };
-                let failed = match joined {
-                    Ok(Ok(_)) => None,
-                    Ok(Err(e)) => Some(e),
-                    Err(e) => Some(panicked(&path, e)),
+                let ended = match joined {
+                    Ok(ended) => ended,
+                    Err(e) => Err(panicked(&path, e)),
                 };
-                match failed {
-                    None => tracing::info!(db = %path.display(), "started after all"),
-                    Some(e) => {
+                match &ended {
+                    Ok(Added::Started) => tracing::info!(db = %path.display(), "started after all"),
+                    // Nobody retries it (the Store's open): reported here, until a restart.
+                    Err(e) if tell.is_closed() => {
                         tracing::error!(db = %path.display(), error = %e, "its start failed; it is NOT protected until replicad restarts");
                         core.registry().unstarted(&path, format!("not replicated: {e}"));
                     }
+                    Ok(Added::Removed) => tracing::info!(db = %path.display(),
+                        "removed while it started: not replicated, not reported"),
+                    // Reported by the caller.
+                    _ => {}
                 }
+                let _ = tell.send(ended);
             });
-            return Ok(None);
+            return Ok(Patient::Late(told));
         };
         match joined {
-            Ok(added) => added.map(Some),
+            Ok(added) => added.map(Patient::Done),
             Err(e) => Err(panicked(&dbc.path, e)),
         }
     }
@@ -299,8 +339,8 @@ impl StoreCore {
     pub async fn remove(&self, path: &Path) -> bool {
         let core = &*self.inner;
         let mut running = core.running.lock().await;
-        // Forget databases removed earlier whose tasks have all ended.
-        running.retain(|_, r| !r.token.is_cancelled() || !r.tasks.is_empty());
+        // Forget databases removed earlier whose start and tasks have all ended.
+        running.retain(|_, r| !r.token.is_cancelled() || !drained(r));
         if let Some(handle) = core.registry.remove(path) {
             let label = path.display().to_string();
             for (name, _) in &handle.replicas {
