@@ -513,16 +513,28 @@ impl AnyClient {
             .open(info.level, info.min_txid, info.max_txid, 0)
             .await?;
         let mut buf = [0u8; crate::ltx::HEADER_SIZE];
-        r.read_exact(&mut buf)
-            .await
-            .map_err(|e| StorageError::Transient {
-                op: "read header",
-                key: crate::ltx::format_filename(info.min_txid, info.max_txid),
-                reason: e.to_string(),
-            })?;
+        let key = || crate::ltx::format_filename(info.min_txid, info.max_txid);
+        match r.read_exact(&mut buf).await {
+            Ok(_) => {}
+            // A file shorter than a header is damaged; reading it again will not help.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(StorageError::Permanent {
+                    op: "read header",
+                    key: key(),
+                    reason: format!("shorter than an LTX header ({e})"),
+                });
+            }
+            Err(e) => {
+                return Err(StorageError::Transient {
+                    op: "read header",
+                    key: key(),
+                    reason: e.to_string(),
+                });
+            }
+        }
         Header::decode(&buf).map_err(|e| StorageError::Permanent {
             op: "read header",
-            key: crate::ltx::format_filename(info.min_txid, info.max_txid),
+            key: key(),
             reason: e.to_string(),
         })
     }

@@ -305,15 +305,13 @@ impl Replica {
                 .and_then(|plan| plan.last().map(|f| f.max_txid))
         };
         let mut restorable = plan_tip(&files);
-        if self.remote.0 > 0 && restorable.is_none_or(|t| t < self.remote) {
-            let known = self.index.all();
-            if self.listing_lags(&known, &files).await? {
-                let listed: HashSet<_> = files.iter().map(key).collect();
-                let late = known.iter().filter(|f| !listed.contains(&key(f)));
-                tracing::warn!(db = %self.db, replica = %self.name, listed = files.len(), late = late.clone().count(), "the replica's listing lacks files stored here that a read finds: the store's listings lag its writes; keeping them");
-                files.extend(late.cloned());
-                restorable = plan_tip(&files);
-            }
+        if self.remote.0 > 0
+            && restorable.is_none_or(|t| t < self.remote)
+            && let Some(late) = self.listing_lags(&self.index.all(), &files).await?
+        {
+            tracing::warn!(db = %self.db, replica = %self.name, listed = files.len(), late = late.len(), "the replica's listing lacks files stored here that a read finds: the store's listings lag its writes; keeping them");
+            files.extend(late);
+            restorable = plan_tip(&files);
         }
         self.recheck = false;
         let every = self.maint.replica_check;
@@ -336,38 +334,43 @@ impl Replica {
         Ok(true)
     }
 
-    /// Whether every file of `known` (the index: what we stored and listed) that our restore
-    /// plan needs and the `listed` files lack is still there, read newest first: a store whose
-    /// listings lag its PUTs shows the newest files late, and a replica that restored a moment
-    /// ago is not wiped for that. The first one missing ends it (a real wipe costs one read).
+    /// The files of `known` (the index: what we stored and listed) that our restore plan
+    /// needs and the `listed` files lack, when every one is still there, read newest first:
+    /// a store whose listings lag its PUTs shows the newest files late, and a replica that
+    /// restored a moment ago is not wiped for that. None when one is gone or unreadable for
+    /// good (a real wipe, found at its first read; re-seeding heals a damaged file too); an
+    /// error only when a read could not tell (transient: the recheck is retried).
     async fn listing_lags(
         &self,
         known: &[LtxFileInfo],
         listed: &[LtxFileInfo],
-    ) -> Result<bool, RoundError> {
+    ) -> Result<Option<Vec<LtxFileInfo>>, RoundError> {
         let listed: HashSet<_> = listed.iter().map(key).collect();
         let Ok(plan) = crate::restore::calc_plan(known, None) else {
-            return Ok(false);
+            return Ok(None);
         };
         if plan.last().is_none_or(|f| f.max_txid < self.remote) {
-            return Ok(false);
+            return Ok(None);
         }
-        let mut unlisted: Vec<_> = plan.iter().filter(|f| !listed.contains(&key(f))).collect();
+        let mut unlisted: Vec<LtxFileInfo> = plan
+            .into_iter()
+            .filter(|f| !listed.contains(&key(f)))
+            .collect();
         unlisted.sort_by_key(|f| std::cmp::Reverse(f.max_txid));
         if unlisted.is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
-        for f in unlisted {
+        for f in &unlisted {
             let started = Instant::now();
             let read = self.client.read_header(f).await;
             self.stats.counters.observe(1, started, &read);
             match read {
                 Ok(h) if (h.min_txid, h.max_txid) == (f.min_txid, f.max_txid) => {}
-                Ok(_) | Err(StorageError::NotFound(_)) => return Ok(false),
-                Err(e) => return Err(RoundError::Storage(e)),
+                Err(e) if e.is_retryable() => return Err(RoundError::Storage(e)),
+                Ok(_) | Err(_) => return Ok(None),
             }
         }
-        Ok(true)
+        Ok(Some(unlisted))
     }
 }
 
