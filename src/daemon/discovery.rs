@@ -43,9 +43,14 @@ use tokio::sync::mpsc;
 
 use crate::config::DirConfig;
 use crate::daemon::{Added, Patient, StoreCore, StoreError};
+use crate::replicate::health::SLOW_WORK;
 
 /// The first 16 bytes of every SQLite 3 database file.
 pub const HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// The name, under a directory, that the test gate ([`super::monitor::SYNC_GATE_ENV`]) is
+/// checked against for the directory's scan: it holds the scan as it holds a database there.
+const SCAN_GATE: &str = ".scan";
 
 /// How often a watched directory is rescanned in full, in case an event was missed.
 pub const RESCAN_INTERVAL: Duration = Duration::from_secs(60);
@@ -318,17 +323,56 @@ impl Discovery {
     }
 
     /// Adds the databases present now to `core`; with `watch`, spawns (through the Store)
-    /// the task that follows the directory.
+    /// the task that follows the directory. A scan still running after [`SLOW_WORK`] (the
+    /// directory on a hung mount) goes on in the background, the directory reported not
+    /// protected meanwhile, so that the other databases and the endpoints do not wait for it.
     pub(crate) async fn start(self, core: &StoreCore) -> Result<(), StoreError> {
         let me = Arc::new(self);
         let d = me.clone();
-        let found = tokio::task::spawn_blocking(move || d.scan())
-            .await
-            .map_err(|e| StoreError::Io {
-                op: "scan",
-                path: me.cfg.dir.clone(),
-                source: std::io::Error::other(e),
-            })?;
+        let mut scan = tokio::task::spawn_blocking(move || {
+            super::monitor::wait_at_test_gate(&d.cfg.dir.join(SCAN_GATE));
+            d.scan()
+        });
+        let dir = me.cfg.dir.clone();
+        let Ok(joined) = tokio::time::timeout(SLOW_WORK, &mut scan).await else {
+            let why = format!(
+                "not watched: its scan has run for {SLOW_WORK:?} (its file system does not \
+                 answer); the databases under it are NOT protected until it answers"
+            );
+            tracing::error!(dir = %dir.display(), "{why}");
+            core.registry().unstarted(&dir, why);
+            let (c, ingest) = (core.clone(), core.ingest().clone());
+            core.spawn(async move {
+                let joined = tokio::select! {
+                    joined = scan => joined,
+                    _ = ingest.cancelled() => return,
+                };
+                c.remove(&dir).await;
+                let started = match joined {
+                    Ok(found) => me.start_found(&c, found).await,
+                    Err(e) => Err(scan_panicked(&dir, e)),
+                };
+                match started {
+                    Ok(()) => tracing::info!(dir = %dir.display(), "scanned after all"),
+                    Err(StoreError::ShuttingDown) => {}
+                    Err(e) => stopped(&c, &dir, &format!("its start failed: {e}")),
+                }
+            });
+            return Ok(());
+        };
+        match joined {
+            Ok(found) => me.start_found(core, found).await,
+            Err(e) => Err(scan_panicked(&dir, e)),
+        }
+    }
+
+    /// Adds the databases `found` by the start-up scan, then follows the directory.
+    async fn start_found(
+        self: &Arc<Self>,
+        core: &StoreCore,
+        found: Vec<PathBuf>,
+    ) -> Result<(), StoreError> {
+        let me = self;
         let mut tracked = HashSet::new();
         // One database that cannot start must not stop the others: it is reported instead.
         let mut failed = HashSet::new();
@@ -370,8 +414,8 @@ impl Discovery {
         if me.cfg.watch {
             let (dir, c) = (me.cfg.dir.clone(), core.clone());
             core.spawn(crate::replicate::health::on_panic(
-                follow(me, core.clone(), tracked, failed, pending),
-                move |why| stopped(&c, &dir, &why),
+                follow(me.clone(), core.clone(), tracked, failed, pending),
+                move |why| stopped(&c, &dir, &format!("it panicked: {why}")),
             ));
         }
         Ok(())
@@ -419,18 +463,27 @@ impl Discovery {
     }
 }
 
-/// Directory discovery of `dir` died (`why`): listed as a stand-in that is not protected, so
-/// that `/readyz`, `/status`, the metrics and the exit code say so, not only the log.
+/// Directory discovery of `dir` stopped (`why`): listed as a stand-in that is not protected,
+/// so that `/readyz`, `/status`, the metrics and the exit code say so, not only the log.
 fn stopped(core: &StoreCore, dir: &Path, why: &str) {
-    tracing::error!(dir = %dir.display(), panic = %why,
-        "directory discovery panicked; no more databases are added or removed here until replicad restarts");
+    tracing::error!(dir = %dir.display(), why = %why,
+        "directory discovery stopped; no more databases are added or removed here until replicad restarts");
     core.registry().unstarted(
         dir,
         format!(
-            "not watched: directory discovery panicked ({why}); databases created or removed \
+            "not watched: directory discovery stopped ({why}); databases created or removed \
              here are not noticed: restart replicad"
         ),
     );
+}
+
+/// The scan of `dir` panicked (`e`).
+fn scan_panicked(dir: &Path, e: tokio::task::JoinError) -> StoreError {
+    StoreError::Io {
+        op: "scan",
+        path: dir.to_path_buf(),
+        source: std::io::Error::other(e),
+    }
 }
 
 /// The outcome of the background start of `path`: its error, if it failed.
@@ -529,7 +582,7 @@ async fn follow(
                 (c, g)
             }
             Err(e) => {
-                stopped(&core, &me.cfg.dir, &e.to_string());
+                stopped(&core, &me.cfg.dir, &format!("it panicked: {e}"));
                 return;
             }
         };

@@ -12,25 +12,25 @@ use std::time::Duration;
 use common::http::{free_port, get_blocking as get};
 use common::{
     Daemon, TestDir, WAIT, Writer, bin, content_hash, listing, max_replica_txid, restore_ok, s,
-    seed, spawn_replicate, spawn_replicate_env, wait_for_txid,
+    seed, spawn_replicate, wait_for_txid,
 };
 
 /// `GET /status` on 127.0.0.1:`port`, parsed.
-fn status(port: u16) -> serde_json::Value {
+pub(crate) fn status(port: u16) -> serde_json::Value {
     let (code, body) = get(port, "/status");
     assert_eq!(code, 200, "{body}");
     serde_json::from_str(&body).unwrap()
 }
 
 /// Waits until the daemon's HTTP endpoint on `port` accepts connections.
-fn listening(d: &Daemon, port: u16) {
+pub(crate) fn listening(d: &Daemon, port: u16) {
     wait_until(d, "listening", || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
 }
 
 /// The database paths `/status` lists, sorted.
-fn listed(port: u16) -> Vec<PathBuf> {
+pub(crate) fn listed(port: u16) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = status(port)["databases"]
         .as_array()
         .unwrap()
@@ -42,19 +42,19 @@ fn listed(port: u16) -> Vec<PathBuf> {
 }
 
 /// Polls `cond` until it holds; fails with the daemon's log after [`WAIT`].
-fn wait_until(d: &Daemon, what: &str, cond: impl FnMut() -> bool) {
+pub(crate) fn wait_until(d: &Daemon, what: &str, cond: impl FnMut() -> bool) {
     common::wait_for(what, || d.log_text(), cond);
 }
 
 /// Waits until `/status` shows `db` synced with every replica at its TXID, then returns it.
-fn caught_up(d: &Daemon, port: u16, db: &Path) -> u64 {
+pub(crate) fn caught_up(d: &Daemon, port: u16, db: &Path) -> u64 {
     caught_up_past(d, port, db, 0)
 }
 
 /// [`caught_up`] at a TXID above `past`: a database re-added at a known path starts at the
 /// replica's tip and reports it, caught up, before its own first sync.
 /// First a `replicad sync --wait` (a status read right after a commit may predate it).
-fn caught_up_past(d: &Daemon, port: u16, db: &Path, past: u64) -> u64 {
+pub(crate) fn caught_up_past(d: &Daemon, port: u16, db: &Path, past: u64) -> u64 {
     common::sync_wait(&socket(d), db);
     let mut txid = 0;
     wait_until(d, &format!("{} caught up", db.display()), || {
@@ -79,16 +79,16 @@ fn caught_up_past(d: &Daemon, port: u16, db: &Path, past: u64) -> u64 {
 }
 
 /// The control socket's name in the test directory (its config and logs live there too).
-const SOCKET: &str = "ctl.sock";
+pub(crate) const SOCKET: &str = "ctl.sock";
 
-fn socket(d: &Daemon) -> PathBuf {
+pub(crate) fn socket(d: &Daemon) -> PathBuf {
     let logs = d.log.parent().expect("the log is under <dir>/logs");
     logs.parent()
         .expect("logs is under the test dir")
         .join(SOCKET)
 }
 
-fn config(dir: &Path, data: &Path, replica: &Path, port: u16, watch: bool) -> PathBuf {
+pub(crate) fn config(dir: &Path, data: &Path, replica: &Path, port: u16, watch: bool) -> PathBuf {
     let path = dir.join("replicad.yml");
     std::fs::write(
         &path,
@@ -105,7 +105,7 @@ fn config(dir: &Path, data: &Path, replica: &Path, port: u16, watch: bool) -> Pa
     path
 }
 
-fn remove_db(db: &Path) {
+pub(crate) fn remove_db(db: &Path) {
     for suffix in ["", "-wal", "-shm"] {
         let p = PathBuf::from(format!("{}{suffix}", db.display()));
         if p.exists() {
@@ -527,173 +527,4 @@ fn a_database_that_cannot_start_at_start_up_does_not_stop_the_others() {
         assert_eq!(content_hash(&out), content_hash(&b));
         break;
     }
-}
-
-/// A discovered database whose file system hangs at the start (its subdirectory a hard NFS
-/// mount whose server is down; `REPLICAD_TEST_SYNC_GATE` holds its start's first file access)
-/// holds up neither the others nor the endpoints: after 10 s it is reported, and once the
-/// mount answers it is replicated.
-#[test]
-fn a_discovered_database_whose_start_hangs_does_not_hold_up_the_others() {
-    let seed = seed("discovery_hung_start");
-    let t = TestDir::new("discovery-hung-start");
-    let data = t.join("data");
-    let replica = t.join("replica");
-    std::fs::create_dir_all(data.join("nfs")).unwrap();
-    let (a, b, hung) = (data.join("a.db"), data.join("b.db"), data.join("nfs/c.db"));
-    for (i, db) in [&a, &b, &hung].into_iter().enumerate() {
-        Writer::open(db, seed + i as u64).run(3);
-    }
-    let gate = data.join("nfs/gate");
-    std::fs::write(&gate, b"").unwrap();
-    let port = free_port();
-    let cfg = config(t.path(), &data, &replica, port, false);
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
-    let d = spawn_replicate_env(t.path(), &["-c", s(&cfg)], &env);
-    listening(&d, port);
-    caught_up(&d, port, &a);
-    caught_up(&d, port, &b);
-    let (code, body) = get(port, "/readyz");
-    assert_eq!(code, 503, "{body}");
-    assert!(
-        body.contains(s(&hung)) && body.contains("its start has run for"),
-        "{body}"
-    );
-
-    std::fs::remove_file(&gate).unwrap();
-    caught_up(&d, port, &hung);
-    wait_until(&d, "ready", || get(port, "/readyz").0 == 200);
-    d.stop_ok();
-    let out = t.join("restored-c");
-    restore_ok(s(&replica.join("nfs/c.db")), &out, None);
-    assert_eq!(content_hash(&out), content_hash(&hung));
-}
-
-/// A discovered database whose start hangs, then fails once the mount answers (its staging
-/// directory cannot be made), is retried like any failed start: reported with how, and
-/// replicated after its next write. It was counted as started, never retried.
-#[test]
-fn a_hung_start_that_then_fails_is_retried() {
-    let seed = seed("discovery_hung_then_failed");
-    let t = TestDir::new("discovery-hung-then-failed");
-    let data = t.join("data");
-    let replica = t.join("replica");
-    std::fs::create_dir_all(data.join("nfs")).unwrap();
-    let (a, c) = (data.join("a.db"), data.join("nfs/c.db"));
-    Writer::open(&a, seed).run(3);
-    let mut wc = Writer::open(&c, seed + 1);
-    wc.run(3);
-    let obstacle = data.join("nfs/.c.db-replicad");
-    std::fs::write(&obstacle, "in the way").unwrap();
-    let gate = data.join("nfs/gate");
-    std::fs::write(&gate, b"").unwrap();
-    let port = free_port();
-    let cfg = config(t.path(), &data, &replica, port, true);
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
-    let d = spawn_replicate_env(t.path(), &["-c", s(&cfg)], &env);
-    listening(&d, port);
-    caught_up(&d, port, &a);
-    wait_until(&d, "c.db reported hung", || {
-        get(port, "/readyz").1.contains("its start has run for")
-    });
-
-    std::fs::remove_file(&gate).unwrap();
-    wait_until(&d, "c.db's failure reported with its retry", || {
-        let (code, body) = get(port, "/readyz");
-        code == 503 && body.contains(s(&c)) && body.contains("retried when the file changes")
-    });
-    std::fs::remove_file(&obstacle).unwrap();
-    wc.run(3);
-    wc.checkpoint("TRUNCATE");
-    caught_up(&d, port, &c);
-    wait_until(&d, "ready", || get(port, "/readyz").0 == 200);
-    drop(wc);
-    d.stop_ok();
-    let out = t.join("restored-c");
-    restore_ok(s(&replica.join("nfs/c.db")), &out, None);
-    assert_eq!(content_hash(&out), content_hash(&c));
-}
-
-/// A database whose start hangs, deleted and created again, waits for that start to end
-/// before it starts again (never two on one staging directory), and holds up nobody
-/// meanwhile: a database created after it is replicated at once. The wait held the lock
-/// every start and removal takes.
-#[test]
-fn a_hung_start_deleted_and_created_again_holds_up_no_other_database() {
-    let seed = seed("discovery_hung_readded");
-    let t = TestDir::new("discovery-hung-readded");
-    let data = t.join("data");
-    let replica = t.join("replica");
-    std::fs::create_dir_all(data.join("nfs")).unwrap();
-    let (a, b, c) = (data.join("a.db"), data.join("b.db"), data.join("nfs/c.db"));
-    Writer::open(&a, seed).run(3);
-    Writer::open(&c, seed + 1).run(3);
-    let gate = data.join("nfs/gate");
-    std::fs::write(&gate, b"").unwrap();
-    let port = free_port();
-    let cfg = config(t.path(), &data, &replica, port, true);
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
-    let d = spawn_replicate_env(t.path(), &["-c", s(&cfg)], &env);
-    listening(&d, port);
-    caught_up(&d, port, &a);
-    wait_until(&d, "c.db reported hung", || listed(port).contains(&c));
-
-    remove_db(&c);
-    wait_until(&d, "c.db no longer listed", || !listed(port).contains(&c));
-    Writer::open(&c, seed + 2).run(3);
-    wait_until(&d, "c.db, back, reported hung again", || {
-        listed(port).contains(&c) && d.log_text().matches("its start has run for").count() >= 2
-    });
-    let mut wb = Writer::open(&b, seed + 3);
-    wb.run(3);
-    caught_up(&d, port, &b);
-
-    std::fs::remove_file(&gate).unwrap();
-    caught_up(&d, port, &c);
-    wait_until(&d, "ready", || get(port, "/readyz").0 == 200);
-    drop(wb);
-    d.stop_ok();
-    for (db, rel) in [(&b, "b.db"), (&c, "nfs/c.db")] {
-        let out = t.join(&format!("restored-{rel}").replace('/', "-"));
-        restore_ok(s(&replica.join(rel)), &out, None);
-        assert_eq!(content_hash(&out), content_hash(db), "{rel}");
-    }
-}
-
-/// A database whose start hangs and is deleted meanwhile is no longer reported, even if its
-/// start then fails: the failure no longer put back the stand-in its removal took away, and
-/// `/readyz` said "not protected" for a file that was gone, until a restart.
-#[test]
-fn a_hung_start_deleted_meanwhile_leaves_no_report_behind() {
-    let seed = seed("discovery_hung_deleted");
-    let t = TestDir::new("discovery-hung-deleted");
-    let data = t.join("data");
-    let replica = t.join("replica");
-    std::fs::create_dir_all(data.join("nfs")).unwrap();
-    let (a, c) = (data.join("a.db"), data.join("nfs/c.db"));
-    Writer::open(&a, seed).run(3);
-    Writer::open(&c, seed + 1).run(3);
-    // Its start fails once the mount answers: its staging directory cannot be made.
-    std::fs::write(data.join("nfs/.c.db-replicad"), "in the way").unwrap();
-    let gate = data.join("nfs/gate");
-    std::fs::write(&gate, b"").unwrap();
-    let port = free_port();
-    let cfg = config(t.path(), &data, &replica, port, true);
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
-    let d = spawn_replicate_env(t.path(), &["-c", s(&cfg)], &env);
-    listening(&d, port);
-    caught_up(&d, port, &a);
-    wait_until(&d, "c.db reported hung", || listed(port).contains(&c));
-
-    remove_db(&c);
-    wait_until(&d, "c.db no longer listed", || !listed(port).contains(&c));
-    std::fs::remove_file(&gate).unwrap();
-    wait_until(&d, "c.db's start ended", || {
-        let log = d.log_text();
-        log.contains("removed while it started") || log.contains("its start failed")
-    });
-    let (code, body) = get(port, "/readyz");
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(listed(port), vec![a.clone()]);
-    d.stop_ok();
 }

@@ -35,6 +35,8 @@ mod control;
 mod deploy;
 /// Directory discovery: databases found, added and removed at run time.
 mod discovery;
+/// Directory discovery on a hung file system: the rest goes on, what hangs is reported.
+mod discovery_hung;
 /// Dormancy: idle databases close their connection and wake on change.
 mod dormancy;
 /// Page-cache eviction of written ranges.
