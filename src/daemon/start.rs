@@ -41,6 +41,21 @@ impl StoreCore {
             .meta_path
             .clone()
             .unwrap_or_else(|| crate::replicate::db::default_meta_path(&dbc.path));
+        // The clients first: a configuration error is told at once (exit 2), also when the
+        // database's file system hangs below.
+        let mut clients = Vec::with_capacity(dbc.replicas.len());
+        for rc in &dbc.replicas {
+            let client = match rc.client_in(&core.s3_clients) {
+                Ok(c) => c,
+                Err(e) => return Err(StoreError::Config(e)),
+            };
+            let client = match &core.wrap {
+                Some(w) => w(&db_label, &rc.name, client),
+                None => client,
+            };
+            // Every replica sees both plain and `.age` names, so a switch is never silent.
+            clients.push(client.with_age(rc.age.clone().unwrap_or_default()));
+        }
         // One daemon per database: a second one would share (and clean) this staging. The
         // start's first touch of the database's file system, off the runtime's threads: a hung
         // mount holds up this start alone (and `Store::open` goes on without it).
@@ -78,20 +93,7 @@ impl StoreCore {
         // (config, client, counters, lease, why it is deferred: unreachable at start).
         let mut leased: Vec<(_, AnyClient, _, Lease, Option<String>)> =
             Vec::with_capacity(dbc.replicas.len());
-        for rc in &dbc.replicas {
-            let client = match rc.client_in(&core.s3_clients) {
-                Ok(c) => c,
-                Err(e) => {
-                    release_all(leased.into_iter().map(|(_, _, c, l, _)| (c, l))).await;
-                    return Err(StoreError::Config(e));
-                }
-            };
-            let client = match &core.wrap {
-                Some(w) => w(&db_label, &rc.name, client),
-                None => client,
-            };
-            // Every replica sees both plain and `.age` names, so a switch is never silent.
-            let client = client.with_age(rc.age.clone().unwrap_or_default());
+        for (rc, client) in dbc.replicas.iter().zip(clients) {
             let verifies = !dbc.settings.verify_interval.is_zero();
             let counters = core.counters.replica(&db_label, &rc.name, verifies);
             let mut lease = Lease::new(client.clone(), &db_label, dbc.settings.lease_ttl)

@@ -52,6 +52,50 @@ fn a_database_in_a_missing_directory_is_a_config_error() {
     assert!(!dir.join("no").exists(), "nothing is created for a typo");
 }
 
+/// A replica setting only its client can refuse (an Azure account key that is not base64) is
+/// a config error, exit 2, also when the database's file system hangs (the gate holds the
+/// start's first file access): the client was made after the claim, so the start went to the
+/// background after 10 s and the daemon ran on with the database unprotected.
+#[test]
+fn a_replica_the_client_refuses_is_a_config_error_even_on_a_hung_file_system() {
+    let dir = TestDir::new("client-config");
+    let db = dir.join("app.db");
+    new_db(&db);
+    let gate = dir.join("gate");
+    fs::write(&gate, b"").unwrap();
+    let cfg = dir.join("replicad.yml");
+    fs::write(
+        &cfg,
+        format!(
+            "dbs:\n  - path: {}\n    replica:\n      url: abs://acct@container/app\n      \
+             account-key: \"!!! not base64 !!!\"\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(bin())
+        .args(["replicate", "-c", s(&cfg)])
+        .env("REPLICAD_TEST_SYNC_GATE", &gate)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if started.elapsed() > WAIT {
+            let _ = child.kill();
+            break None;
+        }
+        sleep(Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{err}");
+    assert!(err.contains("account_key"), "{err}");
+}
+
 #[test]
 fn a_file_that_is_not_a_database_fails_loudly_and_shutdown_says_so() {
     let dir = TestDir::new("not-sqlite");
