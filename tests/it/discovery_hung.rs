@@ -6,47 +6,128 @@
 use crate::common;
 use crate::discovery::{SOCKET, caught_up, config, listed, listening, remove_db, wait_until};
 
-use common::http::{free_port, get_blocking as get};
-use common::{TestDir, Writer, content_hash, restore_ok, s, seed, spawn_replicate_env};
+use std::path::{Path, PathBuf};
 
-/// A discovered database whose file system hangs at the start (its subdirectory a hard NFS
-/// mount whose server is down; `REPLICAD_TEST_SYNC_GATE` holds its start's first file access)
-/// holds up neither the others nor the endpoints: after 10 s it is reported, and once the
-/// mount answers it is replicated.
+use common::http::{free_port, get_blocking as get};
+use common::{Daemon, TestDir, Writer, content_hash, restore_ok, s, seed, spawn_replicate_env};
+
+/// `data/a.db`, replicated, beside `data/nfs/c.db` on the "mount" whose gate is closed.
+struct Hung {
+    t: TestDir,
+    data: PathBuf,
+    replica: PathBuf,
+    a: PathBuf,
+    c: PathBuf,
+    /// c.db's writer (none once c.db is deleted).
+    wc: Option<Writer>,
+    seed: u64,
+    gate: PathBuf,
+    port: u16,
+    d: Daemon,
+}
+
+/// Writes the config of a test (its directory, `data`, the replica, the port) and returns its path.
+type ConfigFn = fn(&Path, &Path, &Path, u16) -> PathBuf;
+
+impl Hung {
+    /// Both databases with 3 commits each, the gate closed, with `blocked` a file where c.db's
+    /// staging directory goes (its start fails once the gate opens), the daemon started with
+    /// the config `cfg` writes, and a.db caught up.
+    fn start(name: &str, blocked: bool, cfg: ConfigFn) -> Hung {
+        let seed = seed(name);
+        let t = TestDir::new(name);
+        let (data, replica) = (t.join("data"), t.join("replica"));
+        std::fs::create_dir_all(data.join("nfs")).unwrap();
+        let (a, c) = (data.join("a.db"), data.join("nfs/c.db"));
+        Writer::open(&a, seed).run(3);
+        let mut wc = Writer::open(&c, seed + 1);
+        wc.run(3);
+        if blocked {
+            std::fs::write(data.join("nfs/.c.db-replicad"), "in the way").unwrap();
+        }
+        let gate = data.join("nfs/gate");
+        std::fs::write(&gate, b"").unwrap();
+        let port = free_port();
+        let cfg = cfg(t.path(), &data, &replica, port);
+        let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
+        let d = spawn_replicate_env(t.path(), &["-c", s(&cfg)], &env);
+        listening(&d, port);
+        caught_up(&d, port, &a);
+        Hung {
+            t,
+            data,
+            replica,
+            a,
+            c,
+            wc: Some(wc),
+            seed,
+            gate,
+            port,
+            d,
+        }
+    }
+
+    /// The mount answers.
+    fn open_gate(&self) {
+        std::fs::remove_file(&self.gate).unwrap();
+    }
+
+    /// Deletes c.db, its writer closed first (closing after would delete, by name, the WAL of
+    /// a database created again there).
+    fn delete_c(&mut self) {
+        self.wc = None;
+        remove_db(&self.c);
+        wait_until(&self.d, "c.db no longer listed", || {
+            !listed(self.port).contains(&self.c)
+        });
+    }
+
+    /// `/readyz`: status and body.
+    fn readyz(&self) -> (u16, String) {
+        get(self.port, "/readyz")
+    }
+
+    /// Waits for `/readyz` to say ready, stops cleanly, and restores each of `dbs` (its path
+    /// under `data` and the replica) equal to its source.
+    fn ready_stopped_and_restored(self, dbs: &[&str]) {
+        wait_until(&self.d, "ready", || self.readyz().0 == 200);
+        drop(self.wc);
+        self.d.stop_ok();
+        for rel in dbs {
+            let out = self.t.join(&format!("restored-{}", rel.replace('/', "-")));
+            restore_ok(s(&self.replica.join(rel)), &out, None);
+            assert_eq!(
+                content_hash(&out),
+                content_hash(&self.data.join(rel)),
+                "{rel}"
+            );
+        }
+    }
+}
+
+/// The `dir` config over all of `data`, watched.
+fn watched(t: &Path, data: &Path, replica: &Path, port: u16) -> PathBuf {
+    config(t, data, replica, port, true)
+}
+
+/// A discovered database whose file system hangs at the start holds up neither the others
+/// nor the endpoints: after 10 s it is reported, and once the mount answers it is
+/// replicated.
 #[test]
 fn a_discovered_database_whose_start_hangs_does_not_hold_up_the_others() {
-    let seed = seed("discovery_hung_start");
-    let t = TestDir::new("discovery-hung-start");
-    let data = t.join("data");
-    let replica = t.join("replica");
-    std::fs::create_dir_all(data.join("nfs")).unwrap();
-    let (a, b, hung) = (data.join("a.db"), data.join("b.db"), data.join("nfs/c.db"));
-    for (i, db) in [&a, &b, &hung].into_iter().enumerate() {
-        Writer::open(db, seed + i as u64).run(3);
-    }
-    let gate = data.join("nfs/gate");
-    std::fs::write(&gate, b"").unwrap();
-    let port = free_port();
-    let cfg = config(t.path(), &data, &replica, port, false);
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
-    let d = spawn_replicate_env(t.path(), &["-c", s(&cfg)], &env);
-    listening(&d, port);
-    caught_up(&d, port, &a);
-    caught_up(&d, port, &b);
-    let (code, body) = get(port, "/readyz");
+    let h = Hung::start("discovery-hung-start", false, |t, data, replica, port| {
+        config(t, data, replica, port, false)
+    });
+    let (code, body) = h.readyz();
     assert_eq!(code, 503, "{body}");
     assert!(
-        body.contains(s(&hung)) && body.contains("its start has run for"),
+        body.contains(s(&h.c)) && body.contains("its start has run for"),
         "{body}"
     );
 
-    std::fs::remove_file(&gate).unwrap();
-    caught_up(&d, port, &hung);
-    wait_until(&d, "ready", || get(port, "/readyz").0 == 200);
-    d.stop_ok();
-    let out = t.join("restored-c");
-    restore_ok(s(&replica.join("nfs/c.db")), &out, None);
-    assert_eq!(content_hash(&out), content_hash(&hung));
+    h.open_gate();
+    caught_up(&h.d, h.port, &h.c);
+    h.ready_stopped_and_restored(&["a.db", "nfs/c.db"]);
 }
 
 /// A discovered database whose start hangs, then fails once the mount answers (its staging
@@ -54,44 +135,22 @@ fn a_discovered_database_whose_start_hangs_does_not_hold_up_the_others() {
 /// replicated after its next write. It was counted as started, never retried.
 #[test]
 fn a_hung_start_that_then_fails_is_retried() {
-    let seed = seed("discovery_hung_then_failed");
-    let t = TestDir::new("discovery-hung-then-failed");
-    let data = t.join("data");
-    let replica = t.join("replica");
-    std::fs::create_dir_all(data.join("nfs")).unwrap();
-    let (a, c) = (data.join("a.db"), data.join("nfs/c.db"));
-    Writer::open(&a, seed).run(3);
-    let mut wc = Writer::open(&c, seed + 1);
-    wc.run(3);
-    let obstacle = data.join("nfs/.c.db-replicad");
-    std::fs::write(&obstacle, "in the way").unwrap();
-    let gate = data.join("nfs/gate");
-    std::fs::write(&gate, b"").unwrap();
-    let port = free_port();
-    let cfg = config(t.path(), &data, &replica, port, true);
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
-    let d = spawn_replicate_env(t.path(), &["-c", s(&cfg)], &env);
-    listening(&d, port);
-    caught_up(&d, port, &a);
-    wait_until(&d, "c.db reported hung", || {
-        get(port, "/readyz").1.contains("its start has run for")
+    let mut h = Hung::start("discovery-hung-then-failed", true, watched);
+    wait_until(&h.d, "c.db reported hung", || {
+        h.readyz().1.contains("its start has run for")
     });
 
-    std::fs::remove_file(&gate).unwrap();
-    wait_until(&d, "c.db's failure reported with its retry", || {
-        let (code, body) = get(port, "/readyz");
-        code == 503 && body.contains(s(&c)) && body.contains("retried when the file changes")
+    h.open_gate();
+    wait_until(&h.d, "c.db's failure reported with its retry", || {
+        let (code, body) = h.readyz();
+        code == 503 && body.contains(s(&h.c)) && body.contains("retried when the file changes")
     });
-    std::fs::remove_file(&obstacle).unwrap();
+    std::fs::remove_file(h.data.join("nfs/.c.db-replicad")).unwrap();
+    let wc = h.wc.as_mut().expect("c.db is not deleted");
     wc.run(3);
     wc.checkpoint("TRUNCATE");
-    caught_up(&d, port, &c);
-    wait_until(&d, "ready", || get(port, "/readyz").0 == 200);
-    drop(wc);
-    d.stop_ok();
-    let out = t.join("restored-c");
-    restore_ok(s(&replica.join("nfs/c.db")), &out, None);
-    assert_eq!(content_hash(&out), content_hash(&c));
+    caught_up(&h.d, h.port, &h.c);
+    h.ready_stopped_and_restored(&["nfs/c.db"]);
 }
 
 /// A database whose start hangs, deleted and created again, waits for that start to end
@@ -100,44 +159,24 @@ fn a_hung_start_that_then_fails_is_retried() {
 /// every start and removal takes.
 #[test]
 fn a_hung_start_deleted_and_created_again_holds_up_no_other_database() {
-    let seed = seed("discovery_hung_readded");
-    let t = TestDir::new("discovery-hung-readded");
-    let data = t.join("data");
-    let replica = t.join("replica");
-    std::fs::create_dir_all(data.join("nfs")).unwrap();
-    let (a, b, c) = (data.join("a.db"), data.join("b.db"), data.join("nfs/c.db"));
-    Writer::open(&a, seed).run(3);
-    Writer::open(&c, seed + 1).run(3);
-    let gate = data.join("nfs/gate");
-    std::fs::write(&gate, b"").unwrap();
-    let port = free_port();
-    let cfg = config(t.path(), &data, &replica, port, true);
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
-    let d = spawn_replicate_env(t.path(), &["-c", s(&cfg)], &env);
-    listening(&d, port);
-    caught_up(&d, port, &a);
-    wait_until(&d, "c.db reported hung", || listed(port).contains(&c));
+    let mut h = Hung::start("discovery-hung-readded", false, watched);
+    wait_until(&h.d, "c.db reported hung", || listed(h.port).contains(&h.c));
 
-    remove_db(&c);
-    wait_until(&d, "c.db no longer listed", || !listed(port).contains(&c));
-    Writer::open(&c, seed + 2).run(3);
-    wait_until(&d, "c.db, back, reported hung again", || {
-        listed(port).contains(&c) && d.log_text().matches("its start has run for").count() >= 2
+    h.delete_c();
+    let mut wc = Writer::open(&h.c, h.seed + 2);
+    wc.run(3);
+    h.wc = Some(wc);
+    wait_until(&h.d, "c.db, back, reported hung again", || {
+        listed(h.port).contains(&h.c)
+            && h.d.log_text().matches("its start has run for").count() >= 2
     });
-    let mut wb = Writer::open(&b, seed + 3);
-    wb.run(3);
-    caught_up(&d, port, &b);
+    let b = h.data.join("b.db");
+    Writer::open(&b, h.seed + 3).run(3);
+    caught_up(&h.d, h.port, &b);
 
-    std::fs::remove_file(&gate).unwrap();
-    caught_up(&d, port, &c);
-    wait_until(&d, "ready", || get(port, "/readyz").0 == 200);
-    drop(wb);
-    d.stop_ok();
-    for (db, rel) in [(&b, "b.db"), (&c, "nfs/c.db")] {
-        let out = t.join(&format!("restored-{rel}").replace('/', "-"));
-        restore_ok(s(&replica.join(rel)), &out, None);
-        assert_eq!(content_hash(&out), content_hash(db), "{rel}");
-    }
+    h.open_gate();
+    caught_up(&h.d, h.port, &h.c);
+    h.ready_stopped_and_restored(&["b.db", "nfs/c.db"]);
 }
 
 /// A database whose start hangs and is deleted meanwhile is no longer reported, even if its
@@ -145,37 +184,19 @@ fn a_hung_start_deleted_and_created_again_holds_up_no_other_database() {
 /// `/readyz` said "not protected" for a file that was gone, until a restart.
 #[test]
 fn a_hung_start_deleted_meanwhile_leaves_no_report_behind() {
-    let seed = seed("discovery_hung_deleted");
-    let t = TestDir::new("discovery-hung-deleted");
-    let data = t.join("data");
-    let replica = t.join("replica");
-    std::fs::create_dir_all(data.join("nfs")).unwrap();
-    let (a, c) = (data.join("a.db"), data.join("nfs/c.db"));
-    Writer::open(&a, seed).run(3);
-    Writer::open(&c, seed + 1).run(3);
-    // Its start fails once the mount answers: its staging directory cannot be made.
-    std::fs::write(data.join("nfs/.c.db-replicad"), "in the way").unwrap();
-    let gate = data.join("nfs/gate");
-    std::fs::write(&gate, b"").unwrap();
-    let port = free_port();
-    let cfg = config(t.path(), &data, &replica, port, true);
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
-    let d = spawn_replicate_env(t.path(), &["-c", s(&cfg)], &env);
-    listening(&d, port);
-    caught_up(&d, port, &a);
-    wait_until(&d, "c.db reported hung", || listed(port).contains(&c));
+    let mut h = Hung::start("discovery-hung-deleted", true, watched);
+    wait_until(&h.d, "c.db reported hung", || listed(h.port).contains(&h.c));
 
-    remove_db(&c);
-    wait_until(&d, "c.db no longer listed", || !listed(port).contains(&c));
-    std::fs::remove_file(&gate).unwrap();
-    wait_until(&d, "c.db's start ended", || {
-        let log = d.log_text();
+    h.delete_c();
+    h.open_gate();
+    wait_until(&h.d, "c.db's start ended", || {
+        let log = h.d.log_text();
         log.contains("removed while it started") || log.contains("its start failed")
     });
-    let (code, body) = get(port, "/readyz");
+    let (code, body) = h.readyz();
     assert_eq!(code, 200, "{body}");
-    assert_eq!(listed(port), vec![a.clone()]);
-    d.stop_ok();
+    assert_eq!(listed(h.port), vec![h.a.clone()]);
+    h.d.stop_ok();
 }
 
 /// A watched directory whose scan hangs at the start holds up neither the databases
@@ -183,50 +204,32 @@ fn a_hung_start_deleted_meanwhile_leaves_no_report_behind() {
 /// protected, and once its file system answers its databases are replicated.
 #[test]
 fn a_directory_whose_scan_hangs_does_not_hold_up_the_others() {
-    let seed = seed("discovery_hung_scan");
-    let t = TestDir::new("discovery-hung-scan");
-    let data = t.join("data");
-    let replica = t.join("replica");
-    let nfs = data.join("nfs");
-    std::fs::create_dir_all(&nfs).unwrap();
-    let (a, c) = (data.join("a.db"), nfs.join("c.db"));
-    Writer::open(&a, seed).run(3);
-    Writer::open(&c, seed + 1).run(3);
-    let gate = nfs.join("gate");
-    std::fs::write(&gate, b"").unwrap();
-    let port = free_port();
-    let cfg = t.join("replicad.yml");
-    std::fs::write(
-        &cfg,
-        format!(
+    let h = Hung::start("discovery-hung-scan", false, |t, data, replica, port| {
+        let cfg = t.join("replicad.yml");
+        let yaml = format!(
             "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\nsocket: {{enabled: true, path: {}}}\n\
              dbs:\n  - path: {}\n    replica:\n      url: {}\n  - dir: {}\n    pattern: \"*.db\"\n    \
              watch: true\n    replica:\n      url: {}\n",
             t.join(SOCKET).display(),
-            a.display(),
+            data.join("a.db").display(),
             replica.join("a.db").display(),
-            nfs.display(),
+            data.join("nfs").display(),
             replica.join("nfs").display(),
-        ),
-    )
-    .unwrap();
-    let env = [("REPLICAD_TEST_SYNC_GATE", s(&gate))];
-    let d = spawn_replicate_env(t.path(), &["-c", s(&cfg)], &env);
-    listening(&d, port);
-    caught_up(&d, port, &a);
-    let (code, body) = get(port, "/readyz");
+        );
+        std::fs::write(&cfg, yaml).unwrap();
+        cfg
+    });
+    let nfs = h.data.join("nfs");
+    let (code, body) = h.readyz();
     assert_eq!(code, 503, "{body}");
     assert!(
         body.contains(s(&nfs)) && body.contains("its scan has run for"),
         "{body}"
     );
 
-    std::fs::remove_file(&gate).unwrap();
-    caught_up(&d, port, &c);
-    wait_until(&d, "ready", || get(port, "/readyz").0 == 200);
-    assert!(!listed(port).contains(&nfs));
-    d.stop_ok();
-    let out = t.join("restored-c");
-    restore_ok(s(&replica.join("nfs/c.db")), &out, None);
-    assert_eq!(content_hash(&out), content_hash(&c));
+    h.open_gate();
+    caught_up(&h.d, h.port, &h.c);
+    wait_until(&h.d, "ready", || h.readyz().0 == 200);
+    assert!(!listed(h.port).contains(&nfs));
+    h.ready_stopped_and_restored(&["a.db", "nfs/c.db"]);
 }
