@@ -75,6 +75,13 @@ impl Lagging {
     }
 }
 
+impl Lagging {
+    /// Stops the Store and restores the replica equal to the database (`what`: the moment).
+    async fn stopped_and_restored_equal(self, what: &str) {
+        stopped_and_restored_equal(self.store, &self.dir, &self.db, &self.replica, what).await;
+    }
+}
+
 /// Seeds of the replica so far, for any reason.
 fn reseeds(stats: &ReplicaStats) -> u64 {
     stats.counters.reseeds.iter().map(|r| r.get()).sum()
@@ -82,15 +89,8 @@ fn reseeds(stats: &ReplicaStats) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_listing_is_not_a_wipe_and_a_real_wipe_still_is() {
-    let Lagging {
-        dir,
-        db,
-        replica,
-        mut writer,
-        faults,
-        store,
-        stats,
-    } = Lagging::new("lagging_listing").await;
+    let mut l = Lagging::new("lagging_listing").await;
+    let (stats, faults) = (l.stats.clone(), l.faults.clone());
     let c = stats.counters.clone();
     let seeds_before = reseeds(&stats);
 
@@ -101,7 +101,7 @@ async fn a_lagging_listing_is_not_a_wipe_and_a_real_wipe_still_is() {
     let mut position = stats.remote_txid.load(Ordering::Relaxed);
     let mut commits = 0;
     while commits < 20 || c.ops[LIST].get() < lists + 4 {
-        writer.commit_txn();
+        l.writer.commit_txn();
         commits += 1;
         for _ in 0..5 {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -122,13 +122,13 @@ async fn a_lagging_listing_is_not_a_wipe_and_a_real_wipe_still_is() {
     assert!(stats.health.is_ok(), "{:?}", stats.health.problem());
 
     // Emptied for real (moved away at once), the listing still lagging: found and re-seeded.
-    std::fs::rename(replica.join("ltx"), dir.join("moved-ltx")).unwrap();
+    std::fs::rename(l.replica.join("ltx"), l.dir.join("moved-ltx")).unwrap();
     let wiped = &c.reseeds[SeedReason::Wiped as usize];
     wait_until("the wipe found and re-seeded", || wiped.get() >= 1).await;
     assert_eq!(reseeds(&stats), seeds_before + 1, "one seed");
-    writer.commit_txn();
+    l.writer.commit_txn();
     faults.set_listing_lag(Duration::ZERO);
-    stopped_and_restored_equal(store, &dir, &db, &replica, "after the wipe").await;
+    l.stopped_and_restored_equal("after the wipe").await;
 }
 
 /// A file the lagging listing lacks that is there but damaged (shorter than its header) is
@@ -136,22 +136,15 @@ async fn a_lagging_listing_is_not_a_wipe_and_a_real_wipe_still_is() {
 /// for a passing fault: the recheck was retried without end, and nothing seeded over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_file_behind_a_lagging_listing_is_seeded_over() {
-    let Lagging {
-        dir,
-        db,
-        replica,
-        mut writer,
-        faults,
-        store,
-        stats,
-    } = Lagging::new("lagging_listing_damaged").await;
+    let mut l = Lagging::new("lagging_listing_damaged").await;
+    let (stats, faults) = (l.stats.clone(), l.faults.clone());
     let seeds_before = reseeds(&stats);
     faults.set_listing_lag(Duration::from_secs(60));
-    let level1 = replica.join("ltx/1");
+    let level1 = l.replica.join("ltx/1");
     let before: HashSet<_> = names(&level1);
     let mut made = Vec::new();
     while made.len() < 2 {
-        writer.commit_txn();
+        l.writer.commit_txn();
         tokio::time::sleep(Duration::from_millis(50)).await;
         made = names(&level1).difference(&before).cloned().collect();
     }
@@ -161,9 +154,9 @@ async fn a_damaged_file_behind_a_lagging_listing_is_seeded_over() {
     let wiped = &stats.counters.reseeds[SeedReason::Wiped as usize];
     wait_until("the damage found and seeded over", || wiped.get() >= 1).await;
     assert_eq!(reseeds(&stats), seeds_before + 1, "one seed");
-    writer.commit_txn();
+    l.writer.commit_txn();
     faults.set_listing_lag(Duration::ZERO);
-    stopped_and_restored_equal(store, &dir, &db, &replica, "after the seed").await;
+    l.stopped_and_restored_equal("after the seed").await;
 }
 
 /// The names of the files in `dir`.
