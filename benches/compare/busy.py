@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 
+import dbgen
 import s3_snapshot as h
 import restore as rst
 from harness import REPO, WORK, l0_dir, log, make_small_dbs, max_txid, start, stop, write_config
@@ -259,10 +260,10 @@ def dir_run(source, meta, s3):
     """Initial snapshot of the 1 GiB database to a directory replica and its restore, each tool
     with its defaults (replicad zstd:3 and its integrity check; Litestream lz4, no check), plus
     replicad lz4 and a replicad restore without the check; then the restores of the same rows
-    in four indexed tables (h.ensure_split_db)."""
+    in four indexed tables (dbgen.ensure_split_db)."""
     out, verifier = {"snapshot": {}, "restore": {}}, rst.Verifier()
     # Made (once, cached) before anything is measured.
-    split, split_meta = h.ensure_split_db(source, meta)
+    split, split_meta = dbgen.ensure_split_db(source, meta)
     reps = {}
     for tool, codec in (("litestream", "lz4"), ("replicad", "zstd:3"), ("replicad", "lz4")):
         rep = rst.make_replica(f"dir-{tool}-{codec.replace(':', '')}", tool, codec, "dir",
