@@ -79,8 +79,11 @@ impl Faults {
     }
 
     fn put_done(&self, f: &LtxFileInfo) {
-        if self.lagging().is_some() {
+        if let Some(lag) = self.lagging() {
             let mut at = self.put_at.lock().unwrap_or_else(|e| e.into_inner());
+            // Files put longer ago than the lag are listed anyway: forgotten (a drill that
+            // runs for days keeps only the last lag's puts).
+            at.retain(|_, t| t.elapsed() < lag);
             at.insert((f.level, f.min_txid, f.max_txid), Instant::now());
         }
     }
