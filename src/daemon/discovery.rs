@@ -20,8 +20,10 @@
 //!   database alone ([`StoreCore::remove`]). A database that fails to start, at start-up or
 //!   later, stops nothing else: it is listed as not protected (a stand-in in the registry)
 //!   and, with `watch`, retried at its next change or rescan; so is a start that went on in
-//!   the background (`StoreCore::add_patiently`) and failed there. Only a configuration
-//!   error stops the start.
+//!   the background (`StoreCore::add_patiently`) and failed there ([`late`]). Only a
+//!   configuration error stops the start, and only one found by the start-up scan when it
+//!   answers within 10 s: a scan that runs longer goes on in the background, the directory
+//!   reported meanwhile, and a configuration error there stops that directory alone.
 //! - All file-system work (walks, header reads, inotify calls) runs on the blocking pool.
 //! - The follow task is spawned through the Store ([`StoreCore`]), tracked like every other
 //!   task, and ends when the Store stops ingesting; only the Store starts database tasks.
@@ -33,9 +35,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
-use futures_util::stream::FuturesUnordered;
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use globset::{Glob, GlobMatcher};
 use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind};
 use notify::{EventKind, INotifyWatcher, RecursiveMode, Watcher};
@@ -44,6 +44,9 @@ use tokio::sync::mpsc;
 use crate::config::DirConfig;
 use crate::daemon::{Added, Patient, StoreCore, StoreError};
 use crate::replicate::health::SLOW_WORK;
+use late::{Late, Pending};
+
+mod late;
 
 /// The first 16 bytes of every SQLite 3 database file.
 pub const HEADER: &[u8; 16] = b"SQLite format 3\0";
@@ -106,12 +109,6 @@ enum Start {
     /// arrives on this.
     Late(Late),
 }
-
-/// How a start left to the background ended (a closed channel: the Store stopped first).
-type Late = tokio::sync::oneshot::Receiver<Result<Added, StoreError>>;
-
-/// The background starts still awaited, each with its database.
-type Pending = FuturesUnordered<BoxFuture<'static, (PathBuf, Option<StoreError>)>>;
 
 /// What inotify's thread passes on.
 enum Signal {
@@ -347,13 +344,16 @@ impl Discovery {
                     joined = scan => joined,
                     _ = ingest.cancelled() => return,
                 };
-                c.remove(&dir).await;
                 let started = match joined {
                     Ok(found) => me.start_found(&c, found).await,
                     Err(e) => Err(scan_panicked(&dir, e)),
                 };
                 match started {
-                    Ok(()) => tracing::info!(dir = %dir.display(), "scanned after all"),
+                    // Its databases are started (or reported) by now: the stand-in goes.
+                    Ok(()) => {
+                        c.remove(&dir).await;
+                        tracing::info!(dir = %dir.display(), "scanned after all");
+                    }
                     Err(StoreError::ShuttingDown) => {}
                     Err(e) => stopped(&c, &dir, &format!("its start failed: {e}")),
                 }
@@ -390,14 +390,14 @@ impl Discovery {
             .buffer_unordered(super::OPEN_CONCURRENCY)
             .collect()
             .await;
-        let pending = Pending::new();
+        let mut pending = Pending::default();
         for (path, added) in added {
             match added {
                 Ok(Start::Started) => {
                     tracked.insert(path);
                 }
                 Ok(Start::Late(late)) => {
-                    pending.push(awaited(path.clone(), late));
+                    pending.push(path.clone(), late);
                     tracked.insert(path);
                 }
                 Ok(Start::Skipped) => {}
@@ -417,6 +417,21 @@ impl Discovery {
                 follow(me.clone(), core.clone(), tracked, failed, pending),
                 move |why| stopped(&c, &dir, &format!("it panicked: {why}")),
             ));
+        } else if !pending.is_empty() {
+            // Not retried, but reported with its cause, not as the start that ran long.
+            let (me, c) = (me.clone(), core.clone());
+            let stop = core.ingest().clone();
+            core.spawn(async move {
+                loop {
+                    tokio::select! {
+                        failed = pending.failure() => match failed {
+                            Some((path, e)) => me.unstarted(&c, &path, &e),
+                            None => return,
+                        },
+                        _ = stop.cancelled() => return,
+                    }
+                }
+            });
         }
         Ok(())
     }
@@ -456,8 +471,7 @@ impl Discovery {
                 tracing::debug!(db = %path.display(), "discovered database is already replicated");
                 Ok(Start::Skipped)
             }
-            // Not reachable from discovery, whose adds and removes of a path are one after
-            // the other; nothing runs either way.
+            // Removed while it waited for the path's previous start: nothing runs.
             Patient::Done(Added::Removed) => Ok(Start::Skipped),
         }
     }
@@ -484,19 +498,6 @@ fn scan_panicked(dir: &Path, e: tokio::task::JoinError) -> StoreError {
         path: dir.to_path_buf(),
         source: std::io::Error::other(e),
     }
-}
-
-/// The outcome of the background start of `path`: its error, if it failed.
-fn awaited(path: PathBuf, late: Late) -> BoxFuture<'static, (PathBuf, Option<StoreError>)> {
-    async move {
-        let failed = match late.await {
-            Ok(Err(e)) => Some(e),
-            // Started, removed meanwhile, or the Store stopped.
-            Ok(Ok(_)) | Err(_) => None,
-        };
-        (path, failed)
-    }
-    .boxed()
 }
 
 /// Whether nothing is at `path` any more.
@@ -566,7 +567,7 @@ async fn follow(
         };
         let batch = std::mem::take(&mut paths);
         let unstarted = failed.clone();
-        let looked = tokio::task::spawn_blocking(move || {
+        let look = tokio::task::spawn_blocking(move || {
             let c = if full {
                 d.rescan(&mut watches, &known)
             } else {
@@ -574,8 +575,12 @@ async fn follow(
             };
             let unstarted_gone: Vec<PathBuf> = unstarted.into_iter().filter(|p| gone(p)).collect();
             (watches, c, unstarted_gone)
-        })
-        .await;
+        });
+        // A look that hangs (the mount stopped answering) must not hold up the stop.
+        let looked = tokio::select! {
+            looked = look => looked,
+            _ = stop.cancelled() => return,
+        };
         let (changes, unstarted_gone) = match looked {
             Ok((w, c, g)) => {
                 st = Some(w);
@@ -587,6 +592,7 @@ async fn follow(
             }
         };
         for path in changes.removed {
+            pending.forget(&path);
             if tracked.remove(&path) && core.remove(&path).await {
                 tracing::info!(db = %path.display(),
                     "database removed: stopping its replication (final sync, staged files are uploaded)");
@@ -601,6 +607,7 @@ async fn follow(
             if stop.is_cancelled() {
                 break;
             }
+            pending.forget(&path);
             match me.add(&core, &path).await {
                 Ok(Start::Started) => {
                     failed.remove(&path);
@@ -608,7 +615,7 @@ async fn follow(
                 }
                 Ok(Start::Late(late)) => {
                     failed.remove(&path);
-                    pending.push(awaited(path.clone(), late));
+                    pending.push(path.clone(), late);
                     tracked.insert(path);
                 }
                 Ok(Start::Skipped) => {
@@ -626,8 +633,8 @@ async fn follow(
             _ = tokio::time::sleep_until(next_rescan) => full = true,
             // A start left to the background failed: reported, and retried as any failed start
             // (not tracked, it is found again by the next look at it or rescan).
-            Some((path, e)) = pending.next(), if !pending.is_empty() => {
-                if let Some(e) = e && tracked.remove(&path) {
+            Some((path, e)) = pending.failure(), if !pending.is_empty() => {
+                if tracked.remove(&path) {
                     me.unstarted(&core, &path, &e);
                     failed.insert(path);
                 }

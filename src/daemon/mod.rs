@@ -162,7 +162,7 @@ struct Core {
     wrap: Option<ClientWrapper>,
     registry: DbRegistry,
     /// The tasks of each database started and not yet finished, removed ones included until
-    /// their tasks end. An async lock: it is held while a database starts.
+    /// their tasks end. An async lock, never held across a start or a wait for one.
     running: tokio::sync::Mutex<HashMap<PathBuf, Running>>,
     /// One watch of dormant databases per monitor interval in use (nearly always one).
     dormant: std::sync::Mutex<HashMap<Duration, Arc<DormantWatch>>>,
@@ -220,29 +220,20 @@ impl StoreCore {
         let core = &*self.inner;
         let token = core.ingest.child_token();
         let tasks = TaskTracker::new();
-        loop {
+        let prev = {
             let mut running = core.running.lock().await;
             if core.ingest.is_cancelled() {
                 return Err(StoreError::ShuttingDown);
             }
-            if let Some(prev) = running.get(&dbc.path) {
-                if !prev.token.is_cancelled() {
-                    return Ok(Added::AlreadyRunning);
-                }
-                // Removed, and maybe still draining or still starting: never two monitors on
-                // one staging dir. Waited without the lock, which every add and remove takes:
-                // a start hung on a dead mount must hold up only its own path.
-                if !drained(prev) {
-                    let prev = prev.tasks.clone();
-                    drop(running);
-                    tokio::select! {
-                        _ = prev.wait() => continue,
-                        _ = core.ingest.cancelled() => return Err(StoreError::ShuttingDown),
-                    }
-                }
-            }
+            // Removed, and maybe still draining or still starting: waited for below.
+            let prev = match running.get(&dbc.path) {
+                Some(prev) if !prev.token.is_cancelled() => return Ok(Added::AlreadyRunning),
+                Some(prev) if !drained(prev) => Some(prev.tasks.clone()),
+                _ => None,
+            };
             // Reserved before the (slow) start, so that starts of other databases run
-            // concurrently while a second add of this path sees it running.
+            // concurrently while a second add of this path sees it running, and a removal
+            // meanwhile cancels this start.
             running.insert(
                 dbc.path.clone(),
                 Running {
@@ -250,12 +241,31 @@ impl StoreCore {
                     tasks: tasks.clone(),
                 },
             );
-            break;
+            prev
+        };
+        // Never two monitors on one staging dir. Waited without the lock, which every add and
+        // remove takes: a start hung on a dead mount holds up only its own path. This start's
+        // tracker stays open meanwhile, so a third add of the path waits for both.
+        if let Some(prev) = prev {
+            tokio::select! {
+                _ = prev.wait() => {}
+                _ = core.ingest.cancelled() => {
+                    tasks.close();
+                    return Err(StoreError::ShuttingDown);
+                }
+            }
+            if token.is_cancelled() {
+                tasks.close();
+                return Ok(Added::Removed);
+            }
         }
         // Boxed: a start nests leases, listings and every client wrapper; unboxed, the
         // layout of the futures that await it exceeds the compiler's type query depth.
         let started = Box::pin(self.start_db(dbc, &token, &tasks)).await;
         tasks.close();
+        // Under the lock a removal takes: a removal either came first (this start ends as
+        // removed) or comes after the database is listed (and unlists it).
+        let mut running = core.running.lock().await;
         // Removed while starting (not stopped): however the start ended, nothing is to run or
         // be reported; its tasks, if any, are already stopping.
         if token.is_cancelled() && !core.ingest.is_cancelled() {
@@ -270,7 +280,6 @@ impl StoreCore {
             }
             Err(e) => {
                 token.cancel();
-                let mut running = core.running.lock().await;
                 if running.get(&dbc.path).is_some_and(|r| r.token == token) {
                     running.remove(&dbc.path);
                 }
@@ -284,7 +293,8 @@ impl StoreCore {
     /// the database, a replica that takes the connection and never answers) goes on in the
     /// background, its database reported not protected until it has started, so that the
     /// other databases and the endpoints do not wait for it ([`Patient::Late`]). A start that
-    /// then fails stays reported (the daemon cannot exit 2 or 1 for it any more).
+    /// then fails stays reported, by the caller if it listens (directory discovery retries
+    /// it), here otherwise (the daemon cannot exit 2 or 1 for it any more).
     pub(crate) async fn add_patiently(&self, dbc: &DbConfig) -> Result<Patient, StoreError> {
         let mut start = {
             let (me, dbc) = (self.clone(), dbc.clone());

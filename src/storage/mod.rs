@@ -69,6 +69,10 @@ pub struct LtxFileInfo {
 /// A readable object body.
 pub type ObjectReader = Pin<Box<dyn AsyncRead + Send>>;
 
+/// The op of the error [`AnyClient::read_header`] gives for a file whose header is there but
+/// damaged: the file's own fault, not the store's.
+pub const DAMAGED_HEADER: &str = "read header";
+
 /// Failures of a replica client, classified for retry decisions.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -506,7 +510,8 @@ impl AnyClient {
         Ok(tail.into())
     }
 
-    /// Reads the 100-byte header of one file.
+    /// Reads the 100-byte header of one file. A header that is there but damaged (short, or
+    /// not an LTX header) is a [`StorageError::Permanent`] of op [`DAMAGED_HEADER`].
     pub async fn read_header(&self, info: &LtxFileInfo) -> Result<Header, StorageError> {
         use tokio::io::AsyncReadExt;
         let mut r = self
@@ -519,7 +524,7 @@ impl AnyClient {
             // A file shorter than a header is damaged; reading it again will not help.
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 return Err(StorageError::Permanent {
-                    op: "read header",
+                    op: DAMAGED_HEADER,
                     key: key(),
                     reason: format!("shorter than an LTX header ({e})"),
                 });
@@ -533,7 +538,7 @@ impl AnyClient {
             }
         }
         Header::decode(&buf).map_err(|e| StorageError::Permanent {
-            op: "read header",
+            op: DAMAGED_HEADER,
             key: key(),
             reason: e.to_string(),
         })

@@ -155,8 +155,10 @@ fn a_hung_start_that_then_fails_is_retried() {
 
 /// A database whose start hangs, deleted and created again, waits for that start to end
 /// before it starts again (never two on one staging directory), and holds up nobody
-/// meanwhile: a database created after it is replicated at once. The wait held the lock
-/// every start and removal takes.
+/// meanwhile: a database created after it is replicated at once (the wait held the lock
+/// every start and removal takes). Deleted again while it waits, neither start leaves
+/// anything behind once the mount answers (the waiting one started the deleted file, reported
+/// missing for good); created once more, it is replicated.
 #[test]
 fn a_hung_start_deleted_and_created_again_holds_up_no_other_database() {
     let mut h = Hung::start("discovery-hung-readded", false, watched);
@@ -174,7 +176,18 @@ fn a_hung_start_deleted_and_created_again_holds_up_no_other_database() {
     Writer::open(&b, h.seed + 3).run(3);
     caught_up(&h.d, h.port, &b);
 
+    h.delete_c();
     h.open_gate();
+    wait_until(&h.d, "both starts of c.db ended", || {
+        h.d.log_text().matches("removed while it started").count() >= 2
+    });
+    let (code, body) = h.readyz();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(listed(h.port), vec![h.a.clone(), b.clone()]);
+
+    let mut wc = Writer::open(&h.c, h.seed + 4);
+    wc.run(3);
+    h.wc = Some(wc);
     caught_up(&h.d, h.port, &h.c);
     h.ready_stopped_and_restored(&["b.db", "nfs/c.db"]);
 }
