@@ -20,7 +20,7 @@
 //!   database alone ([`StoreCore::remove`]). A database that fails to start, at start-up or
 //!   later, stops nothing else: it is listed as not protected (a stand-in in the registry)
 //!   and, with `watch`, retried at its next change or rescan; so is a start that went on in
-//!   the background (`StoreCore::add_patiently`) and failed there ([`late`]). Only a
+//!   the background (`StoreCore::add_patiently`) and failed there (`late.rs`). Only a
 //!   configuration error stops the start, and only one found by the start-up scan when it
 //!   answers within 10 s: a scan that runs longer goes on in the background, the directory
 //!   reported meanwhile, and a configuration error there stops that directory alone.
