@@ -349,11 +349,7 @@ impl Discovery {
                     Err(e) => Err(scan_panicked(&dir, e)),
                 };
                 match started {
-                    // Its databases are started (or reported) by now: the stand-in goes.
-                    Ok(()) => {
-                        c.remove(&dir).await;
-                        tracing::info!(dir = %dir.display(), "scanned after all");
-                    }
+                    Ok(()) => tracing::info!(dir = %dir.display(), "scanned after all"),
                     Err(StoreError::ShuttingDown) => {}
                     Err(e) => stopped(&c, &dir, &format!("its start failed: {e}")),
                 }
@@ -411,6 +407,9 @@ impl Discovery {
         tracing::info!(dir = %me.cfg.dir.display(), pattern = %me.cfg.pattern,
             recursive = me.cfg.recursive, watch = me.cfg.watch, databases = tracked.len(),
             failed = failed.len(), "directory discovery");
+        // Its databases started or reported: the stand-in of a scan that ran long goes (before
+        // the follow task, which may put one back if it stops).
+        core.remove(&me.cfg.dir).await;
         if me.cfg.watch {
             let (dir, c) = (me.cfg.dir.clone(), core.clone());
             core.spawn(crate::replicate::health::on_panic(
@@ -471,7 +470,8 @@ impl Discovery {
                 tracing::debug!(db = %path.display(), "discovered database is already replicated");
                 Ok(Start::Skipped)
             }
-            // Removed while it waited for the path's previous start: nothing runs.
+            // Removed while it waited for the path's previous start (two `dir` entries over
+            // one path; one entry's adds and removes come one after the other): nothing runs.
             Patient::Done(Added::Removed) => Ok(Start::Skipped),
         }
     }

@@ -30,11 +30,12 @@ pub mod registry;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -249,10 +250,11 @@ impl StoreCore {
         if let Some(prev) = prev {
             tokio::select! {
                 _ = prev.wait() => {}
-                _ = core.ingest.cancelled() => {
-                    tasks.close();
-                    return Err(StoreError::ShuttingDown);
-                }
+                _ = core.ingest.cancelled() => {}
+            }
+            if core.ingest.is_cancelled() {
+                tasks.close();
+                return Err(StoreError::ShuttingDown);
             }
             if token.is_cancelled() {
                 tasks.close();
@@ -261,8 +263,16 @@ impl StoreCore {
         }
         // Boxed: a start nests leases, listings and every client wrapper; unboxed, the
         // layout of the futures that await it exceeds the compiler's type query depth.
-        let started = Box::pin(self.start_db(dbc, &token, &tasks)).await;
+        let started = AssertUnwindSafe(Box::pin(self.start_db(dbc, &token, &tasks)))
+            .catch_unwind()
+            .await;
         tasks.close();
+        // A start that panicked fails as any other (its entry goes, a later add retries);
+        // left as it was, the path would count as running for good.
+        let started = match started {
+            Ok(started) => started,
+            Err(panic) => Err(start_panicked(&dbc.path, panic)),
+        };
         // Under the lock a removal takes: a removal either came first (this start ends as
         // removed) or comes after the database is listed (and unlists it).
         let mut running = core.running.lock().await;
@@ -293,8 +303,9 @@ impl StoreCore {
     /// the database, a replica that takes the connection and never answers) goes on in the
     /// background, its database reported not protected until it has started, so that the
     /// other databases and the endpoints do not wait for it ([`Patient::Late`]). A start that
-    /// then fails stays reported, by the caller if it listens (directory discovery retries
-    /// it), here otherwise (the daemon cannot exit 2 or 1 for it any more).
+    /// then fails stays reported, by the caller if it listens (directory discovery, which
+    /// retries it in a watched directory), here otherwise (the daemon cannot exit 2 or 1 for
+    /// it any more).
     pub(crate) async fn add_patiently(&self, dbc: &DbConfig) -> Result<Patient, StoreError> {
         let mut start = {
             let (me, dbc) = (self.clone(), dbc.clone());
@@ -593,6 +604,20 @@ impl Store {
 }
 
 /// The start of the database at `db` that panicked, as an error (then reported, not lost).
+fn start_panicked(db: &Path, panic: Box<dyn std::any::Any + Send>) -> StoreError {
+    let why = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into());
+    StoreError::Io {
+        op: "start",
+        path: db.to_path_buf(),
+        source: std::io::Error::other(format!("the start panicked: {why}")),
+    }
+}
+
+/// A start's task ended in a panic or was cancelled (`e`).
 fn panicked(db: &Path, e: tokio::task::JoinError) -> StoreError {
     StoreError::Io {
         op: "start",

@@ -69,9 +69,10 @@ pub struct LtxFileInfo {
 /// A readable object body.
 pub type ObjectReader = Pin<Box<dyn AsyncRead + Send>>;
 
-/// The op of the error [`AnyClient::read_header`] gives for a file whose header is there but
-/// damaged: the file's own fault, not the store's.
-pub const DAMAGED_HEADER: &str = "read header";
+/// The op of a [`StorageError::Permanent`] that says a file is there but damaged (its LTX
+/// header short or not one, a sealed file that is not an age file): the file's own fault, not
+/// the store's or the keys'.
+pub const DAMAGED: &str = "damaged";
 
 /// Failures of a replica client, classified for retry decisions.
 #[derive(Debug, thiserror::Error)]
@@ -511,7 +512,7 @@ impl AnyClient {
     }
 
     /// Reads the 100-byte header of one file. A header that is there but damaged (short, or
-    /// not an LTX header) is a [`StorageError::Permanent`] of op [`DAMAGED_HEADER`].
+    /// not an LTX header) is a [`StorageError::Permanent`] of op [`DAMAGED`].
     pub async fn read_header(&self, info: &LtxFileInfo) -> Result<Header, StorageError> {
         use tokio::io::AsyncReadExt;
         let mut r = self
@@ -524,7 +525,7 @@ impl AnyClient {
             // A file shorter than a header is damaged; reading it again will not help.
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 return Err(StorageError::Permanent {
-                    op: DAMAGED_HEADER,
+                    op: DAMAGED,
                     key: key(),
                     reason: format!("shorter than an LTX header ({e})"),
                 });
@@ -538,7 +539,7 @@ impl AnyClient {
             }
         }
         Header::decode(&buf).map_err(|e| StorageError::Permanent {
-            op: DAMAGED_HEADER,
+            op: DAMAGED,
             key: key(),
             reason: e.to_string(),
         })

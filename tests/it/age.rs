@@ -40,20 +40,6 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// `replicad age-keygen -o FILE`, checked; returns the public key.
-fn keygen(path: &Path) -> String {
-    let o = replicad(None, &["age-keygen", "-o", s(path)]);
-    assert!(o.status.success(), "age-keygen: {}", text(&o));
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    let public = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("Public key: "))
-        .unwrap_or_else(|| panic!("no public key on stderr: {stderr}"))
-        .to_string();
-    assert!(public.starts_with("age1"), "{public}");
-    public
-}
-
 fn new_db(path: &Path) -> Connection {
     let conn = Connection::open(path).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
@@ -179,7 +165,7 @@ async fn encrypted_s3_replica_hides_the_data_and_restores_only_with_the_identity
     let db = dir.join("app.db");
     let backup = dir.join("backup");
     let identity = dir.join("key.txt");
-    let public = keygen(&identity);
+    let public = common::age_keygen(&identity);
     let recipients = dir.join("recipients.txt");
     write_file(&recipients, &format!("# the ops team\n{public}\n"));
     let prefix = "age/app.db";
@@ -318,7 +304,7 @@ async fn encrypted_s3_replica_hides_the_data_and_restores_only_with_the_identity
 
     // A wrong identity: names the file tried; nothing written.
     let other = dir.join("other-key.txt");
-    keygen(&other);
+    common::age_keygen(&other);
     let wrong = dir.join("wrong.db");
     let o = replicad(
         Some(&server),
@@ -355,7 +341,7 @@ fn missing_recipients_file_fails_at_startup_with_exit_2() {
     let db = dir.join("app.db");
     drop(new_db(&db));
     let identity = dir.join("key.txt");
-    keygen(&identity);
+    common::age_keygen(&identity);
     let missing = dir.join("no-such-recipients.txt");
     let config = dir.join("replicad.yml");
     write_file(
@@ -383,7 +369,7 @@ fn missing_recipients_file_fails_at_startup_with_exit_2() {
 fn age_keygen_writes_a_private_identity_and_refuses_to_overwrite() {
     let dir = TestDir::new("age-keygen");
     let key = dir.join("key.txt");
-    let public = keygen(&key);
+    let public = common::age_keygen(&key);
     let content = std::fs::read_to_string(&key).unwrap();
     let lines: Vec<&str> = content.lines().collect();
     assert!(lines[0].starts_with("# created: "), "{content}");
@@ -439,7 +425,7 @@ fn switching_a_replica_from_plain_to_encrypted_starts_a_chain_with_a_snapshot() 
     let db = dir.join("app.db");
     let backup = dir.join("backup");
     let identity = dir.join("key.txt");
-    let public = keygen(&identity);
+    let public = common::age_keygen(&identity);
     let base = format!(
         "dbs:\n  - path: {}\n    monitor-interval: 50ms\n    replica:\n      path: {}\n",
         db.display(),

@@ -34,15 +34,27 @@ struct Lagging {
     faults: Arc<Faults>,
     store: Store,
     stats: ReplicaStats,
+    /// The age identity of a sealed replica.
+    identity: Option<std::path::PathBuf>,
 }
 
 impl Lagging {
-    async fn new(name: &str) -> Lagging {
+    /// The replica sealed with age if `sealed`.
+    async fn new(name: &str, sealed: bool) -> Lagging {
         let dir = TestDir::new(name);
         let db = dir.join("app.db");
         let replica = dir.join("replica");
+        let identity = sealed.then(|| dir.join("key.txt"));
+        let age = match &identity {
+            Some(key) => format!(
+                "      age:\n        recipients: [{}]\n        identities: [{}]\n",
+                common::age_keygen(key),
+                key.display()
+            ),
+            None => String::new(),
+        };
         let yaml = format!(
-            "monitor-interval: 40ms\nmin-sync-interval: 40ms\nheartbeat-interval: 100ms\nreplica-check-interval: 300ms\nlevels:\n  - interval: 200ms\nsnapshot:\n  interval: 1h\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
+            "monitor-interval: 40ms\nmin-sync-interval: 40ms\nheartbeat-interval: 100ms\nreplica-check-interval: 300ms\nlevels:\n  - interval: 200ms\nsnapshot:\n  interval: 1h\ndbs:\n  - path: {}\n    replica:\n      path: {}\n{age}",
             db.display(),
             replica.display()
         );
@@ -71,6 +83,7 @@ impl Lagging {
             faults,
             store,
             stats,
+            identity,
         }
     }
 }
@@ -78,7 +91,31 @@ impl Lagging {
 impl Lagging {
     /// Stops the Store and restores the replica equal to the database (`what`: the moment).
     async fn stopped_and_restored_equal(self, what: &str) {
-        stopped_and_restored_equal(self.store, &self.dir, &self.db, &self.replica, what).await;
+        let Some(key) = &self.identity else {
+            return stopped_and_restored_equal(
+                self.store,
+                &self.dir,
+                &self.db,
+                &self.replica,
+                what,
+            )
+            .await;
+        };
+        self.store.shutdown(std::future::pending()).await;
+        let out = self.dir.join("restored.db");
+        let o = std::process::Command::new(common::bin())
+            .args([
+                "restore",
+                "--age-identity",
+                common::s(key),
+                "--to",
+                common::s(&out),
+            ])
+            .arg(&self.replica)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        common::assert_same_content(&self.db, &out, what);
     }
 }
 
@@ -89,7 +126,7 @@ fn reseeds(stats: &ReplicaStats) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_listing_is_not_a_wipe_and_a_real_wipe_still_is() {
-    let mut l = Lagging::new("lagging_listing").await;
+    let mut l = Lagging::new("lagging_listing", false).await;
     let (stats, faults) = (l.stats.clone(), l.faults.clone());
     let c = stats.counters.clone();
     let seeds_before = reseeds(&stats);
@@ -136,7 +173,17 @@ async fn a_lagging_listing_is_not_a_wipe_and_a_real_wipe_still_is() {
 /// for a passing fault: the recheck was retried without end, and nothing seeded over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_file_behind_a_lagging_listing_is_seeded_over() {
-    let mut l = Lagging::new("lagging_listing_damaged").await;
+    damaged_file_seeded_over("lagging_listing_damaged", false).await;
+}
+
+/// The same with the replica sealed by age: the damaged file is not an age file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_sealed_file_behind_a_lagging_listing_is_seeded_over() {
+    damaged_file_seeded_over("lagging_listing_damaged_sealed", true).await;
+}
+
+async fn damaged_file_seeded_over(name: &str, sealed: bool) {
+    let mut l = Lagging::new(name, sealed).await;
     let (stats, faults) = (l.stats.clone(), l.faults.clone());
     let seeds_before = reseeds(&stats);
     faults.set_listing_lag(Duration::from_secs(60));
@@ -150,6 +197,7 @@ async fn a_damaged_file_behind_a_lagging_listing_is_seeded_over() {
     }
     // A level-1 file stays in the restore plan until the next snapshot (in an hour).
     made.sort();
+    assert_eq!(made[0].ends_with(".age"), sealed, "{made:?}");
     std::fs::write(level1.join(&made[0]), b"LTX").unwrap();
     let wiped = &stats.counters.reseeds[SeedReason::Wiped as usize];
     wait_until("the damage found and seeded over", || wiped.get() >= 1).await;

@@ -1,6 +1,7 @@
 //! The starts of discovered databases that went on in the background
 //! ([`StoreCore::add_patiently`](crate::daemon::StoreCore)): how each ends, for the follow
-//! task to retry a failure as it retries any failed start.
+//! task to retry a failure as it retries any failed start (an unwatched directory's task
+//! reports it with its cause, without a retry).
 //!
 //! Invariant: only the outcome of a path's newest background start counts. A path deleted,
 //! created again and started again meanwhile has a newer start (or none in the background);

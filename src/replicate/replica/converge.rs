@@ -12,7 +12,7 @@ use crate::ltx::{self, TxId};
 use crate::replicate::health::SeedReason;
 use crate::replicate::maintenance::schedule::RemoteIndex;
 use crate::replicate::staging::Staging;
-use crate::storage::{DAMAGED_HEADER, LtxFileInfo, ReplicaClient, StorageError, put_new};
+use crate::storage::{DAMAGED, LtxFileInfo, ReplicaClient, StorageError, put_new};
 use crate::util::phase::Phase;
 
 /// How soon a periodic listing that failed is tried again.
@@ -337,8 +337,8 @@ impl Replica {
     /// The files of `known` (the index: what we stored and listed) that our restore plan
     /// needs and the `listed` files lack, when every one is still there, read newest first:
     /// a store whose listings lag its PUTs shows the newest files late, and a replica that
-    /// restored a moment ago is not wiped for that. None when one is gone or its header is
-    /// damaged (a real wipe, found at its first read; re-seeding heals a damaged file too);
+    /// restored a moment ago is not wiped for that. None when one is gone or damaged (a real
+    /// wipe, found at its first read; re-seeding heals a damaged file too);
     /// an error when a read could not tell (the recheck is retried).
     async fn listing_lags(
         &self,
@@ -368,9 +368,7 @@ impl Replica {
                 Ok(h) if (h.min_txid, h.max_txid) == (f.min_txid, f.max_txid) => {}
                 Ok(_)
                 | Err(StorageError::NotFound(_))
-                | Err(StorageError::Permanent {
-                    op: DAMAGED_HEADER, ..
-                }) => return Ok(None),
+                | Err(StorageError::Permanent { op: DAMAGED, .. }) => return Ok(None),
                 // Could not tell (a passing fault, or access refused: said as any failed
                 // listing is).
                 Err(e) => return Err(RoundError::Storage(e)),

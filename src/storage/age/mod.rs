@@ -255,7 +255,7 @@ impl AgeClient {
             }
             Ok(Err(e)) => {
                 return Err(StorageError::Permanent {
-                    op: "decrypt",
+                    op: crate::storage::DAMAGED,
                     key: label,
                     reason: format!("not a valid age file: {e}"),
                 });

@@ -331,6 +331,23 @@ pub fn restore(replica: &str, out: &Path, txid: Option<u64>) -> Output {
         .expect("run replicad restore")
 }
 
+/// `replicad age-keygen -o path`, checked; returns the public key.
+pub fn age_keygen(path: &Path) -> String {
+    let o = Command::new(bin())
+        .args(["age-keygen", "-o", s(path)])
+        .output()
+        .expect("run replicad age-keygen");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "age-keygen: {stderr}");
+    let public = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("Public key: "))
+        .unwrap_or_else(|| panic!("no public key on stderr: {stderr}"))
+        .to_string();
+    assert!(public.starts_with("age1"), "{public}");
+    public
+}
+
 /// [`restore`], which must succeed.
 pub fn restore_ok(replica: &str, out: &Path, txid: Option<u64>) {
     let o = restore(replica, out, txid);
