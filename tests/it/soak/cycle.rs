@@ -529,15 +529,23 @@ impl<'a> Run<'a> {
         if self.daemon.is_none() {
             self.daemon = Some(c.spawn(None));
         }
+        self.record(5, &format!("phase {phase}"));
+    }
+
+    /// Records the quiet database's content hash with the TXID the daemon gives for it
+    /// (waiting up to `timeout` s, see [`Cycle::sync_txid`]); `at`: the moment, for a failure.
+    fn record(&mut self, timeout: u64, at: &str) -> (u64, String) {
+        let (c, n) = (self.c, self.n);
         let hash = content_hash(&c.db);
-        let txid = c.sync_txid(5);
+        let txid = c.sync_txid(timeout);
         let (last_txid, last_hash) = self.recorded.last().unwrap();
         assert!(
             txid != *last_txid || hash == *last_hash,
-            "cycle {n} phase {phase}: the content changed but the staged TXID stayed {txid:#x}; {}",
+            "cycle {n} {at}: the content changed but the staged TXID stayed {txid:#x}; {}",
             c.context()
         );
-        self.recorded.push((txid, hash));
+        self.recorded.push((txid, hash.clone()));
+        (txid, hash)
     }
 
     /// S3 back, a daemon without faults, every replica at the last TXID, SIGTERM: the last
@@ -556,15 +564,7 @@ impl<'a> Run<'a> {
             }
         }
         let d = c.spawn(None);
-        let final_hash = content_hash(&c.db);
-        let final_txid = c.sync_txid(60);
-        let (prev, prev_hash) = self.recorded.last().unwrap();
-        assert!(
-            final_txid != *prev || final_hash == *prev_hash,
-            "cycle {n}: content changed without a new TXID; {}",
-            c.context()
-        );
-        self.recorded.push((final_txid, final_hash.clone()));
+        let (final_txid, final_hash) = self.record(60, "at the end");
         let deadline = Instant::now() + Duration::from_secs(90);
         while max_txid_under(&c.file_replica) < final_txid
             || max_txid_under(&c.s3_dir) < final_txid
