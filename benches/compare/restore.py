@@ -47,6 +47,7 @@ from datetime import datetime, timezone
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import s3_snapshot as h  # noqa: E402
+from harness import stop  # noqa: E402
 
 REPO, DATA, HERE = h.REPO, h.DATA, h.HERE
 REPLICAD, LITESTREAM = h.REPLICAD_BIN, h.LITESTREAM_BIN
@@ -182,14 +183,7 @@ def make_replica(name, tool, codec, kind, source, dbmeta, s3, timeout=300):
             break
         time.sleep(0.2)
     stats = h.proc_stats(proc.pid)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    logf.close()
+    stop(proc, logf)
     time.sleep(0.3)
     ops, _ = s3.requests_between(off0, s3.log_offset())
     local_state = h.dir_files(workdir)
