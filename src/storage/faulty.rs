@@ -1,6 +1,6 @@
 //! A fault-injecting wrapper around any replica client, for tests and failure drills: fail the
-//! first N calls, fail a fraction of calls, add latency, drop GET bodies mid-stream, and list
-//! like a store whose listings lag its PUTs.
+//! first N calls, fail a fraction of calls, add latency, drop GET bodies mid-stream (with an
+//! error or without), and list like a store whose listings lag its PUTs.
 //!
 //! The faults are held behind an `Arc` so a test can change them while a Store runs (e.g. a
 //! failure storm, then recovery). Injected failures are [`StorageError::Transient`], the kind a
@@ -31,6 +31,9 @@ pub struct Faults {
     latency_ms: AtomicU64,
     /// If non-zero, GET bodies fail after this many bytes.
     cut_body_after: AtomicU64,
+    /// How many of the next GET bodies end without an error after `end_early_after` bytes.
+    end_early_left: AtomicU64,
+    end_early_after: AtomicU64,
     /// If non-zero, listings leave out files put less than this many ms ago.
     listing_lag_ms: AtomicU64,
     /// When each file was put (level, min, max), recorded while listings lag.
@@ -64,6 +67,21 @@ impl Faults {
     /// GET bodies error out after `n` bytes (0: never).
     pub fn cut_bodies_after(&self, n: u64) {
         self.cut_body_after.store(n, Ordering::Relaxed);
+    }
+
+    /// The next `count` GET bodies end after `n` bytes without an error, as a body whose
+    /// connection closed early does to a client that does not check its length.
+    pub fn end_next_bodies_after(&self, count: u64, n: u64) {
+        self.end_early_after.store(n, Ordering::Relaxed);
+        self.end_early_left.store(count, Ordering::Relaxed);
+    }
+
+    /// Whether this GET's body ends early, and after how many bytes.
+    fn ends_early(&self) -> Option<u64> {
+        self.end_early_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .ok()
+            .map(|_| self.end_early_after.load(Ordering::Relaxed))
     }
 
     /// Listings leave out the files put less than `d` ago, as a store whose listings lag its
@@ -241,7 +259,10 @@ impl ReplicaClient for FaultyClient {
         offset: u64,
     ) -> Result<ObjectReader, StorageError> {
         self.faults.before("get").await?;
-        let body = self.inner_open(level, min, max, offset).await?;
+        let mut body = self.inner_open(level, min, max, offset).await?;
+        if let Some(n) = self.faults.ends_early() {
+            body = Box::pin(tokio::io::AsyncReadExt::take(body, n));
+        }
         let cut = self.faults.cut_body_after.load(Ordering::Relaxed);
         if cut == 0 {
             return Ok(body);

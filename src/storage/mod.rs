@@ -512,37 +512,93 @@ impl AnyClient {
     }
 
     /// Reads the 100-byte header of one file. A header that is there but damaged (short, or
-    /// not an LTX header) is a [`StorageError::Permanent`] of op [`DAMAGED`].
+    /// not an LTX header) is a [`StorageError::Permanent`] of op [`DAMAGED`]. A body a network
+    /// cut ends early looks the same once, so a short read is read again: only the same short
+    /// outcome twice is the file's own.
     pub async fn read_header(&self, info: &LtxFileInfo) -> Result<Header, StorageError> {
+        let key = || crate::ltx::format_filename(info.min_txid, info.max_txid);
+        let damaged = |reason: String| StorageError::Permanent {
+            op: DAMAGED,
+            key: key(),
+            reason,
+        };
+        let mut first = None;
+        let buf = loop {
+            let read = self.read_prefix(info).await?;
+            match (read, &first) {
+                (Prefix::Whole(buf), _) => break buf,
+                (short, None) => first = Some(short),
+                (short, Some(before)) if short == *before => {
+                    return Err(damaged(short.to_string()));
+                }
+                (short, Some(before)) => {
+                    return Err(StorageError::Transient {
+                        op: "read header",
+                        key: key(),
+                        reason: format!("{before}, then {short}"),
+                    });
+                }
+            }
+        };
+        Header::decode(&buf).map_err(|e| damaged(e.to_string()))
+    }
+
+    /// The first [`crate::ltx::HEADER_SIZE`] bytes of a file, or how reading them fell short.
+    async fn read_prefix(&self, info: &LtxFileInfo) -> Result<Prefix, StorageError> {
         use tokio::io::AsyncReadExt;
         let mut r = self
             .open(info.level, info.min_txid, info.max_txid, 0)
             .await?;
         let mut buf = [0u8; crate::ltx::HEADER_SIZE];
-        let key = || crate::ltx::format_filename(info.min_txid, info.max_txid);
-        match r.read_exact(&mut buf).await {
-            Ok(_) => {}
-            // A file shorter than a header is damaged; reading it again will not help.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(StorageError::Permanent {
-                    op: DAMAGED,
-                    key: key(),
-                    reason: format!("shorter than an LTX header ({e})"),
-                });
-            }
-            Err(e) => {
-                return Err(StorageError::Transient {
-                    op: "read header",
-                    key: key(),
-                    reason: e.to_string(),
-                });
+        let mut got = 0;
+        while got < buf.len() {
+            match r.read(&mut buf[got..]).await {
+                Ok(0) => return Ok(Prefix::Short(got)),
+                Ok(n) => got += n,
+                // What a file cut short or not decrypting says (age's stream reader): the
+                // file's fault if a second read says it again.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::InvalidData
+                    ) =>
+                {
+                    return Ok(Prefix::Broken(e.kind(), e.to_string()));
+                }
+                Err(e) => {
+                    return Err(StorageError::Transient {
+                        op: "read header",
+                        key: crate::ltx::format_filename(info.min_txid, info.max_txid),
+                        reason: e.to_string(),
+                    });
+                }
             }
         }
-        Header::decode(&buf).map_err(|e| StorageError::Permanent {
-            op: DAMAGED,
-            key: key(),
-            reason: e.to_string(),
-        })
+        Ok(Prefix::Whole(buf))
+    }
+}
+
+/// What reading a file's header gave ([`AnyClient::read_header`]).
+#[derive(Debug, PartialEq)]
+enum Prefix {
+    Whole([u8; crate::ltx::HEADER_SIZE]),
+    /// The body ended after this many bytes.
+    Short(usize),
+    /// The body failed as a damaged file's does.
+    Broken(std::io::ErrorKind, String),
+}
+
+impl std::fmt::Display for Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Prefix::Whole(_) => write!(f, "a whole header"),
+            Prefix::Short(n) => write!(
+                f,
+                "ended after {n} bytes, shorter than an LTX header ({})",
+                crate::ltx::HEADER_SIZE
+            ),
+            Prefix::Broken(_, e) => write!(f, "broke within its header ({e})"),
+        }
     }
 }
 
@@ -639,3 +695,6 @@ impl ReplicaClient for AnyClient {
         dispatch!(self, c => c.write_aux_if(name, data, cond).await)
     }
 }
+
+#[cfg(test)]
+mod tests;
