@@ -42,7 +42,7 @@ use notify::{EventKind, INotifyWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use crate::config::DirConfig;
-use crate::daemon::{Added, Patient, StoreCore, StoreError};
+use crate::daemon::{Added, Patient, Removal, StoreCore, StoreError};
 use crate::replicate::health::SLOW_WORK;
 use late::{Late, Pending};
 
@@ -593,9 +593,15 @@ async fn follow(
         };
         for path in changes.removed {
             pending.forget(&path);
-            if tracked.remove(&path) && core.remove(&path).await {
-                tracing::info!(db = %path.display(),
-                    "database removed: stopping its replication (final sync, staged files are uploaded)");
+            if !tracked.remove(&path) {
+                continue;
+            }
+            match core.remove(&path).await {
+                Removal::Stopping => tracing::info!(db = %path.display(),
+                    "database removed: stopping its replication (final sync, staged files are uploaded)"),
+                Removal::StartCancelled => tracing::info!(db = %path.display(),
+                    "database removed while it started: its start is cancelled"),
+                Removal::Nothing => {}
             }
         }
         // A database that never started and is gone is no longer reported.

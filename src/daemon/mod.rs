@@ -195,6 +195,17 @@ pub enum Added {
     Removed,
 }
 
+/// What [`StoreCore::remove`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// The database's replication: a final sync, then its uploads drain.
+    Stopping,
+    /// Its start, before it replicated anything.
+    StartCancelled,
+    /// Nothing ran there.
+    Nothing,
+}
+
 /// How [`StoreCore::add_patiently`] left a start.
 #[derive(Debug)]
 pub(crate) enum Patient {
@@ -357,12 +368,13 @@ impl StoreCore {
 
     /// Stops replicating the database at `path`: a final sync, then its uploads drain. The
     /// other databases are not touched. Returns when its tasks are stopping, not ended.
-    pub async fn remove(&self, path: &Path) -> bool {
+    pub async fn remove(&self, path: &Path) -> Removal {
         let core = &*self.inner;
         let mut running = core.running.lock().await;
         // Forget databases removed earlier whose start and tasks have all ended.
         running.retain(|_, r| !r.token.is_cancelled() || !drained(r));
-        if let Some(handle) = core.registry.remove(path) {
+        let registered = core.registry.remove(path);
+        if let Some(handle) = &registered {
             let label = path.display().to_string();
             for (name, _) in &handle.replicas {
                 core.counters.forget_replica(&label, name);
@@ -371,9 +383,14 @@ impl StoreCore {
         match running.get(path) {
             Some(r) if !r.token.is_cancelled() => {
                 r.token.cancel();
-                true
+                // A stand-in says its start has not ended.
+                if registered.is_some_and(|h| !h.unstarted) {
+                    Removal::Stopping
+                } else {
+                    Removal::StartCancelled
+                }
             }
-            _ => false,
+            _ => Removal::Nothing,
         }
     }
 

@@ -181,6 +181,10 @@ fn a_hung_start_deleted_and_created_again_holds_up_no_other_database() {
     wait_until(&h.d, "both starts of c.db ended", || {
         h.d.log_text().matches("removed while it started").count() >= 2
     });
+    // Neither start ran: their removal said so, not that a replication was stopped.
+    let log = h.d.log_text();
+    assert_eq!(log.matches("its start is cancelled").count(), 2, "{log}");
+    assert!(!log.contains("stopping its replication"), "{log}");
     let (code, body) = h.readyz();
     assert_eq!(code, 200, "{body}");
     assert_eq!(listed(h.port), vec![h.a.clone(), b.clone()]);
