@@ -346,7 +346,7 @@ impl Discovery {
                 };
                 let started = match joined {
                     Ok(found) => me.start_found(&c, found).await,
-                    Err(e) => Err(scan_panicked(&dir, e)),
+                    Err(e) => Err(StoreError::panicked("scan", &dir, e)),
                 };
                 match started {
                     Ok(()) => tracing::info!(dir = %dir.display(), "scanned after all"),
@@ -358,7 +358,7 @@ impl Discovery {
         };
         match joined {
             Ok(found) => me.start_found(core, found).await,
-            Err(e) => Err(scan_panicked(&dir, e)),
+            Err(e) => Err(StoreError::panicked("scan", &dir, e)),
         }
     }
 
@@ -489,15 +489,6 @@ fn stopped(core: &StoreCore, dir: &Path, why: &str) {
              here are not noticed: restart replicad"
         ),
     );
-}
-
-/// The scan of `dir` panicked (`e`).
-fn scan_panicked(dir: &Path, e: tokio::task::JoinError) -> StoreError {
-    StoreError::Io {
-        op: "scan",
-        path: dir.to_path_buf(),
-        source: std::io::Error::other(e),
-    }
 }
 
 /// Whether nothing is at `path` any more.

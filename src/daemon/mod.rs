@@ -130,6 +130,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Work `op` on `path` that panicked or was cancelled (`why`: a task's `JoinError` says
+    /// which), as an error: reported, not lost.
+    pub(crate) fn panicked(op: &'static str, path: &Path, why: impl std::fmt::Display) -> Self {
+        StoreError::Io {
+            op,
+            path: path.to_path_buf(),
+            source: std::io::Error::other(why.to_string()),
+        }
+    }
+
     /// A mistake in the configuration (exit code 2), not a runtime failure.
     pub fn is_config(&self) -> bool {
         matches!(self, StoreError::Config(_) | StoreError::MissingDir { .. })
@@ -282,7 +292,14 @@ impl StoreCore {
         // left as it was, the path would count as running for good.
         let started = match started {
             Ok(started) => started,
-            Err(panic) => Err(start_panicked(&dbc.path, panic)),
+            Err(panic) => Err(StoreError::panicked(
+                "start",
+                &dbc.path,
+                format!(
+                    "it panicked: {}",
+                    crate::replicate::health::panic_text(&*panic)
+                ),
+            )),
         };
         // Under the lock a removal takes: a removal either came first (this start ends as
         // removed) or comes after the database is listed (and unlists it).
@@ -342,7 +359,7 @@ impl StoreCore {
                 };
                 let ended = match joined {
                     Ok(ended) => ended,
-                    Err(e) => Err(panicked(&path, e)),
+                    Err(e) => Err(StoreError::panicked("start", &path, e)),
                 };
                 match &ended {
                     Ok(Added::Started) => tracing::info!(db = %path.display(), "started after all"),
@@ -362,7 +379,7 @@ impl StoreCore {
         };
         match joined {
             Ok(added) => added.map(Patient::Done),
-            Err(e) => Err(panicked(&dbc.path, e)),
+            Err(e) => Err(StoreError::panicked("start", &dbc.path, e)),
         }
     }
 
@@ -617,28 +634,5 @@ impl Store {
             core.root.cancel();
             core.tracker.wait().await;
         }
-    }
-}
-
-/// The start of the database at `db` that panicked, as an error (then reported, not lost).
-fn start_panicked(db: &Path, panic: Box<dyn std::any::Any + Send>) -> StoreError {
-    let why = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".into());
-    StoreError::Io {
-        op: "start",
-        path: db.to_path_buf(),
-        source: std::io::Error::other(format!("the start panicked: {why}")),
-    }
-}
-
-/// A start's task ended in a panic or was cancelled (`e`).
-fn panicked(db: &Path, e: tokio::task::JoinError) -> StoreError {
-    StoreError::Io {
-        op: "start",
-        path: db.to_path_buf(),
-        source: std::io::Error::other(e),
     }
 }

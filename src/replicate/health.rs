@@ -199,7 +199,7 @@ pub fn on_panic(
 }
 
 /// The message a panic carried (empty when it was not a string).
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
