@@ -29,7 +29,7 @@ pub async fn run(args: DatabasesArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::Usage(e.to_string()))?;
     for dir in &config.dirs {
         let discovery = Discovery::new(dir.clone()).map_err(CliError::Usage)?;
-        for path in discovery.scan() {
+        for path in discovery.scan(&|_| false) {
             if config.dbs.iter().any(|d| d.path == path) {
                 continue;
             }

@@ -24,6 +24,9 @@
 //!   configuration error stops the start, and only one found by the start-up scan when it
 //!   answers within 10 s: a scan that runs longer goes on in the background, the directory
 //!   reported meanwhile, and a configuration error there stops that directory alone.
+//! - A database open in this process (ours, or another entry's) never has its header read
+//!   again: closing that descriptor would drop every POSIX lock the process holds on the
+//!   file, SQLite's included ([`has_sqlite_header`]).
 //! - All file-system work (walks, header reads, inotify calls) runs on the blocking pool.
 //! - The follow task is spawned through the Store ([`StoreCore`]), tracked like every other
 //!   task, and ends when the Store stops ingesting; only the Store starts database tasks.
@@ -77,7 +80,10 @@ pub fn is_state_dir(name: &OsStr) -> bool {
     name.starts_with('.') && name.ends_with("-replicad")
 }
 
-/// Whether the file at `path` starts with the SQLite header (false for short files).
+/// Whether the file at `path` starts with the SQLite header (false for short files). Never
+/// for a database this process has open: closing the descriptor read here drops every POSIX
+/// lock the process holds on the file, SQLite's included, and the application's last
+/// connection could then checkpoint past our read mark and delete the WAL.
 pub fn has_sqlite_header(path: &Path) -> bool {
     let mut buf = [0u8; 16];
     match std::fs::File::open(path) {
@@ -85,6 +91,10 @@ pub fn has_sqlite_header(path: &Path) -> bool {
         Err(_) => false,
     }
 }
+
+/// Whether a path is a database open in this process ([`has_sqlite_header`] says why that
+/// matters).
+type Held<'a> = &'a dyn Fn(&Path) -> bool;
 
 /// The discovery of one `dir` entry.
 pub struct Discovery {
@@ -171,18 +181,27 @@ impl Discovery {
                 .all(|c| matches!(c, Component::Normal(n) if !is_state_dir(n)))
     }
 
-    /// Whether `path` is a database of this entry now.
-    fn is_database(&self, path: &Path) -> bool {
+    /// Whether `path` is a database of this entry now (`held`: one open here, whose header
+    /// is not read: see [`has_sqlite_header`]).
+    fn is_database(&self, path: &Path, held: Held) -> bool {
         let (Some(name), Some(parent)) = (path.file_name(), path.parent()) else {
             return false;
         };
-        self.candidate_name(name) && self.may_enter(parent) && has_sqlite_header(path)
+        self.candidate_name(name)
+            && self.may_enter(parent)
+            && (held(path) || has_sqlite_header(path))
     }
 
     /// Collects the databases under `from` (a directory [`Discovery::may_enter`] allows),
     /// calling `on_dir` on each directory before listing it (so that a watch is in place
     /// before the listing: nothing created meanwhile is missed).
-    fn walk(&self, from: &Path, on_dir: &mut dyn FnMut(&Path), found: &mut Vec<PathBuf>) {
+    fn walk(
+        &self,
+        from: &Path,
+        on_dir: &mut dyn FnMut(&Path),
+        held: Held,
+        found: &mut Vec<PathBuf>,
+    ) {
         let mut stack = vec![from.to_path_buf()];
         while let Some(dir) = stack.pop() {
             on_dir(&dir);
@@ -204,7 +223,9 @@ impl Discovery {
                     if self.cfg.recursive && !is_state_dir(&entry.file_name()) {
                         stack.push(path);
                     }
-                } else if self.candidate_name(&entry.file_name()) && has_sqlite_header(&path) {
+                } else if self.candidate_name(&entry.file_name())
+                    && (held(&path) || has_sqlite_header(&path))
+                {
                     found.push(path);
                 }
             }
@@ -213,9 +234,9 @@ impl Discovery {
     }
 
     /// The databases under `dir` now.
-    pub fn scan(&self) -> Vec<PathBuf> {
+    pub fn scan(&self, held: Held) -> Vec<PathBuf> {
         let mut found = Vec::new();
-        self.walk(&self.cfg.dir, &mut |_| {}, &mut found);
+        self.walk(&self.cfg.dir, &mut |_| {}, held, &mut found);
         found
     }
 
@@ -225,7 +246,7 @@ impl Discovery {
     }
 
     /// A full rescan: every directory watched, every database found.
-    fn rescan(&self, st: &mut Watches, tracked: &HashSet<PathBuf>) -> Changes {
+    fn rescan(&self, st: &mut Watches, tracked: &HashSet<PathBuf>, held: Held) -> Changes {
         let mut found = Vec::new();
         let mut dirs = HashSet::new();
         self.walk(
@@ -234,6 +255,7 @@ impl Discovery {
                 dirs.insert(d.to_path_buf());
                 st.watch(d, false);
             },
+            held,
             &mut found,
         );
         // inotify drops the watches of deleted directories by itself.
@@ -247,6 +269,7 @@ impl Discovery {
         st: &mut Watches,
         paths: &HashSet<PathBuf>,
         tracked: &HashSet<PathBuf>,
+        held: Held,
     ) -> Changes {
         let mut found = Vec::new();
         let mut gone = Vec::new();
@@ -256,11 +279,11 @@ impl Discovery {
                     if self.may_enter(p) {
                         // A directory created (or moved in) under a known name: watch anew.
                         st.watch(p, true);
-                        self.walk(p, &mut |d| st.watch(d, false), &mut found);
+                        self.walk(p, &mut |d| st.watch(d, false), held, &mut found);
                     }
                 }
                 Ok(_) => {
-                    if !tracked.contains(p) && self.is_database(p) {
+                    if !tracked.contains(p) && self.is_database(p, held) {
                         found.push(p.clone());
                     }
                 }
@@ -325,10 +348,10 @@ impl Discovery {
     /// protected meanwhile, so that the other databases and the endpoints do not wait for it.
     pub(crate) async fn start(self, core: &StoreCore) -> Result<(), StoreError> {
         let me = Arc::new(self);
-        let d = me.clone();
+        let (d, registry) = (me.clone(), core.registry().clone());
         let mut scan = tokio::task::spawn_blocking(move || {
             super::monitor::wait_at_test_gate(&d.cfg.dir.join(SCAN_GATE));
-            d.scan()
+            d.scan(&|p| registry.runs(p))
         });
         let dir = me.cfg.dir.clone();
         let Ok(joined) = tokio::time::timeout(SLOW_WORK, &mut scan).await else {
@@ -605,12 +628,15 @@ mod tests {
         // A side file with a header must not count either.
         std::fs::copy(root.join("a.db"), root.join("x.db-journal")).unwrap();
         let flat = Discovery::new(dir_config(root, "*.db", false)).unwrap();
-        assert_eq!(flat.scan(), vec![root.join("a.db")]);
+        assert_eq!(flat.scan(&|_| false), vec![root.join("a.db")]);
         let deep = Discovery::new(dir_config(root, "*.db", true)).unwrap();
-        assert_eq!(deep.scan(), vec![root.join("a.db"), root.join("sub/b.db")]);
+        assert_eq!(
+            deep.scan(&|_| false),
+            vec![root.join("a.db"), root.join("sub/b.db")]
+        );
         let all = Discovery::new(dir_config(root, "*", true)).unwrap();
         assert_eq!(
-            all.scan(),
+            all.scan(&|_| false),
             vec![
                 root.join("a.db"),
                 root.join("other.sqlite"),
@@ -619,7 +645,11 @@ mod tests {
         );
         // The empty file becomes a database once SQLite has written its header.
         make_db(&root.join("empty.db"));
-        assert!(flat.scan().contains(&root.join("empty.db")));
+        assert!(flat.scan(&|_| false).contains(&root.join("empty.db")));
+        // A database open here has its header not read again (closing the descriptor would
+        // drop SQLite's locks): a file that is no database shows it was not.
+        let fake = root.join("fake.db");
+        assert!(flat.scan(&|p| p == fake).contains(&fake));
         assert!(!flat.may_enter(&root.join("sub")));
         assert!(!deep.may_enter(&root.join(".a.db-replicad")));
         assert!(deep.may_enter(&root.join("sub")));

@@ -528,3 +528,85 @@ fn a_database_that_cannot_start_at_start_up_does_not_stop_the_others() {
         break;
     }
 }
+
+/// A look at a database the daemon has open keeps SQLite's locks on it. Discovery read the
+/// file's header through a descriptor of its own, and closing it released every POSIX lock
+/// the daemon held on the file: the first rescan, right after the start, did so for every
+/// discovered database already open, and a look at a database configured by `path` inside a
+/// watched directory did at each of its checkpoints. The application's last connection could
+/// then checkpoint past replicad's read mark and delete the WAL: a false "WAL deleted" error
+/// and a full copy each time.
+#[test]
+fn a_look_at_a_database_keeps_the_daemons_locks_on_it() {
+    let seed = seed("discovery_locks");
+    let t = TestDir::new("discovery-locks");
+    let data = t.join("data");
+    let replica = t.join("replica");
+    std::fs::create_dir_all(&data).unwrap();
+    let [a, b, c, e] = ["a", "b", "c", "e"].map(|n| data.join(format!("{n}.db")));
+    let mut wa = Writer::open(&a, seed);
+    let mut wc = Writer::open(&c, seed + 1);
+    wa.run(3);
+    wc.run(3);
+    let port = free_port();
+    let cfg = t.join("replicad.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 50ms\ndormant-after: 0s\n\
+             socket: {{enabled: true, path: {}}}\ndbs:\n  - path: {}\n    replica:\n      \
+             url: {}\n  - dir: {}\n    pattern: \"*.db\"\n    watch: true\n    replica:\n      \
+             url: {}\n",
+            t.join(SOCKET).display(),
+            c.display(),
+            replica.join("configured").display(),
+            data.display(),
+            replica.join("found").display(),
+        ),
+    )
+    .unwrap();
+    let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
+    listening(&d, port);
+    caught_up(&d, port, &a);
+    caught_up(&d, port, &c);
+    // Created after the start: replicated once the first rescan, which walked a.db and c.db,
+    // is done.
+    let mut wb = Writer::open(&b, seed + 2);
+    wb.run(3);
+    caught_up(&d, port, &b);
+    // c.db's checkpoint writes its file: an event, and a look at it; e.db's creation comes
+    // after it, so once e.db is replicated that look is done.
+    wc.run(3);
+    wc.checkpoint("PASSIVE");
+    let mut we = Writer::open(&e, seed + 3);
+    we.run(3);
+    caught_up(&d, port, &e);
+    for db in [&a, &b, &c, &e] {
+        assert!(
+            holds_shared_lock(d.pid(), db),
+            "the daemon holds no SQLite lock on {}:\n{}",
+            db.display(),
+            std::fs::read_to_string("/proc/locks").unwrap()
+        );
+    }
+    d.stop_ok();
+}
+
+/// Whether process `pid` holds SQLite's SHARED lock (a POSIX read lock on the bytes from
+/// 0x40000002) on the database file at `db`, as `/proc/locks` lists it.
+fn holds_shared_lock(pid: u32, db: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(db).unwrap().ino().to_string();
+    let (pid, start) = (pid.to_string(), (0x4000_0002u64).to_string());
+    std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 8
+                && f[1] == "POSIX"
+                && f[4] == pid
+                && f[5].rsplit(':').next() == Some(ino.as_str())
+                && f[6] == start
+        })
+}

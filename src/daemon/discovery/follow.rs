@@ -65,11 +65,14 @@ pub(super) async fn follow(
         };
         let batch = std::mem::take(&mut paths);
         let unstarted = failed.clone();
+        let registry = core.registry().clone();
         let look = tokio::task::spawn_blocking(move || {
+            // Databases open here, ours or another entry's, whose header is not read again.
+            let held = |p: &std::path::Path| known.contains(p) || registry.runs(p);
             let c = if full {
-                d.rescan(&mut watches, &known)
+                d.rescan(&mut watches, &known, &held)
             } else {
-                d.look(&mut watches, &batch, &known)
+                d.look(&mut watches, &batch, &known, &held)
             };
             let unstarted_gone: Vec<PathBuf> = unstarted.into_iter().filter(|p| gone(p)).collect();
             (watches, c, unstarted_gone)
