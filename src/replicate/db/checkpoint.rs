@@ -184,15 +184,28 @@ impl Db {
         }
         let locked = Instant::now();
         let mut released = false;
+        #[cfg(test)]
+        let mut before_truncate = self.before_truncate.take();
         let sealed = (|| {
             written += self.seal()?;
             let seal_ms = locked.elapsed().as_millis();
+            // Commits may land between our unlock and the TRUNCATE, which moves them into the
+            // database file, out of every WAL frame we will see: until a full segment is
+            // written, the next sync decides from scratch (when writing it failed, the chain
+            // went on from the old mark without them).
+            if truncate {
+                self.continuous = false;
+            }
             let conn = self.end_read()?;
             released = true;
             let mode = if truncate { "TRUNCATE" } else { "PASSIVE" };
             // TRUNCATE needs the write lock itself: give it up first (the WAL is synced).
             if truncate {
                 barrier.execute_batch("ROLLBACK")?;
+                #[cfg(test)]
+                if let Some(hook) = before_truncate.as_mut() {
+                    hook();
+                }
             }
             let copying = Instant::now();
             let (busy, log, done): (i64, i64, i64) =
@@ -225,7 +238,8 @@ impl Db {
             self.wal_oversized = false;
             self.shrink_tried = None;
             // Commits may have landed between the unlock and the truncate: they are in the
-            // database file now, not in any WAL frame we saw. Only a full segment is safe.
+            // database file now, not in any WAL frame we saw. Only a full segment is safe
+            // (written by the next sync if not here: `continuous` is off until it is).
             let f = File::open(&self.wal_path).ok();
             let h = match &f {
                 Some(f) => read_wal_header(f)?,

@@ -384,6 +384,9 @@ pub struct Db {
     yield_seal_to: Option<u64>,
     /// On a network or FUSE file system ([`Db::set_network_fs`]).
     network_fs: bool,
+    /// Run between our unlock and the TRUNCATE of our checkpoint (tests: a commit there).
+    #[cfg(test)]
+    before_truncate: Option<Box<dyn FnMut() + Send>>,
     /// Who holds SQLite's WAL locks ([`app_checkpoint`]). Declared last so that it closes
     /// after the connection (closing it drops this process's locks on the `-shm` file).
     shm: Option<shm::ShmProbe>,
@@ -442,6 +445,8 @@ impl Db {
             checkpoint_segments: 0,
             poisoned: None,
             network_fs: false,
+            #[cfg(test)]
+            before_truncate: None,
             wal_lost: None,
             idle_since: None,
             woke_unchanged: false,

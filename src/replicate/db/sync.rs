@@ -303,7 +303,8 @@ impl Db {
             (Some(f), Some(_)) => wal::scan(f, WAL_HEADER_SIZE, u64::MAX)?,
             _ => None,
         };
-        let forced = self.remote_tip.full_reason.take();
+        // Kept until the full segment is written: a failed write is decided again.
+        let forced = self.remote_tip.full_reason;
         let woke_unchanged = std::mem::take(&mut self.woke_unchanged);
         let same_wal = |m: WalMark, s: &wal::WalScan| {
             (s.header.salt1, s.header.salt2) == (m.salt1, m.salt2)
@@ -377,6 +378,7 @@ impl Db {
             }
             (None, _, _) => self.write_full(wal_file, header, "wal unreadable")?,
         };
+        self.remote_tip.full_reason = None;
         self.continuous = true;
         Ok((wrote, false))
     }

@@ -244,3 +244,134 @@ fn a_seed_is_built_after_the_application_truncated_the_wal() {
     assert_eq!(pages, dec.header().commit);
     dec.finish().unwrap();
 }
+
+/// Restores the segments staged under `meta` into `to`, as a directory replica of them.
+fn restore_staged(meta: &Path, to: &Path) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = crate::storage::AnyClient::File(crate::storage::file::FileClient::new(
+            meta.to_path_buf(),
+        ));
+        let plan = crate::restore::plan(&client, crate::restore::Target::Latest)
+            .await
+            .unwrap();
+        let opts = crate::restore::RestoreOptions {
+            to: to.to_path_buf(),
+            target: crate::restore::Target::Latest,
+            force: false,
+            integrity_check: true,
+            phases: Arc::default(),
+            threads: None,
+        };
+        crate::restore::apply(&client, plan, &opts).await.unwrap();
+    });
+}
+
+/// The rows of tables `t` and `u` of the database at `path`.
+fn rows(path: &Path) -> Vec<String> {
+    let c = Connection::open(path).unwrap();
+    let mut st = c
+        .prepare("SELECT v FROM t UNION ALL SELECT 'u:' || v FROM u")
+        .unwrap();
+    st.query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// A commit that lands between our checkpoint's unlock and its TRUNCATE is in the database
+/// file only: the full segment written after the TRUNCATE carries it. When writing that
+/// segment failed (a full disk), nothing remembered it was owed: the next sync went on from
+/// the old mark into the WAL's next generation, and the replica lacked the commit, silently.
+#[test]
+fn a_commit_the_truncate_moved_is_shipped_when_the_full_segment_first_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, app) = wal_app(dir.path());
+    // The commit in the gap goes to a page no later commit writes again.
+    app.execute_batch("CREATE TABLE u (v TEXT)").unwrap();
+    // A connection that has restarted the WAL once writes the next generation's header with
+    // the salt after the last one (a fresh one draws both at random, which reads as a second
+    // restart and forces a full segment anyway).
+    app.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    let meta = dir.path().join("meta");
+    let mut db = Db::new(
+        path.clone(),
+        Some(meta.clone()),
+        DbSettings {
+            min_checkpoint_page_count: 1,
+            truncate_page_n: 4,
+            ..DbSettings::default()
+        },
+        RemoteTip::default(),
+    );
+    db.sync(false).unwrap();
+    for i in 0..8 {
+        app.execute("INSERT INTO t VALUES (?1)", [format!("row-{i}")])
+            .unwrap();
+    }
+    // Between the unlock and the TRUNCATE: the application commits, and the staging
+    // directory stops taking files.
+    let staging = meta.join("ltx/0");
+    let aside = meta.join("ltx/0-aside");
+    let (p, s, a) = (path.clone(), staging.clone(), aside.clone());
+    db.before_truncate = Some(Box::new(move || {
+        let c = Connection::open(&p).unwrap();
+        c.execute("INSERT INTO u VALUES ('in the gap')", [])
+            .unwrap();
+        std::fs::rename(&s, &a).unwrap();
+        std::fs::write(&s, b"").unwrap();
+    }));
+    db.sync(true)
+        .expect_err("the full segment cannot be staged");
+    assert_eq!(
+        std::fs::metadata(dir.path().join("app.db-wal"))
+            .unwrap()
+            .len(),
+        0,
+        "the TRUNCATE ran"
+    );
+    std::fs::remove_file(&staging).unwrap();
+    std::fs::rename(&aside, &staging).unwrap();
+    app.execute("INSERT INTO t VALUES ('after')", []).unwrap();
+    db.sync(false).unwrap();
+    let out = dir.path().join("restored.db");
+    restore_staged(&meta, &out);
+    let want = rows(&path);
+    assert!(want.contains(&"u:in the gap".to_string()), "{want:?}");
+    assert_eq!(rows(&out), want);
+}
+
+/// A full segment a replica asked for at the start (here as when it switched age encryption
+/// on) is still written when the first attempt fails: the reason was taken before the write,
+/// and the retry went on incrementally, so the new chain did not start with a full copy.
+#[test]
+fn a_full_segment_asked_for_at_the_start_survives_a_failed_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, app) = wal_app(dir.path());
+    let mut db = synced_db(dir.path(), &path);
+    app.execute("INSERT INTO t VALUES ('b')", []).unwrap();
+    // As a start with that replica leaves it: the first sync decides, the reason forces.
+    db.continuous = false;
+    db.remote_tip.full_reason = Some("replica switched to age encryption");
+    // The full segment's temporary file cannot be created: a directory is in its place.
+    let tmp = dir
+        .path()
+        .join("meta/ltx/0/0000000000000002-0000000000000002.ltx.tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let e = db
+        .sync(false)
+        .expect_err("the full segment cannot be staged");
+    assert!(e.to_string().contains(".ltx.tmp"), "{e}");
+    std::fs::remove_dir(&tmp).unwrap();
+    let full = db.stats().full_segments.load(Ordering::Relaxed);
+    db.sync(false).unwrap();
+    assert_eq!(
+        db.stats().full_segments.load(Ordering::Relaxed),
+        full + 1,
+        "the new chain starts with a full segment"
+    );
+}
