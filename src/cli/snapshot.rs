@@ -174,7 +174,8 @@ pub async fn run(args: SnapshotArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Refuses an existing output (or, for a plain database, a `-wal` beside it) unless `force`.
+/// Refuses an existing output (or, for a plain database, a `-wal` or `-journal` beside it)
+/// unless `force`.
 fn check_output(to: &Path, gzip: bool, force: bool) -> Result<(), CliError> {
     if force {
         return Ok(());
@@ -182,6 +183,7 @@ fn check_output(to: &Path, gzip: bool, force: bool) -> Result<(), CliError> {
     let mut paths = vec![to.to_path_buf()];
     if !gzip {
         paths.push(restore::sidecar(to, "-wal"));
+        paths.push(restore::sidecar(to, "-journal"));
     }
     for p in paths {
         if p.symlink_metadata().is_ok() {

@@ -85,12 +85,7 @@ pub(super) fn apply_blocking(
     });
     // A stopped restore publishes nothing, whatever step the stop reached.
     let result = result.and_then(|r| {
-        let published = gate.unless_stopped(|| {
-            if opts.force {
-                remove_wal_files(&opts.to)?;
-            }
-            fsutil::publish(&tmp, &opts.to).map_err(RestoreError::io("publish", &opts.to))
-        });
+        let published = gate.unless_stopped(|| place(&tmp, &opts.to, opts.force));
         published
             .unwrap_or(Err(RestoreError::Cancelled))
             .map(|()| r)

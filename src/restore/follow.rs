@@ -286,8 +286,8 @@ impl Follower {
         let (to, force) = (opts.to.clone(), opts.force);
         let (db, page_size) = tokio::task::spawn_blocking(move || match staged {
             Some(staged) => {
-                let attached =
-                    attach_file(&staged).and_then(|a| place(&staged, &to, force).map(|()| a));
+                let attached = attach_file(&staged)
+                    .and_then(|a| restore::place(&staged, &to, force).map(|()| a));
                 if attached.is_err() {
                     let _ = fs::remove_file(&staged);
                 }
@@ -499,19 +499,6 @@ fn attach_file(to: &Path) -> Result<(File, u32), RestoreError> {
         db.sync_all().map_err(RestoreError::io("fsync", to))?;
     }
     Ok((db, page_size))
-}
-
-/// Moves a restored, locked and patched database to `to`: over an existing one only with
-/// `force`, and then without its `-wal` and `-shm` (SQLite would read the old WAL).
-fn place(staged: &Path, to: &Path, force: bool) -> Result<(), RestoreError> {
-    if !force {
-        return fsutil::publish_new(staged, to).map_err(|e| match e.kind() {
-            io::ErrorKind::AlreadyExists => RestoreError::Exists(to.to_path_buf()),
-            _ => RestoreError::io("publish", to)(e),
-        });
-    }
-    restore::remove_wal_files(to)?;
-    fsutil::publish(staged, to).map_err(RestoreError::io("publish", to))
 }
 
 /// Page size from a database header, if the header is SQLite's.

@@ -470,12 +470,21 @@ async fn fetch_chunk(
     Ok(())
 }
 
-/// Refuses an existing output (or a WAL beside it) unless `force`.
+/// The files beside a database that SQLite reads with it: a WAL it replays, a hot rollback
+/// journal it rolls back, and the WAL's index.
+const SIDE_FILES: [&str; 3] = ["-wal", "-journal", "-shm"];
+
+/// Refuses an existing output, or a WAL or rollback journal beside it (SQLite would replay
+/// either over the restored database when it first opens it), unless `force`.
 pub fn check_output(to: &Path, force: bool) -> Result<(), RestoreError> {
     if force {
         return Ok(());
     }
-    for p in [to.to_path_buf(), sidecar(to, "-wal")] {
+    for p in [
+        to.to_path_buf(),
+        sidecar(to, "-wal"),
+        sidecar(to, "-journal"),
+    ] {
         if p.exists() {
             return Err(RestoreError::Exists(p));
         }
@@ -483,10 +492,10 @@ pub fn check_output(to: &Path, force: bool) -> Result<(), RestoreError> {
     Ok(())
 }
 
-/// Removes `db`'s `-wal` and `-shm`, if any: a database file replaced under them must not
-/// meet its predecessor's WAL.
+/// Removes `db`'s `-wal`, `-journal` and `-shm`, if any: a database file replaced under them
+/// must not meet its predecessor's WAL or hot journal.
 pub fn remove_wal_files(db: &Path) -> Result<(), RestoreError> {
-    for suffix in ["-wal", "-shm"] {
+    for suffix in SIDE_FILES {
         let p = sidecar(db, suffix);
         match fs::remove_file(&p) {
             Ok(()) => {}
@@ -495,6 +504,23 @@ pub fn remove_wal_files(db: &Path) -> Result<(), RestoreError> {
         }
     }
     Ok(())
+}
+
+/// Moves a restored database from `staged` to `to`: over an existing one only with `force`,
+/// and then without its side files. Without `force` it never replaces a database, WAL or
+/// journal that appeared at `to` while the restore ran (the check at its start is minutes
+/// old): the side files are checked again, and the database is placed by a no-clobber
+/// publish.
+pub(crate) fn place(staged: &Path, to: &Path, force: bool) -> Result<(), RestoreError> {
+    if !force {
+        check_output(to, false)?;
+        return fsutil::publish_new(staged, to).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => RestoreError::Exists(to.to_path_buf()),
+            _ => RestoreError::io("publish", to)(e),
+        });
+    }
+    remove_wal_files(to)?;
+    fsutil::publish(staged, to).map_err(RestoreError::io("publish", to))
 }
 
 /// `db` with `suffix` appended (`-wal`, `-txid`, ...).

@@ -43,3 +43,31 @@ fn plan_prefers_the_snapshot_then_the_furthest_reach() {
         Err(RestoreError::Gap { .. })
     ));
 }
+
+/// Without `force`, placing the restored file replaces nothing that appeared at the output
+/// while the restore ran (its check at the start is minutes old): neither a database nor a
+/// WAL or journal beside it, which SQLite would replay over the output.
+#[test]
+fn place_without_force_replaces_nothing_that_appeared_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let (staged, to) = (dir.path().join("staged"), dir.path().join("out.db"));
+    for (appeared, content) in [
+        (to.clone(), &b"a database"[..]),
+        (sidecar(&to, "-wal"), b"a wal"),
+        (sidecar(&to, "-journal"), b"a journal"),
+    ] {
+        std::fs::write(&staged, b"restored").unwrap();
+        std::fs::write(&appeared, content).unwrap();
+        let e = place(&staged, &to, false).unwrap_err();
+        assert!(
+            matches!(&e, RestoreError::Exists(p) if *p == appeared),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&appeared).unwrap(), content);
+        std::fs::remove_file(&appeared).unwrap();
+    }
+    std::fs::write(sidecar(&to, "-journal"), b"a journal").unwrap();
+    place(&staged, &to, true).unwrap();
+    assert_eq!(std::fs::read(&to).unwrap(), b"restored");
+    assert!(!sidecar(&to, "-journal").exists());
+}

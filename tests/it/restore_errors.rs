@@ -262,6 +262,25 @@ fn existing_output_needs_force_and_force_replaces_it_and_its_wal() {
     assert!(n > 0);
 }
 
+/// A rollback journal beside the output (a rollback-mode writer that crashed there) is
+/// refused as a WAL is, and removed by `--force`: SQLite rolled it back over the restored
+/// database on its first open (foreign pages, and `integrity_check` still said ok).
+#[test]
+fn a_journal_beside_the_output_needs_force_and_force_removes_it() {
+    let f = Fixture::new();
+    let journal = f.dir.path().join("out.db-journal");
+    fs::write(&journal, b"a hot journal").unwrap();
+    let o = f.restore(&[]);
+    f.assert_failed_cleanly(&o, "out.db-journal already exists");
+    assert_eq!(fs::read(&journal).unwrap(), b"a hot journal");
+    let o = f.restore(&["--force"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        !journal.exists(),
+        "SQLite would roll it back over the output"
+    );
+}
+
 #[test]
 fn stray_wal_beside_a_missing_output_is_not_silently_kept() {
     let f = Fixture::new();
