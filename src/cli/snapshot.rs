@@ -211,13 +211,8 @@ fn publish(work: &Path, to: &Path, gzip: bool, force: bool, gate: &Gate) -> anyh
         }
         result?;
     } else {
-        gate.unless_stopped(|| {
-            if force {
-                restore::remove_wal_files(to)?;
-            }
-            place(work, to, force)
-        })
-        .unwrap_or_else(stopped)?;
+        gate.unless_stopped(|| Ok(restore::place(work, to, force)?))
+            .unwrap_or_else(stopped)?;
     }
     let dir = fsutil::parent_dir(to);
     fsutil::fsync_dir(dir).with_context(|| format!("fsync {}", dir.display()))

@@ -23,6 +23,9 @@
 //!    rename, fsync dir).
 //!
 //! Invariants:
+//! - `<db>-txid` names the file's own state only: any restore that places another file at
+//!   `<db>` removes it first ([`restore::forget_follow_position`]), so a later run restores
+//!   afresh instead of resuming over a database that does not hold that TXID.
 //! - `<db>-txid` never names a state newer than the durable database file. After a crash in
 //!   step 3 the file is ahead of it, and re-applying from it is idempotent: every page a file
 //!   holds is its final value at the file's max TXID.

@@ -514,6 +514,9 @@ pub fn remove_wal_files(db: &Path) -> Result<(), RestoreError> {
 pub(crate) fn place(staged: &Path, to: &Path, force: bool) -> Result<(), RestoreError> {
     if !force {
         check_output(to, false)?;
+    }
+    forget_follow_position(to)?;
+    if !force {
         return fsutil::publish_new(staged, to).map_err(|e| match e.kind() {
             std::io::ErrorKind::AlreadyExists => RestoreError::Exists(to.to_path_buf()),
             _ => RestoreError::io("publish", to)(e),
@@ -521,6 +524,18 @@ pub(crate) fn place(staged: &Path, to: &Path, force: bool) -> Result<(), Restore
     }
     remove_wal_files(to)?;
     fsutil::publish(staged, to).map_err(RestoreError::io("publish", to))
+}
+
+/// Removes the `<db>-txid` a `restore --follow` keeps beside its database, before another
+/// file is placed at `db`: a later `--follow` resumed from that TXID over a database that does
+/// not hold it (a restore to an older TXID), and applied only the files after it.
+pub fn forget_follow_position(db: &Path) -> Result<(), RestoreError> {
+    let p = follow::txid_path(db);
+    match fs::remove_file(&p) {
+        Ok(()) => fsutil::fsync_dir(fsutil::parent_dir(&p)).map_err(RestoreError::io("fsync", &p)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(RestoreError::io("remove", &p)(e)),
+    }
 }
 
 /// `db` with `suffix` appended (`-wal`, `-txid`, ...).

@@ -502,3 +502,52 @@ fn a_follower_database_appears_only_in_its_final_form() {
     stop_follower(f, &t);
     assert_same_content(&t.src, &t.follower, "follow --force");
 }
+
+/// A restore over a followed database (here to an older TXID) ends its follow position: a
+/// later `--follow` resumed from the `-txid` left beside it, applied only the files after that
+/// TXID onto a database that did not hold it, and lost the rows between, with
+/// `integrity_check` ok.
+#[test]
+fn a_restore_over_a_followed_database_ends_its_follow_position() {
+    let seed = seed("a_restore_over_a_followed_database_ends_its_follow_position");
+    let t = Setup::new("follow-overwritten");
+    let mut w = Writer::open(&t.src, seed);
+    let rep = t.replicate();
+    // Several segments, so that TXID 2 is well behind the newest.
+    for _ in 0..4 {
+        let before = max_replica_txid(&t.replica);
+        w.run(3);
+        assert!(wait_until(WAIT, || max_replica_txid(&t.replica) > before));
+    }
+    stop_replicate(rep);
+    assert!(max_replica_txid(&t.replica) >= 4);
+    let mut f = t.follow(&t.replica);
+    t.wait_follower(&mut f, max_replica_txid(&t.replica));
+    stop_follower(f, &t);
+
+    let o = Command::new(bin())
+        .args(["restore", "--force", "--txid", "0000000000000002", "--to"])
+        .arg(&t.follower)
+        .arg(&t.replica)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        t.follower_txid(),
+        0,
+        "the -txid of the replaced database is kept"
+    );
+
+    let rep = t.replicate();
+    w.run(10);
+    stop_replicate(rep);
+    let mut f = t.follow_with(&t.replica, &["--force"]);
+    t.wait_follower(&mut f, max_replica_txid(&t.replica));
+    assert!(
+        f.log_text().contains("restored; following"),
+        "{}",
+        t.context()
+    );
+    assert_same_content(&t.src, &t.follower, "followed again");
+    stop_follower(f, &t);
+}
