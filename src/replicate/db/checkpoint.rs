@@ -185,7 +185,7 @@ impl Db {
         let locked = Instant::now();
         let mut released = false;
         #[cfg(test)]
-        let mut before_truncate = self.before_truncate.take();
+        let mut before_truncate = self.hooks.before_truncate.take();
         let sealed = (|| {
             written += self.seal()?;
             let seal_ms = locked.elapsed().as_millis();

@@ -369,6 +369,10 @@ impl Db {
         if self.fast.is_none() {
             return Ok(());
         }
+        #[cfg(test)]
+        if let Some(hook) = self.hooks.before_dormant_stamps.as_mut() {
+            hook();
+        }
         let db = FileStamp::of(&self.path).map_err(io_err("stat", &self.path))?;
         let wal = match FileStamp::of(&self.wal_path) {
             Ok(s) => Some(s),
@@ -376,6 +380,13 @@ impl Db {
             Err(e) => return Err(io_err("stat", &self.wal_path)(e)),
         };
         if !db.settled(STAMP_MARGIN) || wal.is_some_and(|w| !w.settled(STAMP_MARGIN)) {
+            return Ok(());
+        }
+        // A commit since this sync's scan is in the stamps just taken, and a later change is
+        // what wakes a dormant database: the WAL must still be as the scan left it (size,
+        // salts, no frame of the current generation past our mark), or that commit would wait
+        // for the next one. Settled is not enough: the sync can take longer than the margin.
+        if !self.unchanged_since_sync() {
             return Ok(());
         }
         // Dropping the connection ends the read transaction and closes every descriptor and

@@ -384,12 +384,22 @@ pub struct Db {
     yield_seal_to: Option<u64>,
     /// On a network or FUSE file system ([`Db::set_network_fs`]).
     network_fs: bool,
-    /// Run between our unlock and the TRUNCATE of our checkpoint (tests: a commit there).
+    /// Tests: work run at a point of a race (a commit there).
     #[cfg(test)]
-    before_truncate: Option<Box<dyn FnMut() + Send>>,
+    hooks: TestHooks,
     /// Who holds SQLite's WAL locks ([`app_checkpoint`]). Declared last so that it closes
     /// after the connection (closing it drops this process's locks on the `-shm` file).
     shm: Option<shm::ShmProbe>,
+}
+
+/// Work a test runs at a point of a race, to make it happen every time.
+#[cfg(test)]
+#[derive(Default)]
+struct TestHooks {
+    /// Between our checkpoint's unlock and its TRUNCATE.
+    before_truncate: Option<Box<dyn FnMut() + Send>>,
+    /// Between the last look at the WAL and the stamps a database goes dormant with.
+    before_dormant_stamps: Option<Box<dyn FnMut() + Send>>,
 }
 
 impl Db {
@@ -446,7 +456,7 @@ impl Db {
             poisoned: None,
             network_fs: false,
             #[cfg(test)]
-            before_truncate: None,
+            hooks: TestHooks::default(),
             wal_lost: None,
             idle_since: None,
             woke_unchanged: false,

@@ -318,7 +318,7 @@ fn a_commit_the_truncate_moved_is_shipped_when_the_full_segment_first_fails() {
     let staging = meta.join("ltx/0");
     let aside = meta.join("ltx/0-aside");
     let (p, s, a) = (path.clone(), staging.clone(), aside.clone());
-    db.before_truncate = Some(Box::new(move || {
+    db.hooks.before_truncate = Some(Box::new(move || {
         let c = Connection::open(&p).unwrap();
         c.execute("INSERT INTO u VALUES ('in the gap')", [])
             .unwrap();
@@ -374,4 +374,41 @@ fn a_full_segment_asked_for_at_the_start_survives_a_failed_write() {
         full + 1,
         "the new chain starts with a full segment"
     );
+}
+
+/// A commit that lands after a sync's scan and before the stamps its database goes dormant
+/// with is in those stamps, and only a later change wakes a dormant database: it must stay
+/// awake. The WAL's mtime settled alone let it sleep when the sync ran longer than the margin,
+/// and the commit waited for the next one, the database reported protected meanwhile.
+#[test]
+fn a_commit_during_the_sync_that_would_go_dormant_keeps_it_awake() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _app) = wal_app(dir.path());
+    let mut db = Db::new(
+        path.clone(),
+        Some(dir.path().join("meta")),
+        DbSettings {
+            dormant_after: Duration::from_millis(1),
+            ..DbSettings::default()
+        },
+        RemoteTip::default(),
+    );
+    db.sync(false).unwrap();
+    db.sync(false).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let p = path.clone();
+    db.hooks.before_dormant_stamps = Some(Box::new(move || {
+        let c = Connection::open(&p).unwrap();
+        c.execute("INSERT INTO t VALUES ('late')", []).unwrap();
+        // Older than the margin by the time the stamps are taken.
+        std::thread::sleep(super::dormancy::STAMP_MARGIN * 2);
+    }));
+    assert_eq!(db.sync(false).unwrap(), 0);
+    assert!(!db.stats().dormant.load(Ordering::Relaxed), "went dormant");
+    assert!(
+        !db.unchanged_since_sync(),
+        "the next tick would skip the commit"
+    );
+    db.hooks.before_dormant_stamps = None;
+    assert_eq!(db.sync(false).unwrap(), 1, "the commit is shipped");
 }
