@@ -261,3 +261,85 @@ async fn a_lone_first_segment_is_the_snapshot_and_a_pruned_one_is_merged_from_th
     );
     restores_without_level_0(&dir, &db, &replica, "level 9 as is, then level 1 merged");
 }
+
+/// A level-0 object that another writer stored at a TXID staging also holds (the replica
+/// diverged, then was seeded over) is compacted from the replica, not from staging: our
+/// staged segment was taken for it, by size-blind name, and a level-1 file then held pages
+/// the replica's history never had (a restore to a TXID inside it wrong, silently with lz4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_another_writer_stored_is_compacted_from_the_replica() {
+    let dir = TestDir::new("as-is-foreign");
+    let (_db, replica, staging) = two_staged_segments(&dir, Codec::Lz4).await;
+    let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
+    let header_of = |txid| {
+        ltx::decoder::read_header(std::fs::File::open(staging.path(TxId(txid))).unwrap()).unwrap()
+    };
+    let (first, ours) = (header_of(1), header_of(2));
+    // The other writer's TXID 2: one page of its own, at another size than ours, over the
+    // database of TXID 1 (so that the merge with it is a whole snapshot).
+    let foreign = [0xabu8; 4096];
+    let header = ltx::Header {
+        flags: ltx::HEADER_FLAG_NO_CHECKSUM,
+        page_size: ours.page_size,
+        commit: first.commit,
+        min_txid: TxId(2),
+        max_txid: TxId(2),
+        timestamp: ours.timestamp,
+        ..ltx::Header::default()
+    };
+    assert_eq!(ours.page_size, 4096);
+    let mut enc = ltx::encoder::Encoder::new(Vec::new(), header, Codec::Lz4).unwrap();
+    enc.encode_page(2, &foreign).unwrap();
+    let (bytes, _) = enc.finish(0).unwrap();
+    let stored = object(&replica, 0, 2);
+    std::fs::remove_file(&stored).unwrap();
+    std::fs::write(&stored, &bytes).unwrap();
+    assert_ne!(
+        bytes.len() as u64,
+        std::fs::metadata(staging.path(TxId(2))).unwrap().len()
+    );
+
+    for inputs in [1, 2] {
+        let l1 = object(&replica, 1, 2);
+        let _ = std::fs::remove_file(&l1);
+        // Alone (stored as it is) and merged with TXID 1.
+        let listed = client.list(0).await.unwrap();
+        let input = |txid| {
+            listed
+                .iter()
+                .find(|f| f.min_txid == TxId(txid))
+                .unwrap()
+                .clone()
+        };
+        let work = Work::Compact {
+            level: 1,
+            inputs: match inputs {
+                1 => vec![input(2)],
+                _ => vec![input(1), input(2)],
+            },
+        };
+        let m = maintenance_in(&dir, Codec::Lz4);
+        let Done::Stored(info) = maintenance::run(work, &m, &client, &staging, &counters())
+            .await
+            .unwrap()
+        else {
+            panic!("no level-1 file stored");
+        };
+        let path = replica
+            .join("ltx/1")
+            .join(ltx::format_filename(info.min_txid, info.max_txid));
+        let mut dec = ltx::Decoder::new(std::fs::File::open(&path).unwrap()).unwrap();
+        let mut page = vec![0u8; 4096];
+        let mut page2 = None;
+        while let Some(pgno) = dec.next_page(&mut page).unwrap() {
+            if pgno == 2 {
+                page2 = Some(page.clone());
+            }
+        }
+        assert!(
+            page2.as_deref() == Some(&foreign[..]),
+            "{inputs} input(s): page 2 is not the replica's"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+}

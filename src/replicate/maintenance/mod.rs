@@ -517,11 +517,20 @@ fn lone_staged(
     staged_txid(f)
         .filter(|&txid| min_override.is_none_or(|t| t == txid))
         .map(|txid| staging.path(txid))
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| is_the_object(&m, f)))
 }
 
 /// The TXID of `f` if it is a level-0 segment, which staging may still hold.
 fn staged_txid(f: &LtxFileInfo) -> Option<TxId> {
     (f.level == 0 && f.min_txid == f.max_txid).then_some(f.min_txid)
+}
+
+/// Whether the staged file of `meta` can stand for the stored object `f`: the bytes uploaded,
+/// so the same size. After another writer stored the same TXID here (a divergence, then
+/// seeded over) staging still holds ours, which the replica's history does not contain. An
+/// encrypted object's size is its ciphertext's, which says nothing: taken as ours.
+fn is_the_object(meta: &std::fs::Metadata, f: &LtxFileInfo) -> bool {
+    f.encrypted || meta.len() == f.size
 }
 
 /// Links the staged `segment` at `tmp` (which keeps it if staging drops it meanwhile) and
@@ -580,7 +589,9 @@ async fn open_inputs(
     let handle = tokio::runtime::Handle::current();
     let mut readers: Vec<Input> = Vec::with_capacity(inputs.len());
     for f in inputs {
-        let local = staged_txid(f).and_then(|txid| std::fs::File::open(staging.path(txid)).ok());
+        let local = staged_txid(f)
+            .and_then(|txid| std::fs::File::open(staging.path(txid)).ok())
+            .filter(|file| file.metadata().is_ok_and(|m| is_the_object(&m, f)));
         match local {
             Some(file) => readers.push(Box::new(file)),
             None => {
