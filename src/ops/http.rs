@@ -76,7 +76,8 @@ impl Status {
     /// {"databases": [{"path": "/data/app.db", "txid": 42, "idle": true, "syncs": 7,
     ///   "sync_errors": 0, "held_seconds": 0.0, "protected": true, "error": null,
     ///   "replicas": [{"name": "s3", "remote_txid": 42, "lag_txids": 0, "lag_seconds": 0.0,
-    ///   "lease_lost": false, "protected": true, "error": null, "reseeds": 0}]}]}
+    ///   "lease_lost": false, "protected": true, "error": null, "reseeds": 0,
+    ///   "maintenance_error": null}]}]}
     /// ```
     ///
     /// TXIDs are plain numbers (not the 16-digit hex of file names); lags are those of
@@ -104,6 +105,7 @@ impl Status {
                             "protected": is_protected(pos, r, self.max_lag, since_ms),
                             "error": r.health.problem().map(|p| p.reason),
                             "reseeds": r.reseeds.load(Ordering::Relaxed),
+                            "maintenance_error": r.maintenance.problem().map(|p| p.reason),
                         })
                     })
                     .collect();

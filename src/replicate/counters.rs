@@ -26,6 +26,7 @@ pub struct ReplicaMetrics {
     verify_ok: IntGaugeVec,
     verify_txid: IntGaugeVec,
     reseeds: IntCounterVec,
+    maintenance_failures: IntCounterVec,
     phases: Arc<PhaseStats>,
 }
 
@@ -95,6 +96,12 @@ impl ReplicaMetrics {
                  (empty, wiped, behind).",
                 &["db", "replica", "reason"],
             ),
+            maintenance_failures: counter(
+                "replicad_replica_maintenance_failures_total",
+                "Maintenance jobs (compaction, snapshot, retention, verify) that failed; \
+                 /status names the job that keeps failing and why.",
+                &["db", "replica"],
+            ),
         }
     }
 
@@ -121,6 +128,7 @@ impl ReplicaMetrics {
             verify_txid,
             reseeds: SeedReason::ALL
                 .map(|r| self.reseeds.with_label_values(&[db, replica, r.label()])),
+            maintenance_failures: self.maintenance_failures.with_label_values(&[db, replica]),
             phases: self.phases.clone(),
         }
     }
@@ -140,6 +148,9 @@ impl ReplicaMetrics {
         for r in SeedReason::ALL {
             let _ = self.reseeds.remove_label_values(&[db, replica, r.label()]);
         }
+        let _ = self
+            .maintenance_failures
+            .remove_label_values(&[db, replica]);
     }
 }
 
@@ -167,6 +178,8 @@ pub struct ReplicaCounters {
     pub verify_txid: IntGauge,
     /// Re-seeds, indexed like [`SeedReason::ALL`].
     pub reseeds: [IntCounter; 4],
+    /// Maintenance jobs (compaction, snapshot, retention, verify) that failed.
+    pub maintenance_failures: IntCounter,
     /// The Store's phase totals (uploads count into them).
     pub phases: Arc<PhaseStats>,
 }

@@ -472,3 +472,80 @@ async fn a_failing_compaction_does_not_grow_staging_without_bound() {
     );
     stopped_and_restored_equal(store, &dir, &db, &replica, "while compactions failed").await;
 }
+
+/// A maintenance job that keeps failing (here the build directory is a file: every
+/// compaction fails to create its output) is said in `/status` (`maintenance_error`, naming
+/// the job) and counted in `replicad_replica_maintenance_failures_total`, where only the log
+/// said it; the replica stays protected (it is written and restores), and the report clears
+/// once the job runs again.
+#[test]
+fn a_maintenance_job_that_keeps_failing_is_reported_until_it_runs_again() {
+    use crate::discovery::status;
+    let dir = TestDir::new("maint-failing");
+    let db = dir.join("app.db");
+    let replica = dir.join("replica");
+    let port = common::http::free_port();
+    let cfg = dir.join("replicad.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "addr: \"127.0.0.1:{port}\"\nmonitor-interval: 20ms\nmin-sync-interval: 20ms\n\
+             levels:\n  - interval: 100ms\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
+            db.display(),
+            replica.display()
+        ),
+    )
+    .unwrap();
+    let mut writer = Writer::open(&db, common::seed("maint-failing"));
+    writer.commit_txn();
+    let d = common::spawn_replicate(dir.path(), &["--config", cfg.to_str().unwrap()]);
+    let replica_status = || {
+        let st = status(port);
+        st["databases"][0]["replicas"][0].clone()
+    };
+    let up = || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+    common::wait_for("the daemon listening", || d.log_text(), up);
+    common::wait_for(
+        "a level-1 file",
+        || d.log_text(),
+        || {
+            writer.commit_txn();
+            !level_ranges(&replica, 1).is_empty()
+        },
+    );
+    let tmp = dir.join(".app.db-replicad/tmp");
+    std::fs::remove_dir_all(&tmp).unwrap();
+    std::fs::write(&tmp, b"in the way").unwrap();
+    common::wait_for(
+        "the failing compaction reported",
+        || d.log_text(),
+        || {
+            writer.commit_txn();
+            replica_status()["maintenance_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("Compact(1)"))
+        },
+    );
+    let r = replica_status();
+    assert_eq!(r["protected"], true, "{r}");
+    let (code, metrics) = common::http::get_blocking(port, "/metrics");
+    assert_eq!(code, 200);
+    let failures: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("replicad_replica_maintenance_failures_total{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no failure counter:\n{metrics}"));
+    assert!(failures >= 1.0, "{failures}");
+
+    std::fs::remove_file(&tmp).unwrap();
+    common::wait_for(
+        "the report cleared",
+        || d.log_text(),
+        || {
+            writer.commit_txn();
+            replica_status()["maintenance_error"].is_null()
+        },
+    );
+    assert!(d.log_text().contains("maintenance runs again"));
+    d.stop_ok();
+}

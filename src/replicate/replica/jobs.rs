@@ -96,6 +96,11 @@ impl Replica {
         if job == Job::Compact(1) {
             self.compacted_l1(matches!(finished, Ok(Ok(_))));
         }
+        match &finished {
+            Ok(Ok(_)) => self.maintenance_ran(job, None),
+            Ok(Err(e)) => self.maintenance_ran(job, Some(e.to_string())),
+            Err(e) => self.maintenance_ran(job, Some(e.to_string())),
+        }
         let done = match finished {
             Ok(r) => r,
             Err(e) => {
@@ -155,6 +160,30 @@ impl Replica {
                 // answer was lost, then a retry that built other bytes).
                 if matches!(e, StorageError::NotFound(_) | StorageError::Conflict { .. }) {
                     self.recheck = true;
+                }
+            }
+        }
+    }
+
+    /// Records how a maintenance job ended (`failed`: why it failed) in
+    /// [`ReplicaStats::maintenance`](super::ReplicaStats): a problem while any job's last run
+    /// failed, cleared once each of them has run again.
+    fn maintenance_ran(&mut self, job: Job, failed: Option<String>) {
+        let cell = &self.stats.maintenance;
+        match failed {
+            Some(why) => {
+                if !self.maint_failing.contains(&job) {
+                    self.maint_failing.push(job);
+                }
+                self.stats.counters.maintenance_failures.inc();
+                cell.fail(format!(
+                    "maintenance job {job:?} failed: {why}; retried at its next interval"
+                ));
+            }
+            None => {
+                self.maint_failing.retain(|j| *j != job);
+                if self.maint_failing.is_empty() && cell.recover().is_some() {
+                    tracing::info!(db = %self.db, replica = %self.name, ?job, "maintenance runs again");
                 }
             }
         }

@@ -90,6 +90,10 @@ pub struct ReplicaStats {
     pub streamed_segments: Arc<AtomicU64>,
     /// Whether the replica is being written (its last round succeeded), else why not.
     pub health: Arc<HealthCell>,
+    /// Whether its maintenance (compaction, snapshots, retention, verify) runs, else which job
+    /// keeps failing and why. Not protection: uploads go on and the replica restores, but
+    /// levels, snapshots and deletions stop, so it grows and restores slow down.
+    pub maintenance: Arc<HealthCell>,
     /// Times the replica was re-seeded with a snapshot.
     pub reseeds: Arc<AtomicU64>,
     /// Where it writes, without credentials ([`crate::storage::ReplicaClient::location`]).
@@ -108,6 +112,7 @@ impl ReplicaStats {
             lease_lost: Arc::default(),
             streamed_segments: Arc::default(),
             health: Arc::default(),
+            maintenance: Arc::default(),
             reseeds: Arc::default(),
         }
     }
@@ -146,6 +151,8 @@ pub struct Replica {
     uploading: TxId,
     /// Level-1 compactions that failed in a row (see `compacted_l1`).
     l1_failures: u32,
+    /// The maintenance jobs whose last run failed ([`ReplicaStats::maintenance`]).
+    maint_failing: Vec<Job>,
     /// Why the last verify found that the replica does not restore: it is not protected
     /// until a verify passes again (after the seed that heals it).
     unrestorable: Option<String>,
@@ -229,6 +236,7 @@ impl Replica {
             uploading: TxId(0),
             verified: None,
             l1_failures: 0,
+            maint_failing: Vec::new(),
             recheck: false,
             next_check: None,
             failed_tip: TxId(0),
