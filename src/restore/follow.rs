@@ -34,6 +34,10 @@
 //!   retried at the next interval, the database unchanged.
 //! - The follower holds an exclusive `flock` on the database file for its whole run, so two
 //!   followers never write the same file.
+//! - An apply that fails after its first write (a full disk) keeps SQLite's exclusive lock
+//!   until a retry applies the file whole ([`apply`]): readers get "database is locked",
+//!   never pages of two states. A stop meanwhile releases it; the next run re-applies from
+//!   `<db>-txid`.
 //! - A shutdown never interrupts step 2..4: it is noticed while listing, downloading or
 //!   sleeping, and between files.
 
@@ -47,10 +51,13 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::ltx::{self, Decoder, Header, TxId};
+use crate::ltx::{self, TxId};
 use crate::restore::{self, RestoreError, RestoreOptions, Target, sidecar};
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::util::fsutil;
+
+mod apply;
+use apply::{ApplyJob, SqliteLock};
 
 /// Options of `restore --follow`.
 #[derive(Debug, Clone)]
@@ -261,6 +268,10 @@ pub struct Follower {
     txid: TxId,
     /// Post-apply checksum of the last file this process applied, if it carried one.
     last_post: Option<u64>,
+    /// SQLite's exclusive lock, kept over a database whose last apply failed after its first
+    /// write (a full disk): readers get "database is locked", never a mix of two states,
+    /// until a retry applies the file whole.
+    torn: Option<SqliteLock>,
 }
 
 impl Follower {
@@ -323,6 +334,7 @@ impl Follower {
             page_size,
             txid,
             last_post: None,
+            torn: None,
         })
     }
 
@@ -441,10 +453,19 @@ impl Follower {
             page_size: self.page_size,
             txid: self.txid,
             last_post: self.last_post,
+            #[cfg(test)]
+            fail_at_page: None,
         };
-        let applied = tokio::task::spawn_blocking(move || job.run())
+        let held = self.torn.take();
+        let (applied, torn) = tokio::task::spawn_blocking(move || job.run(held))
             .await
-            .map_err(|e| RestoreError::Inconsistent(format!("follow task failed: {e}")))??;
+            .map_err(|e| RestoreError::Inconsistent(format!("follow task failed: {e}")))?;
+        if torn.is_some() && self.torn.is_none() {
+            tracing::error!(db = %self.to.display(), file = %file_label(info),
+                "applying a file failed after its first write: readers are kept out of the database (SQLite's exclusive lock stays) until it applies");
+        }
+        self.torn = torn;
+        let applied = applied?;
         self.txid = applied.txid;
         self.last_post = applied.post_apply_checksum;
         Ok(applied)
@@ -523,165 +544,6 @@ fn patch_page1(page1: &mut [u8], counter: u32) {
     page1[18] = 1;
     page1[19] = 1;
     page1[24..28].copy_from_slice(&counter.to_be_bytes());
-}
-
-/// SQLite's EXCLUSIVE lock on a database, held by a connection inside `BEGIN EXCLUSIVE`;
-/// released (ROLLBACK: nothing is written through it) when dropped. The database's own file
-/// handle must outlive it: closing any descriptor of the file drops the process's POSIX locks.
-struct SqliteLock(rusqlite::Connection);
-
-impl SqliteLock {
-    fn acquire(path: &Path) -> Result<SqliteLock, RestoreError> {
-        let err = |e: rusqlite::Error| {
-            RestoreError::Inconsistent(format!(
-                "cannot take SQLite's exclusive lock on {}: {e}",
-                path.display()
-            ))
-        };
-        let conn = rusqlite::Connection::open_with_flags(
-            path,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(err)?;
-        conn.busy_timeout(Duration::from_secs(10)).map_err(err)?;
-        conn.execute_batch("BEGIN EXCLUSIVE").map_err(err)?;
-        Ok(SqliteLock(conn))
-    }
-}
-
-impl Drop for SqliteLock {
-    fn drop(&mut self) {
-        let _ = self.0.execute_batch("ROLLBACK");
-    }
-}
-
-/// Everything the blocking half of applying one file needs.
-struct ApplyJob {
-    db: Arc<File>,
-    to: PathBuf,
-    incoming: PathBuf,
-    txid_path: PathBuf,
-    info: LtxFileInfo,
-    page_size: u32,
-    txid: TxId,
-    last_post: Option<u64>,
-}
-
-impl ApplyJob {
-    fn ltx_err(&self) -> impl Fn(ltx::LtxError) -> RestoreError + '_ {
-        move |source| RestoreError::Ltx {
-            file: file_label(&self.info),
-            source,
-        }
-    }
-
-    fn decoder(&self) -> Result<Decoder<File>, RestoreError> {
-        let f = File::open(&self.incoming).map_err(RestoreError::io("open", &self.incoming))?;
-        Decoder::new(f).map_err(self.ltx_err())
-    }
-
-    fn run(self) -> Result<AppliedFile, RestoreError> {
-        let result = self
-            .verify()
-            .and_then(|h| self.write(&h).map(|written| (h, written)));
-        let _ = fs::remove_file(&self.incoming);
-        let (h, (pages, post)) = result?;
-        write_txid(&self.txid_path, h.max_txid)
-            .map_err(RestoreError::io("write", &self.txid_path))?;
-        Ok(AppliedFile {
-            level: self.info.level,
-            min_txid: h.min_txid,
-            txid: h.max_txid,
-            pages,
-            commit: h.commit,
-            post_apply_checksum: post,
-        })
-    }
-
-    /// First pass: the whole file must decode and fit the database before any byte of it is
-    /// written.
-    fn verify(&self) -> Result<Header, RestoreError> {
-        let label = file_label(&self.info);
-        let mut dec = self.decoder()?;
-        let h = *dec.header();
-        if (h.min_txid, h.max_txid) != (self.info.min_txid, self.info.max_txid) {
-            return Err(RestoreError::Inconsistent(format!(
-                "replica file {label} holds TXIDs {}-{} (renamed or misplaced file)",
-                h.min_txid, h.max_txid
-            )));
-        }
-        if h.page_size != self.page_size {
-            return Err(RestoreError::Inconsistent(format!(
-                "replica file {label} has {}-byte pages, the followed database {}-byte pages \
-                 (files from another database?)",
-                h.page_size, self.page_size
-            )));
-        }
-        if h.commit == 0 {
-            return Err(RestoreError::Inconsistent(format!(
-                "replica file {label} leaves an empty database (commit 0)"
-            )));
-        }
-        if h.min_txid.0 > self.txid.0.saturating_add(1) {
-            return Err(RestoreError::Gap {
-                from: TxId(self.txid.0 + 1),
-                to: TxId(h.min_txid.0 - 1),
-            });
-        }
-        let mut buf = vec![0u8; self.page_size as usize];
-        while dec.next_page(&mut buf).map_err(self.ltx_err())?.is_some() {}
-        dec.finish().map_err(self.ltx_err())?;
-        if let Some(prev) = self.last_post
-            && h.has_checksums()
-            && !h.is_snapshot()
-            && h.min_txid.0 == self.txid.0 + 1
-            && h.pre_apply_checksum != prev
-        {
-            return Err(RestoreError::Inconsistent(format!(
-                "replica file {label} does not continue the followed history: pre-apply \
-                 checksum {:016x}, previous post-apply {prev:016x} (was the replica replaced?)",
-                h.pre_apply_checksum
-            )));
-        }
-        Ok(h)
-    }
-
-    /// Second pass: writes the pages in place under SQLite's exclusive lock, then fsyncs.
-    /// Returns the pages written and the post-apply checksum, if the file carries one.
-    fn write(&self, h: &Header) -> Result<(u32, Option<u64>), RestoreError> {
-        let db = &*self.db;
-        let to = &self.to;
-        let ps = u64::from(self.page_size);
-        let lock = SqliteLock::acquire(to)?;
-        let mut hdr = [0u8; 100];
-        db.read_exact_at(&mut hdr, 0)
-            .map_err(RestoreError::io("read", to))?;
-        let counter = change_counter(&hdr).wrapping_add(1);
-        let mut dec = self.decoder()?;
-        let mut buf = vec![0u8; self.page_size as usize];
-        let mut page1 = false;
-        while let Some(pgno) = dec.next_page(&mut buf).map_err(self.ltx_err())? {
-            if pgno == 1 {
-                patch_page1(&mut buf, counter);
-                page1 = true;
-            }
-            db.write_all_at(&buf, u64::from(pgno - 1) * ps)
-                .map_err(RestoreError::io("write", to))?;
-        }
-        let pages = dec.page_count();
-        let trailer = dec.finish().map_err(self.ltx_err())?;
-        db.set_len(u64::from(h.commit) * ps)
-            .map_err(RestoreError::io("truncate", to))?;
-        if !page1 {
-            patch_page1(&mut hdr, counter);
-            db.write_all_at(&hdr, 0)
-                .map_err(RestoreError::io("write", to))?;
-        }
-        db.sync_all().map_err(RestoreError::io("fsync", to))?;
-        drop(lock);
-        let post = h.has_checksums().then_some(trailer.post_apply_checksum);
-        Ok((pages, post))
-    }
 }
 
 /// Logs an error once per streak of identical failures, and the recovery.

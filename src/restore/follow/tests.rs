@@ -1,4 +1,5 @@
 use super::*;
+use crate::ltx::Header;
 use chrono::DateTime;
 
 fn file(level: u8, min: u64, max: u64) -> LtxFileInfo {
@@ -158,4 +159,85 @@ fn txid_file_round_trip_and_header_patch() {
     assert_eq!(db_page_size(&hdr), None);
     hdr[0] = b'X';
     assert_eq!(db_page_size(&hdr), None);
+}
+
+/// A database of `rows` rows in table `t`, in rollback-journal mode, at `path`; its pages.
+fn rollback_db(path: &Path, rows: u32) -> Vec<Vec<u8>> {
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.execute_batch("PRAGMA page_size=4096; PRAGMA journal_mode=DELETE; CREATE TABLE t (v BLOB)")
+        .unwrap();
+    for _ in 0..rows {
+        c.execute("INSERT INTO t VALUES (zeroblob(900))", [])
+            .unwrap();
+    }
+    drop(c);
+    fs::read(path)
+        .unwrap()
+        .chunks(4096)
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// Rows in `t`, read by a connection that does not wait for a lock.
+fn rows_now(path: &Path) -> rusqlite::Result<i64> {
+    let c = rusqlite::Connection::open(path)?;
+    c.busy_timeout(Duration::ZERO)?;
+    c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+}
+
+/// An apply that fails after its first write (a full disk) keeps SQLite's exclusive lock on
+/// the database until a retry applies the file whole: readers get "database is locked", never
+/// a database with the pages of two states (the lock went with the error, and readers saw
+/// the half-written file until the next poll, which on a full disk fails again).
+#[test]
+fn an_apply_that_fails_halfway_keeps_readers_out_until_it_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let to = dir.path().join("follower.db");
+    rollback_db(&to, 3);
+    let new = rollback_db(&dir.path().join("new.db"), 40);
+    let incoming = dir.path().join("incoming.ltx");
+    let header = Header {
+        flags: ltx::HEADER_FLAG_NO_CHECKSUM,
+        page_size: 4096,
+        commit: new.len() as u32,
+        min_txid: TxId(2),
+        max_txid: TxId(2),
+        timestamp: 1,
+        ..Header::default()
+    };
+    let write_incoming = || {
+        let mut enc = ltx::encoder::Encoder::new(Vec::new(), header, ltx::Codec::Lz4).unwrap();
+        for (i, page) in new.iter().enumerate() {
+            enc.encode_page(i as u32 + 1, page).unwrap();
+        }
+        fs::write(&incoming, enc.finish(0).unwrap().0).unwrap();
+    };
+    let db = Arc::new(File::options().read(true).write(true).open(&to).unwrap());
+    let job = |fail_at_page| ApplyJob {
+        db: db.clone(),
+        to: to.clone(),
+        incoming: incoming.clone(),
+        txid_path: txid_path(&to),
+        info: file(0, 2, 2),
+        page_size: 4096,
+        txid: TxId(1),
+        last_post: None,
+        fail_at_page,
+    };
+    write_incoming();
+    let (applied, torn) = job(Some(5)).run(None);
+    assert!(applied.is_err());
+    assert!(torn.is_some(), "the lock went with the error");
+    let e = rows_now(&to).expect_err("a reader read a half-applied database");
+    assert!(e.to_string().contains("locked"), "{e}");
+    // A retry that fails before it writes keeps the lock too: the file is still torn.
+    fs::remove_file(&incoming).ok();
+    write_incoming();
+    let (applied, torn) = job(Some(1)).run(torn);
+    assert!(applied.is_err() && torn.is_some());
+    write_incoming();
+    let (applied, torn) = job(None).run(torn);
+    assert_eq!(applied.unwrap().txid, TxId(2));
+    assert!(torn.is_none());
+    assert_eq!(rows_now(&to).unwrap(), 40);
 }
