@@ -35,7 +35,7 @@
 //! - The follower holds an exclusive `flock` on the database file for its whole run, so two
 //!   followers never write the same file.
 //! - An apply that fails after its first write (a full disk) keeps SQLite's exclusive lock
-//!   until a retry applies the file whole ([`apply`]): readers get "database is locked",
+//!   until a retry applies the file whole (`follow/apply.rs`): readers get "database is locked",
 //!   never pages of two states. A stop meanwhile releases it; the next run re-applies from
 //!   `<db>-txid`.
 //! - A shutdown never interrupts step 2..4: it is noticed while listing, downloading or

@@ -41,7 +41,7 @@
 //! - A replica whose verify fails is re-seeded at the database's TXID; where an idle
 //!   database's level-9 snapshot already stands at that TXID (so the verify failed on it),
 //!   it is deleted and the seed put in its place, so the replica heals without a commit.
-//! - A replica that cannot be written says so: its [`HealthCell`] holds the reason from the
+//! - A replica that cannot be written says so: its [`HealthCell`](crate::replicate::health::HealthCell) holds the reason from the
 //!   first failed round until a round succeeds.
 
 use std::collections::VecDeque;
