@@ -24,9 +24,11 @@
 //!   configuration error stops the start, and only one found by the start-up scan when it
 //!   answers within 10 s: a scan that runs longer goes on in the background, the directory
 //!   reported meanwhile, and a configuration error there stops that directory alone.
-//! - A database open in this process (ours, or another entry's) never has its header read
-//!   again: closing that descriptor would drop every POSIX lock the process holds on the
-//!   file, SQLite's included ([`has_sqlite_header`]).
+//! - A database open in this process (ours, or another entry's, under whatever path) never
+//!   has its header read again: closing that descriptor would drop every POSIX lock the
+//!   process holds on the file, SQLite's included ([`has_sqlite_header`]). Open files are
+//!   told by identity ([`crate::replicate::db::is_held`]); a database in the moment between
+//!   its connection's opening and its registration there is not.
 //! - All file-system work (walks, header reads, inotify calls) runs on the blocking pool.
 //! - The follow task is spawned through the Store ([`StoreCore`]), tracked like every other
 //!   task, and ends when the Store stops ingesting; only the Store starts database tasks.
@@ -92,8 +94,8 @@ pub fn has_sqlite_header(path: &Path) -> bool {
     }
 }
 
-/// Whether a path is a database open in this process ([`has_sqlite_header`] says why that
-/// matters).
+/// Whether a path is a database open in this process
+/// ([`crate::replicate::db::is_held`]; [`has_sqlite_header`] says why that matters).
 type Held<'a> = &'a dyn Fn(&Path) -> bool;
 
 /// The discovery of one `dir` entry.
@@ -348,10 +350,10 @@ impl Discovery {
     /// protected meanwhile, so that the other databases and the endpoints do not wait for it.
     pub(crate) async fn start(self, core: &StoreCore) -> Result<(), StoreError> {
         let me = Arc::new(self);
-        let (d, registry) = (me.clone(), core.registry().clone());
+        let d = me.clone();
         let mut scan = tokio::task::spawn_blocking(move || {
             super::monitor::wait_at_test_gate(&d.cfg.dir.join(SCAN_GATE));
-            d.scan(&|p| registry.runs(p))
+            d.scan(&crate::replicate::db::is_held)
         });
         let dir = me.cfg.dir.clone();
         let Ok(joined) = tokio::time::timeout(SLOW_WORK, &mut scan).await else {

@@ -117,13 +117,6 @@ impl DbRegistry {
         listed.paths.contains(path)
     }
 
-    /// Whether `path` is replicated here (listed, and not as a stand-in for a failed start):
-    /// its file is open in this process.
-    pub fn runs(&self, path: &Path) -> bool {
-        let listed = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        listed.paths.contains(path) && !listed.unstarted.contains(path)
-    }
-
     /// Adds `db`, in place of its stand-in if its last start had failed; false (and nothing
     /// changed) when its path is already there.
     pub(crate) fn insert(&self, db: DbHandle) -> bool {

@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use super::late::Pending;
 use super::{Discovery, RESCAN_INTERVAL, SETTLE, Signal, Start, Watches, gone, stopped};
 use crate::daemon::{Removal, StoreCore};
+use crate::replicate::db::is_held;
 
 /// The task of a watched directory: inotify events and the periodic rescan, until the Store
 /// stops ingesting.
@@ -65,10 +66,9 @@ pub(super) async fn follow(
         };
         let batch = std::mem::take(&mut paths);
         let unstarted = failed.clone();
-        let registry = core.registry().clone();
         let look = tokio::task::spawn_blocking(move || {
             // Databases open here, ours or another entry's, whose header is not read again.
-            let held = |p: &std::path::Path| known.contains(p) || registry.runs(p);
+            let held = |p: &std::path::Path| known.contains(p) || is_held(p);
             let c = if full {
                 d.rescan(&mut watches, &known, &held)
             } else {

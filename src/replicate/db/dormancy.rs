@@ -311,6 +311,16 @@ impl Db {
 
     /// Moves to `conn`, keeping the budget's count of open connections.
     fn set_conn(&mut self, conn: Conn) {
+        let id = |c: &Conn| match c {
+            Conn::Open(open) => Some(open.id),
+            _ => None,
+        };
+        if let Some(old) = id(&self.conn) {
+            super::held::release(old);
+        }
+        if let Some(new) = id(&conn) {
+            super::held::hold(new);
+        }
         let was = matches!(self.conn, Conn::Open(_));
         let is = matches!(conn, Conn::Open(_));
         if !was && is {

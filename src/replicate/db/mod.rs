@@ -96,6 +96,7 @@ mod checkpoint;
 mod connection;
 mod dormancy;
 mod encode;
+mod held;
 mod lost_wal;
 mod seed;
 mod segment;
@@ -104,6 +105,7 @@ mod sync;
 pub use connection::configure_sqlite_memory;
 use dormancy::Dormant;
 pub use dormancy::{AwakeBudget, CountedClaim, DormantProbe, FDS_PER_AWAKE};
+pub use held::is_held;
 pub use seed::{SeedRequest, SeedRequests, SeedSnapshot};
 
 /// Most WAL bytes one segment covers; a larger backlog is cut into several segments.
