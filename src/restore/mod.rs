@@ -522,8 +522,28 @@ pub(crate) fn place(staged: &Path, to: &Path, force: bool) -> Result<(), Restore
             _ => RestoreError::io("publish", to)(e),
         });
     }
+    refuse_followed(to)?;
     remove_wal_files(to)?;
     fsutil::publish(staged, to).map_err(RestoreError::io("publish", to))
+}
+
+/// Refuses to replace a database a running `restore --follow` holds (its `flock`): the
+/// follower would go on applying to the replaced file and write its `-txid` beside the new
+/// one, which a later follower would then resume from.
+fn refuse_followed(to: &Path) -> Result<(), RestoreError> {
+    let file = match fs::File::open(to) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(RestoreError::io("open", to)(e)),
+    };
+    match file.try_lock_shared() {
+        Ok(()) => Ok(()),
+        Err(fs::TryLockError::WouldBlock) => Err(RestoreError::Inconsistent(format!(
+            "{} is kept up to date by a running `restore --follow`; stop it first",
+            to.display()
+        ))),
+        Err(fs::TryLockError::Error(e)) => Err(RestoreError::io("lock", to)(e)),
+    }
 }
 
 /// Removes the `<db>-txid` a `restore --follow` keeps beside its database, before another

@@ -71,3 +71,21 @@ fn place_without_force_replaces_nothing_that_appeared_meanwhile() {
     assert_eq!(std::fs::read(&to).unwrap(), b"restored");
     assert!(!sidecar(&to, "-journal").exists());
 }
+
+/// With `force`, a database a running `restore --follow` holds is not replaced: the follower
+/// went on applying to the old file and wrote its `-txid` beside the new one.
+#[test]
+fn place_with_force_refuses_a_followed_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let (staged, to) = (dir.path().join("staged"), dir.path().join("out.db"));
+    std::fs::write(&staged, b"restored").unwrap();
+    std::fs::write(&to, b"followed").unwrap();
+    let follower = std::fs::File::open(&to).unwrap();
+    follower.lock().unwrap();
+    let e = place(&staged, &to, true).unwrap_err();
+    assert!(e.to_string().contains("restore --follow"), "{e}");
+    assert_eq!(std::fs::read(&to).unwrap(), b"followed");
+    drop(follower);
+    place(&staged, &to, true).unwrap();
+    assert_eq!(std::fs::read(&to).unwrap(), b"restored");
+}

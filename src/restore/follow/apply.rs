@@ -73,6 +73,22 @@ impl ApplyJob {
         Decoder::new(f).map_err(self.ltx_err())
     }
 
+    /// The database file we write is still the one at its path.
+    fn still_at_path(&self) -> Result<(), RestoreError> {
+        use std::os::unix::fs::MetadataExt;
+        let ours = self
+            .db
+            .metadata()
+            .map_err(RestoreError::io("stat", &self.to))?;
+        match fs::metadata(&self.to) {
+            Ok(m) if (m.dev(), m.ino()) == (ours.dev(), ours.ino()) => Ok(()),
+            _ => Err(RestoreError::Inconsistent(format!(
+                "{} was replaced or removed while it was followed; restart the follower",
+                self.to.display()
+            ))),
+        }
+    }
+
     /// Verifies and writes the file; `held` is the lock kept over a database a failed apply
     /// left torn. Returns the lock to keep: the database is torn again (or still).
     pub(super) fn run(
@@ -91,8 +107,13 @@ impl ApplyJob {
             Ok(w) => w,
             Err(e) => return (Err(e), torn),
         };
-        let recorded = write_txid(&self.txid_path, h.max_txid)
-            .map_err(RestoreError::io("write", &self.txid_path))
+        // Another file at the path (replaced by hand): its `-txid` must not name our state.
+        let recorded = self
+            .still_at_path()
+            .and_then(|()| {
+                write_txid(&self.txid_path, h.max_txid)
+                    .map_err(RestoreError::io("write", &self.txid_path))
+            })
             .map(|()| AppliedFile {
                 level: self.info.level,
                 min_txid: h.min_txid,

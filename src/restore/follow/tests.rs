@@ -185,59 +185,100 @@ fn rows_now(path: &Path) -> rusqlite::Result<i64> {
     c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
 }
 
+/// A followed database of 3 rows and a downloaded file (TXID 2) that makes it 40.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    to: PathBuf,
+    incoming: PathBuf,
+    new: Vec<Vec<u8>>,
+    db: Arc<File>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let to = dir.path().join("follower.db");
+        rollback_db(&to, 3);
+        let new = rollback_db(&dir.path().join("new.db"), 40);
+        let db = Arc::new(File::options().read(true).write(true).open(&to).unwrap());
+        let incoming = dir.path().join("incoming.ltx");
+        Fixture {
+            _dir: dir,
+            to,
+            incoming,
+            new,
+            db,
+        }
+    }
+
+    /// Downloads the file again (an apply removes it).
+    fn write_incoming(&self) {
+        let header = Header {
+            flags: ltx::HEADER_FLAG_NO_CHECKSUM,
+            page_size: 4096,
+            commit: self.new.len() as u32,
+            min_txid: TxId(2),
+            max_txid: TxId(2),
+            timestamp: 1,
+            ..Header::default()
+        };
+        let mut enc = ltx::encoder::Encoder::new(Vec::new(), header, ltx::Codec::Lz4).unwrap();
+        for (i, page) in self.new.iter().enumerate() {
+            enc.encode_page(i as u32 + 1, page).unwrap();
+        }
+        fs::write(&self.incoming, enc.finish(0).unwrap().0).unwrap();
+    }
+
+    fn job(&self, fail_at_page: Option<u32>) -> ApplyJob {
+        self.write_incoming();
+        ApplyJob {
+            db: self.db.clone(),
+            to: self.to.clone(),
+            incoming: self.incoming.clone(),
+            txid_path: txid_path(&self.to),
+            info: file(0, 2, 2),
+            page_size: 4096,
+            txid: TxId(1),
+            last_post: None,
+            fail_at_page,
+        }
+    }
+}
+
 /// An apply that fails after its first write (a full disk) keeps SQLite's exclusive lock on
 /// the database until a retry applies the file whole: readers get "database is locked", never
 /// a database with the pages of two states (the lock went with the error, and readers saw
 /// the half-written file until the next poll, which on a full disk fails again).
 #[test]
 fn an_apply_that_fails_halfway_keeps_readers_out_until_it_applies() {
-    let dir = tempfile::tempdir().unwrap();
-    let to = dir.path().join("follower.db");
-    rollback_db(&to, 3);
-    let new = rollback_db(&dir.path().join("new.db"), 40);
-    let incoming = dir.path().join("incoming.ltx");
-    let header = Header {
-        flags: ltx::HEADER_FLAG_NO_CHECKSUM,
-        page_size: 4096,
-        commit: new.len() as u32,
-        min_txid: TxId(2),
-        max_txid: TxId(2),
-        timestamp: 1,
-        ..Header::default()
-    };
-    let write_incoming = || {
-        let mut enc = ltx::encoder::Encoder::new(Vec::new(), header, ltx::Codec::Lz4).unwrap();
-        for (i, page) in new.iter().enumerate() {
-            enc.encode_page(i as u32 + 1, page).unwrap();
-        }
-        fs::write(&incoming, enc.finish(0).unwrap().0).unwrap();
-    };
-    let db = Arc::new(File::options().read(true).write(true).open(&to).unwrap());
-    let job = |fail_at_page| ApplyJob {
-        db: db.clone(),
-        to: to.clone(),
-        incoming: incoming.clone(),
-        txid_path: txid_path(&to),
-        info: file(0, 2, 2),
-        page_size: 4096,
-        txid: TxId(1),
-        last_post: None,
-        fail_at_page,
-    };
-    write_incoming();
-    let (applied, torn) = job(Some(5)).run(None);
+    let f = Fixture::new();
+    let (applied, torn) = f.job(Some(5)).run(None);
     assert!(applied.is_err());
     assert!(torn.is_some(), "the lock went with the error");
-    let e = rows_now(&to).expect_err("a reader read a half-applied database");
+    let e = rows_now(&f.to).expect_err("a reader read a half-applied database");
     assert!(e.to_string().contains("locked"), "{e}");
     // A retry that fails before it writes keeps the lock too: the file is still torn.
-    fs::remove_file(&incoming).ok();
-    write_incoming();
-    let (applied, torn) = job(Some(1)).run(torn);
+    let (applied, torn) = f.job(Some(1)).run(torn);
     assert!(applied.is_err() && torn.is_some());
-    write_incoming();
-    let (applied, torn) = job(None).run(torn);
+    let (applied, torn) = f.job(None).run(torn);
     assert_eq!(applied.unwrap().txid, TxId(2));
     assert!(torn.is_none());
-    assert_eq!(rows_now(&to).unwrap(), 40);
+    assert_eq!(rows_now(&f.to).unwrap(), 40);
+    assert_eq!(read_txid(&txid_path(&f.to)).unwrap(), Some(TxId(2)));
+}
+
+/// A followed database replaced at its path (by hand, while the follower runs) gets no
+/// `-txid` from the follower, which goes on writing the old file: the new file's `-txid`
+/// would name a state it does not hold, and a later follower would resume from it.
+#[test]
+fn a_followed_database_replaced_at_its_path_gets_no_txid() {
+    let f = Fixture::new();
+    let other = f.to.with_extension("other");
+    fs::copy(&f.to, &other).unwrap();
+    fs::rename(&other, &f.to).unwrap();
+    let (applied, torn) = f.job(None).run(None);
+    let e = applied.unwrap_err();
+    assert!(e.to_string().contains("was replaced"), "{e}");
+    assert!(torn.is_none());
+    assert_eq!(read_txid(&txid_path(&f.to)).unwrap(), None);
 }
