@@ -74,6 +74,11 @@ pub type ObjectReader = Pin<Box<dyn AsyncRead + Send>>;
 /// the store's or the keys'.
 pub const DAMAGED: &str = "damaged";
 
+/// The op of a [`StorageError::Transient`] whose body ended inside a format's header (a sealed
+/// file's age header): a cut connection or a truncated file, which only a second read tells
+/// apart ([`AnyClient::read_header`]); every other reader retries it as any passing fault.
+pub const ENDED_EARLY: &str = "ended early";
+
 /// Failures of a replica client, classified for retry decisions.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -524,7 +529,23 @@ impl AnyClient {
         };
         let mut first = None;
         let buf = loop {
-            let read = self.read_prefix(info).await?;
+            let read = match self.read_prefix(info).await {
+                // A sealed file says it at the open: short (a cut or a truncated file) or
+                // not an age file.
+                Err(
+                    StorageError::Permanent {
+                        op: DAMAGED,
+                        reason,
+                        ..
+                    }
+                    | StorageError::Transient {
+                        op: ENDED_EARLY,
+                        reason,
+                        ..
+                    },
+                ) => Prefix::Broken(std::io::ErrorKind::InvalidData, reason),
+                read => read?,
+            };
             match (read, &first) {
                 (Prefix::Whole(buf), _) => break buf,
                 (short, None) => first = Some(short),

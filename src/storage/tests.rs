@@ -96,3 +96,32 @@ async fn a_sealed_file_that_does_not_decrypt_is_damaged() {
     let e = client.read_header(&info).await.unwrap_err();
     assert_eq!(op_of(&e), Some(DAMAGED), "{e}");
 }
+
+/// A sealed file's age header that ends early is a cut body the first time it is read again
+/// whole, and damage when it ends early again: a truncated sealed file (its age header
+/// incomplete) was taken for a passing fault at every recheck, never seeded over.
+#[tokio::test]
+async fn a_sealed_header_that_ends_early_is_read_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.ltx");
+    std::fs::write(&src, whole_file()).unwrap();
+    let faults = Faults::new();
+    let file = AnyClient::File(FileClient::new(dir.path().join("replica")));
+    let faulty = AnyClient::Faulty(Box::new(FaultyClient::new(file, faults.clone())));
+    let (text, public) = crate::storage::age::keys::generate_identity();
+    let id = dir.path().join("id.txt");
+    std::fs::write(&id, text).unwrap();
+    let keys = AgeKeys::load(&[public], &[id.display().to_string()]).unwrap();
+    let client = faulty.with_age(Arc::new(keys));
+    let info = client.put(0, TxId(1), TxId(1), &src, 0).await.unwrap();
+    faults.end_next_bodies_after(1, 30);
+    assert_eq!(client.read_header(&info).await.unwrap(), header());
+    // Truncated within its age header.
+    let path = dir
+        .path()
+        .join("replica/ltx/0/0000000000000001-0000000000000001.ltx.age");
+    let sealed = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &sealed[..30]).unwrap();
+    let e = client.read_header(&info).await.unwrap_err();
+    assert_eq!(op_of(&e), Some(DAMAGED), "{e}");
+}

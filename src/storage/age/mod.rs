@@ -240,8 +240,12 @@ impl AgeClient {
         match hdr_rx.await {
             Ok(Ok(())) => {}
             Ok(Err(age::DecryptError::Io(e))) => {
+                let op = match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => crate::storage::ENDED_EARLY,
+                    _ => "get",
+                };
                 return Err(StorageError::Transient {
-                    op: "get",
+                    op,
                     key: label,
                     reason: e.to_string(),
                 });
