@@ -192,6 +192,8 @@ enum Start {
 fn start_mode(opts: &FollowOptions) -> Result<Start, RestoreError> {
     let to = &opts.to;
     if !to.exists() {
+        // Refused now, not after the whole restore: a WAL or journal beside the output.
+        restore::check_output(to, opts.force)?;
         return Ok(Start::Restore);
     }
     let Some(txid) = read_txid(&txid_path(to))? else {

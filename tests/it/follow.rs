@@ -551,3 +551,19 @@ fn a_restore_over_a_followed_database_ends_its_follow_position() {
     assert_same_content(&t.src, &t.follower, "followed again");
     stop_follower(f, &t);
 }
+
+/// A WAL beside the output of a first `--follow` is refused before anything is restored (it
+/// was found only when the restored file was placed, after the whole download).
+#[test]
+fn a_wal_beside_a_new_followers_output_is_refused_first() {
+    let t = Setup::new("follow-stray-wal");
+    fs::write(replicad::restore::sidecar(&t.follower, "-wal"), b"stale").unwrap();
+    fs::create_dir_all(&t.replica).unwrap();
+    // Without the check it waits for the (empty) replica to get backups, for ever.
+    let mut f = t.follow(&t.replica);
+    let status = wait_timeout(&mut f.child, WAIT);
+    let log = f.log_text();
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
+    assert!(log.contains("app.db-wal already exists"), "{log}");
+    assert!(!t.follower.exists());
+}

@@ -84,6 +84,8 @@ impl Db {
             (h.wal_offset, h.wal_salt1, h.wal_salt2) = (0, 0, 0);
         }
         self.write_segment(h, wal_file, &pages, true)?;
+        // Whatever forced a full segment is settled by this one.
+        self.remote_tip.full_reason = None;
         self.stats.full_segments.fetch_add(1, Ordering::Relaxed);
         self.mark = scan.as_ref().map(|s| WalMark {
             salt1: s.header.salt1,
