@@ -42,7 +42,8 @@ pub struct RestoreArgs {
     /// Restore the newest state written strictly before this time (RFC 3339).
     #[arg(long, value_name = "RFC3339")]
     pub timestamp: Option<String>,
-    /// Overwrite an existing output database (and remove its -wal and -shm files).
+    /// Overwrite an existing output database (and remove its -wal, -journal and -shm files,
+    /// and the -txid of a `--follow` that kept it; one still running is never overwritten).
     #[arg(long)]
     pub force: bool,
     /// Write over a database that a running `replicad replicate` holds (its lock in the

@@ -59,8 +59,8 @@ pub struct SnapshotArgs {
     /// Export the newest state written strictly before this time (RFC 3339).
     #[arg(long, value_name = "RFC3339")]
     pub timestamp: Option<String>,
-    /// Overwrite an existing output file (and, for a plain database, remove its -wal and -shm
-    /// files, which SQLite would otherwise replay onto the snapshot).
+    /// Overwrite an existing output file (and, for a plain database, remove its -wal, -journal
+    /// and -shm files, which SQLite would otherwise replay onto the snapshot).
     #[arg(long)]
     pub force: bool,
     /// Configuration file: export the replica of the database DB_PATH (the positional
@@ -174,24 +174,17 @@ pub async fn run(args: SnapshotArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Refuses an existing output (or, for a plain database, a `-wal` or `-journal` beside it)
-/// unless `force`.
+/// Refuses an existing output (for a plain database, also a `-wal` or `-journal` beside it:
+/// [`restore::check_output`]) unless `force`.
 fn check_output(to: &Path, gzip: bool, force: bool) -> Result<(), CliError> {
-    if force {
-        return Ok(());
+    if gzip && !force && to.symlink_metadata().is_ok() {
+        return Err(CliError::Runtime(anyhow!(
+            "{} already exists; pass --force to overwrite it",
+            to.display()
+        )));
     }
-    let mut paths = vec![to.to_path_buf()];
     if !gzip {
-        paths.push(restore::sidecar(to, "-wal"));
-        paths.push(restore::sidecar(to, "-journal"));
-    }
-    for p in paths {
-        if p.symlink_metadata().is_ok() {
-            return Err(CliError::Runtime(anyhow!(
-                "{} already exists; pass --force to overwrite it",
-                p.display()
-            )));
-        }
+        restore::check_output(to, force).map_err(|e| CliError::Runtime(e.into()))?;
     }
     Ok(())
 }
@@ -210,12 +203,12 @@ fn publish(work: &Path, to: &Path, gzip: bool, force: bool, gate: &Gate) -> anyh
             let _ = fs::remove_file(&tmp);
         }
         result?;
-    } else {
-        gate.unless_stopped(|| Ok(restore::place(work, to, force)?))
-            .unwrap_or_else(stopped)?;
+        let dir = fsutil::parent_dir(to);
+        return fsutil::fsync_dir(dir).with_context(|| format!("fsync {}", dir.display()));
     }
-    let dir = fsutil::parent_dir(to);
-    fsutil::fsync_dir(dir).with_context(|| format!("fsync {}", dir.display()))
+    // Placed durably (the directory fsynced), as a restore's output is.
+    gate.unless_stopped(|| Ok(restore::place(work, to, force)?))
+        .unwrap_or_else(stopped)
 }
 
 /// Moves the finished `src` to `to`. Without `force` the move never replaces a file that

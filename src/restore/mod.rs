@@ -485,7 +485,8 @@ pub fn check_output(to: &Path, force: bool) -> Result<(), RestoreError> {
         sidecar(to, "-wal"),
         sidecar(to, "-journal"),
     ] {
-        if p.exists() {
+        // A dangling symlink counts: the rename would replace it.
+        if p.symlink_metadata().is_ok() {
             return Err(RestoreError::Exists(p));
         }
     }
