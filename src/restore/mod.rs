@@ -513,8 +513,9 @@ pub fn remove_wal_files(db: &Path) -> Result<(), RestoreError> {
 /// old): the side files are checked again, and the database is placed by a no-clobber
 /// publish.
 pub(crate) fn place(staged: &Path, to: &Path, force: bool) -> Result<(), RestoreError> {
-    if !force {
-        check_output(to, false)?;
+    match force {
+        true => refuse_followed(to)?,
+        false => check_output(to, false)?,
     }
     forget_follow_position(to)?;
     if !force {
@@ -523,7 +524,6 @@ pub(crate) fn place(staged: &Path, to: &Path, force: bool) -> Result<(), Restore
             _ => RestoreError::io("publish", to)(e),
         });
     }
-    refuse_followed(to)?;
     remove_wal_files(to)?;
     fsutil::publish(staged, to).map_err(RestoreError::io("publish", to))
 }

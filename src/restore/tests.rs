@@ -80,11 +80,14 @@ fn place_with_force_refuses_a_followed_database() {
     let (staged, to) = (dir.path().join("staged"), dir.path().join("out.db"));
     std::fs::write(&staged, b"restored").unwrap();
     std::fs::write(&to, b"followed").unwrap();
+    let txid = sidecar(&to, "-txid");
+    std::fs::write(&txid, b"0000000000000002\n").unwrap();
     let follower = std::fs::File::open(&to).unwrap();
     follower.lock().unwrap();
     let e = place(&staged, &to, true).unwrap_err();
     assert!(e.to_string().contains("restore --follow"), "{e}");
     assert_eq!(std::fs::read(&to).unwrap(), b"followed");
+    assert!(txid.exists(), "the running follower's position was removed");
     drop(follower);
     place(&staged, &to, true).unwrap();
     assert_eq!(std::fs::read(&to).unwrap(), b"restored");
