@@ -76,13 +76,15 @@ impl CliError {
 
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
+    // The daemon's and the restores' futures are boxed: unboxed, the layout of this one nests
+    // every layer of theirs and exceeds the compiler's query depth on a clean build.
     match cli.command {
-        Command::Replicate(args) => replicate::run(args).await,
-        Command::Restore(args) => restore::run(args).await,
+        Command::Replicate(args) => Box::pin(replicate::run(args)).await,
+        Command::Restore(args) => Box::pin(restore::run(args)).await,
         Command::Ltx(args) => ltx::run(args).await,
         Command::Databases(args) => databases::run(args).await,
-        Command::Snapshot(args) => until_stopped(snapshot::run(args)).await,
-        Command::Verify(args) => until_stopped(verify::run(args)).await,
+        Command::Snapshot(args) => until_stopped(Box::pin(snapshot::run(args))).await,
+        Command::Verify(args) => until_stopped(Box::pin(verify::run(args))).await,
         Command::Status(args) => status::run(args).await,
         Command::Sync(args) => sync::run(args).await,
         Command::AgeKeygen(args) => age_keygen::run(args).await,
