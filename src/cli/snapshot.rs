@@ -194,14 +194,23 @@ fn check_output(to: &Path, gzip: bool, force: bool) -> Result<(), CliError> {
 fn publish(work: &Path, to: &Path, gzip: bool, force: bool, gate: &Gate) -> anyhow::Result<()> {
     let stopped = || Err(anyhow!("stopped"));
     if gzip {
-        let tmp = fsutil::tmp_path(to);
-        let result = compress(work, &tmp, gate).and_then(|()| {
+        // Claimed until it is placed: another snapshot to this path is refused, not mixed in.
+        let (tmp, out) = fsutil::claim_tmp(to).map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock => anyhow!(
+                "another snapshot to {} is running (it holds {}); wait for it to end",
+                to.display(),
+                fsutil::tmp_path(to).display()
+            ),
+            _ => anyhow!(e).context(format!("create {}", fsutil::tmp_path(to).display())),
+        })?;
+        let result = compress(work, &out, &tmp, gate).and_then(|()| {
             gate.unless_stopped(|| place(&tmp, to, force))
                 .unwrap_or_else(stopped)
         });
         if result.is_err() {
             let _ = fs::remove_file(&tmp);
         }
+        drop(out);
         result?;
         let dir = fsutil::parent_dir(to);
         return fsutil::fsync_dir(dir).with_context(|| format!("fsync {}", dir.display()));
@@ -235,10 +244,9 @@ fn place(src: &Path, to: &Path, force: bool) -> anyhow::Result<()> {
 }
 
 /// Streams `src` through gzip into a new `dest`, then fsyncs it (until `gate` stops).
-fn compress(src: &Path, dest: &Path, gate: &Gate) -> anyhow::Result<()> {
+fn compress(src: &Path, out: &File, dest: &Path, gate: &Gate) -> anyhow::Result<()> {
     let input = File::open(src).with_context(|| format!("open {}", src.display()))?;
     let mut input = Stoppable::new(input, gate.token().clone());
-    let out = File::create(dest).with_context(|| format!("create {}", dest.display()))?;
     let mut enc = GzEncoder::new(out, Compression::new(GZIP_LEVEL));
     let mut buf = vec![0u8; COPY_BUFFER];
     loop {

@@ -25,28 +25,32 @@ pub(super) fn apply_blocking(
     let last = plan
         .last()
         .ok_or_else(|| RestoreError::Inconsistent("empty restore plan".into()))?;
-    let tmp = fsutil::tmp_path(&opts.to);
     if let Some(dir) = opts.to.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir).map_err(RestoreError::io("create directory", dir))?;
     }
-    let applying = Instant::now();
+    // Claimed until it is placed: another restore to this path is refused, not mixed in.
+    let (tmp, claimed) = fsutil::claim_tmp(&opts.to).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock => RestoreError::Busy(opts.to.clone()),
+        _ => RestoreError::io("create", &fsutil::tmp_path(&opts.to))(e),
+    })?;
     // Around the page cache only when nothing reads the output back right away: the
     // integrity check reads every page, from the cache when the writes went through it.
-    let direct = !opts.integrity_check;
+    let out = OutputFile::new(claimed, &tmp, !opts.integrity_check);
+    let applying = Instant::now();
     let threads = opts.threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, usize::from),
         usize::from,
     );
     let stop = gate.token();
     let written = write_tmp(
-        client, plan, &tmp, handle, window, progress, direct, threads, stop,
+        client, plan, &out, &tmp, handle, window, progress, threads, stop,
     );
     opts.phases.record(
         Phase::Apply,
-        written.as_ref().map_or(0, |(a, _)| a.bytes),
+        written.as_ref().map_or(0, |a| a.bytes),
         applying.elapsed(),
     );
-    let result = written.and_then(|(applied, out)| {
+    let result = written.and_then(|applied| {
         tracing::debug!(
             ms = applying.elapsed().as_millis(),
             threads = applied.threads,
@@ -90,6 +94,8 @@ pub(super) fn apply_blocking(
             .unwrap_or(Err(RestoreError::Cancelled))
             .map(|()| r)
     });
+    // The claim ends here, once the file is placed or removed.
+    let _claim = out;
     let (applied, check_connections) = match result {
         Ok(a) => a,
         Err(e) => {
@@ -137,26 +143,24 @@ pub(super) fn file_label(f: &LtxFileInfo) -> String {
 
 /// Writes the database into `tmp`, newest file first, each page once; verifies everything
 /// that can be verified without SQLite. Pages are decoded on `threads` threads
-/// ([`Decoders`]). The output is returned unsynced.
+/// ([`Decoders`]) into `out`, the file at `tmp`, which is left unsynced.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn write_tmp(
     client: &AnyClient,
     plan: &[LtxFileInfo],
+    out: &OutputFile,
     tmp: &Path,
     handle: &tokio::runtime::Handle,
     window: Option<&Arc<DownloadWindow>>,
     progress: &Progress,
-    direct: bool,
     threads: usize,
     stop: &CancellationToken,
-) -> Result<(Applied, OutputFile), RestoreError> {
-    let _ = fs::remove_file(tmp);
-    let out = OutputFile::create_new(tmp, direct).map_err(RestoreError::io("create", tmp))?;
+) -> Result<Applied, RestoreError> {
     // Decoder threads copy pages into the page cache in parallel; direct writes go out from
     // here in runs of `WRITE_RUN`, as several threads' smaller direct writes were slower.
     let threads_write = !out.is_direct();
     std::thread::scope(|scope| {
-        let mut decoders = Decoders::spawn(scope, threads_write.then_some(&out), threads)
+        let mut decoders = Decoders::spawn(scope, threads_write.then_some(out), threads)
             .map_err(RestoreError::io("start a decoder thread for", tmp))?;
         let mut w = Claims::default();
         let mut runs = Runs::default();
@@ -173,8 +177,12 @@ pub(super) fn write_tmp(
             let reader: Box<dyn std::io::Read + Send> = match window {
                 Some(w) if !info.encrypted => Box::new(w.reader(i, info.size)),
                 _ => {
-                    let body = handle
-                        .block_on(client.open(info.level, info.min_txid, info.max_txid, 0))?;
+                    let body = handle.block_on(client.open(
+                        info.level,
+                        info.min_txid,
+                        info.max_txid,
+                        0,
+                    ))?;
                     Box::new(SyncIoBridge::new_with_handle(body, handle.clone()))
                 }
             };
@@ -222,13 +230,13 @@ pub(super) fn write_tmp(
                         sum.toggle(page_sum);
                     }
                     if keep && !threads_write {
-                        runs.page(&out, frame.pgno(), page)
+                        runs.page(out, frame.pgno(), page)
                             .map_err(RestoreError::io("write", tmp))?;
                     }
                 }
                 decoders.recycle(batch);
             }
-            runs.flush(&out).map_err(RestoreError::io("write", tmp))?;
+            runs.flush(out).map_err(RestoreError::io("write", tmp))?;
             let trailer = dec.finish().map_err(ltx_err)?;
             progress.add(info.size);
             seen[i] = Some((h, trailer.post_apply_checksum));
@@ -268,7 +276,6 @@ pub(super) fn write_tmp(
             threads: decoders.threads(),
         })
     })
-    .map(|applied| (applied, out))
 }
 
 /// Reads frames of `dec` into batches, claiming their pages, and sends them while the

@@ -20,6 +20,9 @@
 //!   then `<to>.tmp` is fsynced and renamed over `<to>`, and the directory fsynced.
 //! - An existing database (or a stray `-wal` beside it, which SQLite would replay) is replaced
 //!   only with `force`.
+//! - `<to>.tmp` is this restore's alone from its creation to its rename (an exclusive `flock`,
+//!   [`fsutil::claim_tmp`]): a second restore to `<to>` meanwhile fails, where it used to
+//!   recreate the file under the first, which then published the second's pages.
 
 pub mod download;
 pub mod follow;
@@ -118,6 +121,9 @@ pub enum RestoreError {
     /// SQLite found the rebuilt database damaged.
     #[error("restored database fails PRAGMA integrity_check: {0}")]
     Integrity(String),
+    /// Another restore (or snapshot) to the same output is writing its temporary file.
+    #[error("another restore to {} is running (it holds {}.tmp); wait for it to end", .0.display(), .0.display())]
+    Busy(PathBuf),
     /// The restore's future was dropped (a daemon's verify at shutdown, say) and its blocking
     /// side stopped.
     #[error("the restore was cancelled")]

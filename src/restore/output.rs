@@ -32,13 +32,9 @@ pub struct OutputFile {
 }
 
 impl OutputFile {
-    /// Creates `path`, which must not exist; `direct`: try writing around the page cache.
-    pub fn create_new(path: &Path, direct: bool) -> io::Result<OutputFile> {
-        let buffered = File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)?;
+    /// The output in `buffered`, open read-write at `path` (claimed by
+    /// [`crate::util::fsutil::claim_tmp`]); `direct`: try writing around the page cache.
+    pub fn new(buffered: File, path: &Path, direct: bool) -> OutputFile {
         // Some file systems (tmpfs before Linux 6.6, for one) refuse O_DIRECT at open.
         let direct = direct
             .then(|| {
@@ -49,11 +45,11 @@ impl OutputFile {
                     .ok()
             })
             .flatten();
-        Ok(OutputFile {
+        OutputFile {
             buffered,
             direct,
             direct_refused: AtomicBool::new(false),
-        })
+        }
     }
 
     /// Whether writes go around the page cache (until one is refused).
@@ -153,11 +149,8 @@ mod tests {
     fn aligned_and_unaligned_writes_both_land() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out");
-        let f = OutputFile::create_new(&path, true).unwrap();
-        assert!(
-            OutputFile::create_new(&path, false).is_err(),
-            "an existing file was reused"
-        );
+        let (path, file) = crate::util::fsutil::claim_tmp(&path).unwrap();
+        let f = OutputFile::new(file, &path, true);
         f.set_len(3 * DIRECT_ALIGN as u64).unwrap();
         let mut a = AlignedBuf::new(2 * DIRECT_ALIGN);
         assert_eq!(a.as_ptr() as usize % DIRECT_ALIGN, 0);

@@ -14,6 +14,64 @@ pub fn tmp_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// `<path>.tmp`, empty, for this process alone: an exclusive `flock` on it lasts while the
+/// returned file is open. A second restore or snapshot to the same path gets `WouldBlock`
+/// instead of writing into the first one's file, which the first would then publish. A
+/// leftover linked to another name (a crash between a no-clobber publish's link and unlink
+/// leaves it linked to the output) or a symlink is unlinked, never truncated through.
+pub fn claim_tmp(path: &Path) -> io::Result<(PathBuf, File)> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let tmp = tmp_path(path);
+    let busy = || {
+        io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!("{} is being written by another process", tmp.display()),
+        )
+    };
+    // A pass ends early only when another claimant got in between, or after an unlink.
+    for _ in 0..3 {
+        let opened = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp);
+        let f = match opened {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                fs::remove_file(&tmp)?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        match f.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(busy()),
+            // A file system without locks (some FUSE mounts) still restores, unguarded.
+            Err(fs::TryLockError::Error(e))
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS)
+                ) => {}
+            Err(fs::TryLockError::Error(e)) => return Err(e),
+        }
+        let meta = f.metadata()?;
+        let at_path = fs::symlink_metadata(&tmp)
+            .is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()));
+        if !at_path {
+            continue;
+        }
+        if meta.nlink() > 1 {
+            fs::remove_file(&tmp)?;
+            continue;
+        }
+        f.set_len(0)?;
+        return Ok((tmp, f));
+    }
+    Err(busy())
+}
+
 /// A temporary sibling of `path` no other writer uses (`<name>.<pid>-<random>.tmp`): two
 /// processes writing one name (two daemons on one replica) must never share a temporary file.
 pub fn unique_tmp_path(path: &Path) -> PathBuf {
@@ -204,5 +262,48 @@ mod network_fs_tests {
             !on_network_fs(dir.path()),
             "the temporary directory is local here"
         );
+    }
+}
+
+#[cfg(test)]
+mod claim_tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn a_claimed_tmp_is_refused_to_a_second_claim_until_dropped() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let out = dir.path().join("out.db");
+        let (tmp, first) = claim_tmp(&out).expect("the first claim");
+        std::io::Write::write_all(&mut &first, b"the first restore's pages").expect("write");
+        let e = claim_tmp(&out).expect_err("a second claim while the first holds it");
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+        assert_eq!(fs::read(&tmp).expect("read"), b"the first restore's pages");
+        drop(first);
+        let (_, again) = claim_tmp(&out).expect("a claim once the first ended");
+        assert_eq!(
+            again.metadata().expect("stat").len(),
+            0,
+            "a leftover is emptied"
+        );
+    }
+
+    #[test]
+    fn a_leftover_linked_elsewhere_or_a_symlink_is_unlinked_not_truncated() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let out = dir.path().join("out.db");
+        // A crash between a no-clobber publish's link and its unlink.
+        fs::write(&out, b"the restored database").expect("write");
+        fs::hard_link(&out, tmp_path(&out)).expect("link");
+        let (tmp, claimed) = claim_tmp(&out).expect("claim over a linked leftover");
+        assert_eq!(fs::read(&out).expect("read"), b"the restored database");
+        assert_eq!(claimed.metadata().expect("stat").nlink(), 1);
+        drop(claimed);
+        fs::remove_file(&tmp).expect("remove");
+        std::os::unix::fs::symlink(&out, &tmp).expect("symlink");
+        let (_, claimed) = claim_tmp(&out).expect("claim over a symlink");
+        assert_eq!(fs::read(&out).expect("read"), b"the restored database");
+        assert!(!fs::symlink_metadata(&tmp).expect("stat").is_symlink());
+        drop(claimed);
     }
 }

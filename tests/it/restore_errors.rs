@@ -281,6 +281,33 @@ fn a_journal_beside_the_output_needs_force_and_force_removes_it() {
     );
 }
 
+/// A second restore to the same output while the first writes `<to>.tmp` (its `flock`, taken
+/// here by the test) is refused and leaves that file alone: it used to remove and recreate
+/// it, and the first then integrity-checked and published the second's pages.
+#[test]
+fn a_restore_to_an_output_another_restore_is_writing_is_refused() {
+    let f = Fixture::new();
+    let tmp = f.dir.path().join("out.db.tmp");
+    fs::write(&tmp, b"the other restore's pages").unwrap();
+    let held = fs::File::open(&tmp).unwrap();
+    held.lock().unwrap();
+    let o = f.restore(&["--force"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("another restore to"), "{stderr}");
+    assert!(!f.out().exists(), "{stderr}");
+    assert_eq!(fs::read(&tmp).unwrap(), b"the other restore's pages");
+    drop(held);
+    // A leftover nobody holds is taken over.
+    let o = f.restore(&[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        !tmp.exists(),
+        "the leftover is gone once the restore is placed"
+    );
+    assert!(common::integrity_ok(&f.out()));
+}
+
 #[test]
 fn stray_wal_beside_a_missing_output_is_not_silently_kept() {
     let f = Fixture::new();

@@ -182,6 +182,39 @@ fn snapshot_to_gz_gunzips_to_the_expected_database() {
     );
 }
 
+/// A `.gz` snapshot to an output another snapshot is compressing into (its `<to>.tmp` under
+/// `flock`, taken here by the test) is refused and leaves that file alone; a leftover nobody
+/// holds is taken over.
+#[test]
+fn a_gz_snapshot_to_an_output_another_is_writing_is_refused() {
+    let t = TestDir::new("snapshot-busy");
+    let steps = steps("basic-4k");
+    let rep = replica("basic-4k");
+    let out = t.join("snap.db.gz");
+    let tmp = t.join("snap.db.gz.tmp");
+    fs::write(&tmp, b"the other snapshot").unwrap();
+    let held = fs::File::open(&tmp).unwrap();
+    held.lock().unwrap();
+    let o = replicad(&["snapshot", s(&rep), "--to", s(&out), "--force"]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("another snapshot to"),
+        "{}",
+        show(&o)
+    );
+    assert!(!out.exists());
+    assert_eq!(fs::read(&tmp).unwrap(), b"the other snapshot");
+    drop(held);
+    let o = replicad(&["snapshot", s(&rep), "--to", s(&out)]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(!tmp.exists());
+    let mut db = Vec::new();
+    flate2::read::GzDecoder::new(&fs::read(&out).unwrap()[..])
+        .read_to_end(&mut db)
+        .unwrap();
+    assert_eq!(sha256(&db), steps.last().unwrap().1);
+}
+
 #[test]
 fn snapshot_refuses_an_existing_output_without_force() {
     let t = TestDir::new("snapshot-exists");

@@ -434,7 +434,7 @@ fn unrestorable(e: &crate::restore::RestoreError) -> bool {
         | E::Ltx { .. }
         | E::Inconsistent(_)
         | E::Integrity(_) => true,
-        E::Exists(_) | E::Storage(_) | E::Io { .. } | E::Cancelled => false,
+        E::Exists(_) | E::Busy(_) | E::Storage(_) | E::Io { .. } | E::Cancelled => false,
     }
 }
 
