@@ -14,11 +14,12 @@ pub fn tmp_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// `<path>.tmp`, empty, for this process alone: an exclusive `flock` on it lasts while the
-/// returned file is open. A second restore or snapshot to the same path gets `WouldBlock`
+/// `<path>.tmp`, new and empty, for this process alone: an exclusive `flock` on it lasts while
+/// the returned file is open. A second restore or snapshot to the same path gets `WouldBlock`
 /// instead of writing into the first one's file, which the first would then publish. A
-/// leftover linked to another name (a crash between a no-clobber publish's link and unlink
-/// leaves it linked to the output) or a symlink is unlinked, never truncated through.
+/// leftover nobody holds (a crashed run's, or one linked to the output by a crash between a
+/// no-clobber publish's link and unlink, or a symlink) is unlinked, never written through:
+/// the file published is always one this process created.
 pub fn claim_tmp(path: &Path) -> io::Result<(PathBuf, File)> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let tmp = tmp_path(path);
@@ -28,46 +29,59 @@ pub fn claim_tmp(path: &Path) -> io::Result<(PathBuf, File)> {
             format!("{} is being written by another process", tmp.display()),
         )
     };
-    // A pass ends early only when another claimant got in between, or after an unlink.
+    // Whether `f` is free to take: held by another process, or locks unsupported (some FUSE
+    // mounts: claimed unguarded, as before).
+    let lock = |f: &File| match f.try_lock() {
+        Ok(()) => Ok(()),
+        Err(fs::TryLockError::WouldBlock) => Err(busy()),
+        Err(fs::TryLockError::Error(e))
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS)
+            ) =>
+        {
+            Ok(())
+        }
+        Err(fs::TryLockError::Error(e)) => Err(e),
+    };
+    let unlink = || match fs::remove_file(&tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    };
+    // A pass ends early only after an unlink, or when another claimant got in between.
     for _ in 0..3 {
-        let opened = File::options()
+        match File::options()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(false)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(f) => {
+                lock(&f)?;
+                return Ok((tmp, f));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let old = File::options()
+            .read(true)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp);
-        let f = match opened {
-            Ok(f) => f,
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                fs::remove_file(&tmp)?;
-                continue;
+        match old {
+            Ok(old) => {
+                lock(&old)?;
+                let meta = old.metadata()?;
+                let at_path = fs::symlink_metadata(&tmp)
+                    .is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()));
+                if at_path {
+                    unlink()?;
+                }
             }
-            Err(e) => return Err(e),
-        };
-        match f.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => return Err(busy()),
-            // A file system without locks (some FUSE mounts) still restores, unguarded.
-            Err(fs::TryLockError::Error(e))
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS)
-                ) => {}
-            Err(fs::TryLockError::Error(e)) => return Err(e),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            // A symlink, or a file we may not read (another user's leftover): unlinked as
+            // the claim always did.
+            Err(_) => unlink()?,
         }
-        let meta = f.metadata()?;
-        let at_path = fs::symlink_metadata(&tmp)
-            .is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()));
-        if !at_path {
-            continue;
-        }
-        if meta.nlink() > 1 {
-            fs::remove_file(&tmp)?;
-            continue;
-        }
-        f.set_len(0)?;
-        return Ok((tmp, f));
     }
     Err(busy())
 }

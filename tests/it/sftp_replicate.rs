@@ -104,7 +104,8 @@ async fn sftp_replicate_kill9_and_restore() {
     );
     let args = ["replicate", "--config", common::s(&cfg)];
     let mut first = spawn(dir.path(), &args, "first.log");
-    let killed = format!(".{}.", first.id());
+    // Its temporary files: `<name>.<pid>.<ns>.tmp` (segments), `<name>.<pid>-<random>.tmp`.
+    let killed = [format!(".{}.", first.id()), format!(".{}-", first.id())];
     steps(&mut w, 25).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     common::kill9(&mut first);
@@ -134,7 +135,7 @@ async fn sftp_replicate_kill9_and_restore() {
     assert!(common::integrity_ok(&at2), "sftp: TXID 2");
     let leftovers: Vec<_> = walk(&sshd.root.join("e2e"))
         .into_iter()
-        .filter(|p| p.ends_with(".tmp") && !p.contains(&killed))
+        .filter(|p| p.ends_with(".tmp") && !killed.iter().any(|k| p.contains(k.as_str())))
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 }

@@ -32,7 +32,7 @@ pub(super) fn classify(
     listing: bool,
 ) -> StorageError {
     use opendal::ErrorKind as K;
-    tracing::debug!(op, key = %at(cfg, key), error = ?e, "object store request failed");
+    tracing::debug!(op, key = %at(cfg, key), error = %scrub(&format!("{e:?}")), "object store request failed");
     let key_at = at(cfg, key);
     let (bucket_word, perms) = match cfg.service {
         Service::Gcs => (
@@ -51,7 +51,7 @@ pub(super) fn classify(
              (MOVE) and delete (DELETE) under the replica's path",
         ),
     };
-    let cause = one_line(&deepest(&e));
+    let cause = scrub(&one_line(&deepest(&e)));
     let lower = format!("{e:?}").to_ascii_lowercase();
     let permanent = |reason: String| StorageError::Permanent {
         op,
@@ -212,6 +212,27 @@ fn deepest(e: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     last
+}
+
+/// `text` with the value of every `sig=` parameter hidden: OpenDAL names the request's URL in
+/// some errors (a connection cut while sending or reading a body), and an Azure SAS token
+/// rides in that URL's query; its signature is the secret.
+pub(super) fn scrub(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("sig=") {
+        let (head, tail) = rest.split_at(at + "sig=".len());
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c == '&' || c == '"' || c == '\'' || c.is_whitespace() || c == ')')
+            .unwrap_or(tail.len());
+        if end > 0 {
+            out.push_str("REDACTED");
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn one_line(s: &str) -> String {

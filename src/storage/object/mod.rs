@@ -209,12 +209,16 @@ impl ObjectClient {
                     Err(e) => StorageError::Transient {
                         op: "get",
                         key: errors::at(&self.cfg, key),
-                        reason: e.to_string(),
+                        reason: errors::scrub(&e.to_string()),
                     },
                 });
             }
         };
-        let body = futures_util::stream::iter([Ok(first)]).chain(body);
+        // An error later in the body names the signed URL too: scrubbed before a reader,
+        // a log line or /status sees it.
+        let body = futures_util::stream::iter([Ok(first)])
+            .chain(body)
+            .map(|r| r.map_err(|e| std::io::Error::new(e.kind(), errors::scrub(&e.to_string()))));
         Ok(Box::pin(tokio_util::io::StreamReader::new(body)))
     }
 
@@ -347,10 +351,15 @@ impl ObjectClient {
     }
 }
 
-/// The lease's version string: the service's object version (GCS generation) where it has
-/// one, else the ETag.
-fn version_of(meta: &opendal::Metadata) -> Option<String> {
-    meta.version().or(meta.etag()).map(str::to_string)
+/// The lease's version string, what its conditions compare: the generation on GCS, the
+/// ETag elsewhere (an Azure account with blob versioning also reports a version id, which
+/// `If-Match` never matches: every read of the lease failed).
+fn version_of(service: Service, meta: &opendal::Metadata) -> Option<String> {
+    match service {
+        Service::Gcs => meta.version().or(meta.etag()),
+        _ => meta.etag(),
+    }
+    .map(str::to_string)
 }
 
 impl ReplicaClient for ObjectClient {
@@ -472,16 +481,20 @@ impl ReplicaClient for ObjectClient {
         if self.cfg.service == Service::Webdav {
             // Whole: written aside, then moved over the old one (MOVE replaces in one step).
             self.ensure_dir(&key).await?;
-            let tmp = format!("{key}.{}.tmp", std::process::id());
-            self.op
-                .write(&tmp, data)
-                .await
-                .map_err(|e| self.fail("put", &key, e))?;
-            return self
-                .op
-                .rename(&tmp, &key)
-                .await
-                .map_err(|e| self.fail("put", &key, e));
+            let tmp = format!(
+                "{key}.{}-{:016x}.tmp",
+                std::process::id(),
+                rand::random::<u64>()
+            );
+            let placed = match self.op.write(&tmp, data).await {
+                Ok(_) => self.op.rename(&tmp, &key).await,
+                Err(e) => Err(e),
+            };
+            // Each attempt's name is its own: a failed one must not stay behind.
+            if placed.is_err() {
+                let _ = self.op.delete(&tmp).await;
+            }
+            return placed.map_err(|e| self.fail("put", &key, e));
         }
         self.op
             .write(&key, data)
@@ -510,7 +523,7 @@ impl ReplicaClient for ObjectClient {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(self.fail("get", &key, e)),
         };
-        let version = version_of(&meta);
+        let version = version_of(self.cfg.service, &meta);
         let mut read = self.op.read_with(&key);
         if let Some(v) = &version {
             read = if self.cfg.service == Service::Gcs {
@@ -557,10 +570,49 @@ impl ReplicaClient for ObjectClient {
             WriteIf::Version(v) => w.if_match(v),
         };
         let meta = w.await.map_err(|e| self.fail("put", &key, e))?;
-        match version_of(&meta) {
+        match version_of(self.cfg.service, &meta) {
             Some(v) => Ok(Some(v)),
             // Not every answer carries the new version: ask.
-            None => Ok(self.op.stat(&key).await.ok().and_then(|m| version_of(&m))),
+            None => Ok(self
+                .op
+                .stat(&key)
+                .await
+                .ok()
+                .and_then(|m| version_of(self.cfg.service, &m))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_version_is_the_generation_on_gcs_and_the_etag_elsewhere() {
+        let mut b = opendal::MetadataBuilder::file(10);
+        b.etag("\"0x8DD\"").version("2026-11-29T07:00:00.0000000Z");
+        let meta = b.build();
+        assert_eq!(
+            version_of(Service::Azure, &meta).as_deref(),
+            Some("\"0x8DD\""),
+            "a blob version id never matches If-Match"
+        );
+        assert_eq!(
+            version_of(Service::Gcs, &meta).as_deref(),
+            Some("2026-11-29T07:00:00.0000000Z")
+        );
+    }
+
+    #[test]
+    fn a_sas_signature_in_an_error_is_hidden() {
+        let e = "send http request, context: { url: https://acct.blob.core.windows.net/c/k?sv=2022-11-02&sig=abc%2Bdef%3D&se=2027 } => error sending request";
+        let s = errors::scrub(e);
+        assert!(!s.contains("abc%2Bdef"), "{s}");
+        assert!(s.contains("sig=REDACTED&se=2027"), "{s}");
+        assert_eq!(
+            errors::scrub("url=http://h/k?sig=xyz"),
+            "url=http://h/k?sig=REDACTED"
+        );
+        assert_eq!(errors::scrub("no secret here"), "no secret here");
     }
 }

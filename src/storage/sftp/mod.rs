@@ -406,10 +406,12 @@ impl SftpClient {
         };
         // Publish: a hard link where the server offers `hardlink@openssh.com` (refused over
         // an existing name by any POSIX file system), else a rename (refused over an existing
-        // name by OpenSSH; other servers may replace, so the name is checked first).
+        // name by OpenSSH; other servers may replace, so the name is checked first). A link
+        // refused for another reason (a file system without hard links: vfat, SMB) falls back
+        // to the rename too, where every put failed as "permission denied".
         let published = match c.sftp.hardlink(tmp.clone(), name.to_string()).await {
             Ok(true) => Ok(()),
-            Ok(false) => match c.sftp.metadata(name.to_string()).await {
+            Ok(false) | Err(_) => match c.sftp.metadata(name.to_string()).await {
                 Ok(_) => Err(None),
                 Err(_) => c
                     .sftp
@@ -417,7 +419,6 @@ impl SftpClient {
                     .await
                     .map_err(Some),
             },
-            Err(e) => Err(Some(e)),
         };
         // After a link the temporary name is a second name of the file; after a failure, junk.
         let _ = c.sftp.remove_file(tmp).await;
@@ -631,27 +632,40 @@ impl ReplicaClient for SftpClient {
                 // (SFTP's rename will not replace, so the old one goes first: a reader in
                 // between sees none, which the lease reads as "free" and then loses the race
                 // on its own write).
-                let tmp = format!("{path}.{}.tmp", std::process::id());
-                match self.write_small(&c, &tmp, &data).await {
-                    // The directory was removed behind the cache's back: make it again, once.
-                    Err(StorageError::NotFound(_)) if !root.is_empty() => {
-                        self.made_lock().clear();
-                        self.make_dirs(&c, root).await?;
-                        self.write_small(&c, &tmp, &data).await?;
+                let tmp = format!(
+                    "{path}.{}-{:016x}.tmp",
+                    std::process::id(),
+                    rand::random::<u64>()
+                );
+                let placed = async {
+                    match self.write_small(&c, &tmp, &data).await {
+                        // The directory was removed behind the cache's back: make it again,
+                        // once.
+                        Err(StorageError::NotFound(_)) if !root.is_empty() => {
+                            self.made_lock().clear();
+                            self.make_dirs(&c, root).await?;
+                            self.write_small(&c, &tmp, &data).await?;
+                        }
+                        r => r?,
                     }
-                    r => r?,
+                    match c.sftp.remove_file(path.clone()).await {
+                        Ok(()) => {}
+                        Err(e) => match self.fail("put", &path, e) {
+                            StorageError::NotFound(_) => {}
+                            e => return Err(e),
+                        },
+                    }
+                    c.sftp
+                        .rename(tmp.clone(), path.clone())
+                        .await
+                        .map_err(|e| self.fail("put", &path, e))
                 }
-                match c.sftp.remove_file(path.clone()).await {
-                    Ok(()) => {}
-                    Err(e) => match self.fail("put", &path, e) {
-                        StorageError::NotFound(_) => {}
-                        e => return Err(e),
-                    },
+                .await;
+                // Each attempt's name is its own: a failed one must not stay behind.
+                if placed.is_err() {
+                    let _ = c.sftp.remove_file(tmp.clone()).await;
                 }
-                c.sftp
-                    .rename(tmp, path.clone())
-                    .await
-                    .map_err(|e| self.fail("put", &path, e))
+                placed
             }
         })
         .await
