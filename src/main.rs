@@ -89,6 +89,9 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Logs to stderr at `level` (`RUST_LOG` overrides it) in `format`.
 fn init_tracing(level: &str, format: LogFormat) {
+    // `--log-level DEBUG` is accepted as typed.
+    let level = level.to_ascii_lowercase();
+    let level = level.as_str();
     // The AWS SDK's and reqsign's credential chains warn once per provider they try; what
     // matters reaches the user as one error line, so their own logs show only at debug.
     let sdk_quiet = if matches!(level, "debug" | "trace") {

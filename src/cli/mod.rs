@@ -22,7 +22,15 @@ use clap::{Parser, Subcommand};
 #[command(name = "replicad", version, about, propagate_version = true)]
 pub struct Cli {
     /// Log level (error, warn, info, debug, trace); `RUST_LOG` overrides it.
-    #[arg(long, global = true, default_value = "info")]
+    // Checked here: any other word is a log target for the filter, which then drops every
+    // line, errors included.
+    #[arg(
+        long,
+        global = true,
+        default_value = "info",
+        ignore_case = true,
+        value_parser = ["error", "warn", "info", "debug", "trace"]
+    )]
     pub log_level: String,
     /// What to do.
     #[command(subcommand)]

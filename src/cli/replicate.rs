@@ -119,11 +119,15 @@ impl ReplicateArgs {
                 ));
             }
         };
+        // Checked again: the file's checks ran before these values replaced its own.
+        let invalid = |e: String| CliError::Usage(format!("command line: {e}"));
         for db in &mut config.dbs {
             self.overrides(&mut db.settings);
+            db.settings.validate().map_err(invalid)?;
         }
         for dir in &mut config.dirs {
             self.overrides(&mut dir.settings);
+            dir.settings.validate().map_err(invalid)?;
         }
         if self.compression.is_some() {
             let dbs = config.dbs.iter_mut().map(|d| &mut d.codec);

@@ -251,9 +251,24 @@ fn table(v: &serde_json::Value) -> String {
             out.push_str(&format!("NOT PROTECTED  {path}: {e}\n"));
         }
         for r in d["replicas"].as_array().unwrap_or(&empty) {
-            if let Some(e) = r["error"].as_str() {
-                let name = r["name"].as_str().unwrap_or("?");
-                out.push_str(&format!("NOT PROTECTED  {path} replica {name}: {e}\n"));
+            let name = r["name"].as_str().unwrap_or("?");
+            // Unprotected without an error: an upload that hangs, past max-lag.
+            let lagging = || {
+                format!(
+                    "{} s behind, past max-lag",
+                    r["lag_seconds"].as_f64().unwrap_or(0.0)
+                )
+            };
+            match r["error"].as_str() {
+                Some(e) => out.push_str(&format!("NOT PROTECTED  {path} replica {name}: {e}\n")),
+                None if r["protected"] == false => out.push_str(&format!(
+                    "NOT PROTECTED  {path} replica {name}: {}\n",
+                    lagging()
+                )),
+                None => {}
+            }
+            if let Some(e) = r["maintenance_error"].as_str() {
+                out.push_str(&format!("MAINTENANCE    {path} replica {name}: {e}\n"));
             }
         }
     }
@@ -311,5 +326,28 @@ mod tests {
             t.contains("NOT PROTECTED  /d/a.db replica s3: not written: denied"),
             "{t}"
         );
+    }
+
+    /// An upload that hangs sets no error: `protected: false` alone (past max-lag) is shown,
+    /// as is a maintenance job that keeps failing.
+    #[test]
+    fn table_names_a_replica_past_max_lag_and_a_failing_maintenance_job() {
+        let v = serde_json::json!({"databases": [{"path": "/d/a.db", "txid": 7, "idle": false,
+            "syncs": 3, "sync_errors": 0, "error": null, "replicas": [
+                {"name": "s3", "remote_txid": 5, "lag_txids": 2, "lag_seconds": 9.25,
+                 "protected": false, "error": null,
+                 "maintenance_error": "compaction: disk full"},
+                {"name": "file", "remote_txid": 7, "lag_txids": 0, "lag_seconds": 0.0,
+                 "protected": true, "error": null, "maintenance_error": null}]}]});
+        let t = table(&v);
+        assert!(
+            t.contains("NOT PROTECTED  /d/a.db replica s3: 9.25 s behind, past max-lag"),
+            "{t}"
+        );
+        assert!(
+            t.contains("MAINTENANCE    /d/a.db replica s3: compaction: disk full"),
+            "{t}"
+        );
+        assert!(!t.contains("replica file:"), "{t}");
     }
 }

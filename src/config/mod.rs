@@ -432,8 +432,9 @@ impl Default for DbSettings {
 }
 
 impl DbSettings {
-    /// Checks the rules the file parser checks per key (used for settings built in code).
-    fn validate(&mut self) -> Result<(), String> {
+    /// Checks the rules the file parser checks per key (used for settings built in code, and
+    /// for a file's settings once the command line overrode them).
+    pub(crate) fn validate(&mut self) -> Result<(), String> {
         for (key, value) in [
             ("monitor-interval", self.monitor_interval),
             ("full-verify-interval", self.full_verify_interval),

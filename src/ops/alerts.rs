@@ -489,21 +489,16 @@ struct Ping {
 impl Ping {
     async fn run(self, stop: CancellationToken) {
         let check = self.interval.min(PING_CHECK);
-        let mut last: Option<Instant> = None;
+        // A ping `interval` after the last one that went through; after one that failed or
+        // was withheld, another try `check` later (not at once: that looped every 10 ms).
+        let mut next = Instant::now() + check;
         let mut withheld = false;
         loop {
-            // The next check: every `check`, and never later than when the next ping is due.
-            let wait = match last {
-                Some(t) => check.min(self.interval.saturating_sub(t.elapsed())),
-                None => check,
-            };
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(wait.max(Duration::from_millis(10))) => {}
+                _ = tokio::time::sleep_until(next.into()) => {}
             }
-            if last.is_some_and(|t| t.elapsed() + Duration::from_millis(50) < self.interval) {
-                continue;
-            }
+            next = Instant::now() + check;
             let dbs = self.registry.snapshot();
             if let Err(reasons) = crate::ops::http::readiness(&dbs, self.max_lag, self.since_ms) {
                 // Logged before it is counted: whoever sees the count finds the line.
@@ -534,7 +529,7 @@ impl Ping {
             match sent {
                 Ok(r) if r.status().is_success() => {
                     self.pings.with_label_values(&["ok"]).inc();
-                    last = Some(Instant::now());
+                    next = Instant::now() + self.interval;
                 }
                 other => {
                     self.pings.with_label_values(&["failed"]).inc();

@@ -166,11 +166,11 @@ fn parse_query(query: &str) -> Result<SyncQuery, String> {
                 }
             }
             "timeout" => {
+                // try_from: a number past Duration's range panicked the handler.
                 timeout = v
                     .parse::<f64>()
                     .ok()
-                    .filter(|s| s.is_finite() && *s >= 0.0)
-                    .map(Duration::from_secs_f64)
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
                     .ok_or_else(|| format!("timeout={v}: use a number of seconds"))?
             }
             other => return Err(format!("unknown parameter {other:?}")),
@@ -183,12 +183,37 @@ fn parse_query(query: &str) -> Result<SyncQuery, String> {
     Ok(SyncQuery { db, wait, timeout })
 }
 
-fn find<'a>(dbs: &'a [DbHandle], path: &Path) -> Option<&'a DbHandle> {
-    dbs.iter().find(|d| d.path == path).or_else(|| {
-        let canon = std::fs::canonicalize(path).ok()?;
-        dbs.iter()
-            .find(|d| std::fs::canonicalize(&d.path).is_ok_and(|p| p == canon))
-    })
+/// How long the search through symlinks may take before the database counts as not found.
+const FIND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One search through symlinks at a time: each may hold a blocking thread for as long as a
+/// dead mount does not answer, and the monitors' syncs share that pool.
+static SEARCHING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// The database at `path`, as configured or through symlinks. The second search stats every
+/// database's path, which blocks without end on a dead mount: off the reactor, one at a time,
+/// and bounded; `Err` when it cannot answer.
+async fn find<'a>(dbs: &'a [DbHandle], path: &Path) -> Result<Option<&'a DbHandle>, String> {
+    if let Some(d) = dbs.iter().find(|d| d.path == path) {
+        return Ok(Some(d));
+    }
+    let unanswered =
+        || "the search through symlinks is held up (a file system does not answer)".to_string();
+    let permit = SEARCHING.try_acquire().map_err(|_| unanswered())?;
+    let want = path.to_path_buf();
+    let paths: Vec<PathBuf> = dbs.iter().map(|d| d.path.clone()).collect();
+    let search = tokio::task::spawn_blocking(move || {
+        // Held until the search ends, however long after the request it does.
+        let _permit = permit;
+        let canon = std::fs::canonicalize(&want).ok()?;
+        paths
+            .iter()
+            .position(|p| std::fs::canonicalize(p).is_ok_and(|p| p == canon))
+    });
+    match tokio::time::timeout(FIND_TIMEOUT, search).await {
+        Ok(Ok(at)) => Ok(at.and_then(|i| dbs.get(i))),
+        _ => Err(unanswered()),
+    }
 }
 
 async fn handle(
@@ -209,11 +234,20 @@ async fn handle(
         Ok(q) => q,
         Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
     };
-    let Some(db) = find(dbs, &q.db) else {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("database {} is not replicated here\n", q.db.display()),
-        );
+    let db = match find(dbs, &q.db).await {
+        Ok(Some(db)) => db,
+        Ok(None) => {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!("database {} is not replicated here\n", q.db.display()),
+            );
+        }
+        Err(why) => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("database {}: {why}\n", q.db.display()),
+            );
+        }
     };
     if db.unstarted {
         let why = db
@@ -323,6 +357,11 @@ mod tests {
         assert!(parse_query("db=rel.db").is_err());
         assert!(parse_query("db=/a.db&wait=maybe").is_err());
         assert!(parse_query("db=/a.db&timeout=-1").is_err());
+        assert!(
+            parse_query("db=/a.db&timeout=1e20").is_err(),
+            "past Duration's range"
+        );
+        assert!(parse_query("db=/a.db&timeout=NaN").is_err());
         assert!(parse_query("db=/a.db&x=1").is_err());
     }
 }

@@ -91,6 +91,7 @@ impl Status {
             .iter()
             .map(|d| {
                 let pos = *d.pos.borrow();
+                let db_unprotected = crate::ops::metrics::db_unprotected(d);
                 let replicas: Vec<serde_json::Value> = d
                     .replicas
                     .iter()
@@ -118,8 +119,8 @@ impl Status {
                     "syncs": d.stats.syncs.load(Ordering::Relaxed),
                     "sync_errors": d.stats.sync_errors.load(Ordering::Relaxed),
                     "held_seconds": d.stats.held_seconds(),
-                    "protected": d.stats.health.is_ok(),
-                    "error": d.stats.health.problem().map(|p| p.reason),
+                    "protected": db_unprotected.is_none(),
+                    "error": db_unprotected,
                     "replicas": replicas,
                 })
             })

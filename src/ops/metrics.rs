@@ -165,6 +165,16 @@ pub fn unprotected(
     }
 }
 
+/// Why database `d` is not protected now (None: it is): a problem, or no sync completed yet,
+/// so none of its changes are captured (a start waiting for its turn sets no problem).
+pub fn db_unprotected(d: &DbHandle) -> Option<String> {
+    match d.stats.health.problem() {
+        Some(p) => Some(p.reason),
+        None if d.sync.synced() == 0 => Some("first sync not completed".to_string()),
+        None => None,
+    }
+}
+
 /// Per-database metrics: `(name, help, type, value)`; labelled `db`.
 type DbMetric = (&'static str, &'static str, MetricType, fn(&DbHandle) -> f64);
 
@@ -176,9 +186,9 @@ const DB_METRICS: [DbMetric; 22] = [
     (
         "replicad_db_protected",
         "1 while the database's changes are being captured (its last sync succeeded), 0 while \
-         it is not (see /status for why).",
+         it is not, or before its first sync completed (see /status for why).",
         MetricType::GAUGE,
-        |d| f64::from(u8::from(d.stats.health.is_ok())),
+        |d| f64::from(u8::from(db_unprotected(d).is_none())),
     ),
     (
         "replicad_db_txid",

@@ -137,8 +137,8 @@ fn plural(n: usize) -> &'static str {
 pub fn problems(dbs: &[DbHandle], max_lag: Duration, since_ms: i64) -> Vec<String> {
     let mut out = Vec::new();
     for d in dbs {
-        if let Some(p) = d.stats.health.problem() {
-            out.push(format!("{}: {}", d.path.display(), p.reason));
+        if let Some(why) = crate::ops::metrics::db_unprotected(d) {
+            out.push(format!("{}: {why}", d.path.display()));
         }
         let pos = *d.pos.borrow();
         for (name, r) in &d.replicas {
@@ -311,6 +311,14 @@ mod tests {
         };
         let lag = Duration::from_secs(10);
         let dbs = vec![handle("/a.db"), handle("/b.db")];
+        // No sync completed yet (a start waiting its turn sets no problem): not protected.
+        dbs[1].sync.done(1);
+        assert_eq!(
+            status_line(&dbs, lag, 0),
+            "STATUS=NOT PROTECTED: /a.db: first sync not completed; replicating 2 databases, \
+             max replica lag 0 TXIDs"
+        );
+        dbs[0].sync.done(1);
         assert_eq!(
             status_line(&dbs, lag, 0),
             "STATUS=replicating 2 databases, max replica lag 0 TXIDs"
@@ -351,6 +359,7 @@ mod tests {
             unstarted: false,
         }];
         dbs[0].stats.txid.store(5, Ordering::Relaxed);
+        dbs[0].sync.done(1);
         let line = status_line(&dbs, Duration::from_secs(10), 0);
         assert!(
             line.starts_with("STATUS=NOT PROTECTED: /a.db replica r: 2 txids and 6"),

@@ -293,3 +293,48 @@ fn commands_that_do_not_use_a_replica_do_not_need_its_secrets() {
         "{err}"
     );
 }
+
+/// A command-line value that overrides a config file's is checked as the file's own would
+/// be: `--monitor-interval 0s` with `--config` started a 1 ms poll (exit 2 without a file),
+/// and `--truncate-page-n 0` made every checkpoint a TRUNCATE.
+#[test]
+fn command_line_overrides_of_a_config_file_are_checked() {
+    let t = tempfile::tempdir().unwrap();
+    let db = t.path().join("app.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(x)")
+        .unwrap();
+    let cfg = t.path().join("replicad.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "dbs:\n  - path: {}\n    replica:\n      path: {}\n",
+            db.display(),
+            t.path().join("replica").display()
+        ),
+    )
+    .unwrap();
+    for flag in [
+        &["--monitor-interval", "0s"][..],
+        &["--full-verify-interval", "0s"][..],
+    ] {
+        let log = t.path().join("replicate.log");
+        let mut child = Command::new(bin())
+            .args(["replicate", "--config", cfg.to_str().unwrap()])
+            .args(flag)
+            .stdout(std::process::Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        // Accepted, it would replicate until stopped: a failure, not a hang.
+        let status = common::wait_timeout(&mut child, Duration::from_secs(20));
+        if status.is_none() {
+            common::kill9(&mut child);
+        }
+        let err = fs::read_to_string(&log).unwrap_or_default();
+        assert_eq!(status.and_then(|s| s.code()), Some(2), "{flag:?}: {err}");
+        assert!(err.contains("must be greater than zero"), "{flag:?}: {err}");
+    }
+    assert!(!t.path().join("replica").exists(), "nothing replicated");
+}

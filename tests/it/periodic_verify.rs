@@ -424,3 +424,45 @@ fn verifying(dir: &Path) -> std::collections::BTreeSet<std::path::PathBuf> {
         .filter_map(|p| p.parent().map(Path::to_path_buf))
         .collect()
 }
+
+/// A verify that cannot run (every request to the replica fails) is no verdict: the last
+/// verdict stands in `replicad_replica_verify_ok`, where a 0 read as "the verify failed" and
+/// sent a verify-failed webhook while the log said it could not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verify_that_cannot_run_keeps_the_last_verdict() {
+    use replicad::daemon::ClientWrapper;
+    use replicad::storage::AnyClient;
+    use replicad::storage::faulty::{Faults, FaultyClient};
+    use std::sync::Arc;
+    let dir = TestDir::new("verify-no-verdict");
+    let db = dir.join("app.db");
+    let yaml = format!(
+        "monitor-interval: 40ms\nheartbeat-interval: 100ms\nverify-interval: 300ms\nverify-recheck-interval: 300ms\nlevels:\n  - interval: 1h\nsnapshot:\n  interval: 1h\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
+        db.display(),
+        dir.join("replica").display()
+    );
+    let config = Config::parse(&yaml, "test", false).unwrap();
+    let mut writer = Writer::open(&db, common::seed("verify-no-verdict"));
+    writer.commit_txn();
+    let faults = Faults::new();
+    let f = faults.clone();
+    let wrap: ClientWrapper = Arc::new(move |_db: &str, _name: &str, client: AnyClient| {
+        AnyClient::Faulty(Box::new(FaultyClient::new(client, f.clone())))
+    });
+    let store = Store::open_with(&config, Some(wrap)).await.unwrap();
+    let counters = store.dbs()[0].replicas[0].1.counters.clone();
+    wait_until("first verify ok", || counters.verify_ok.get() == 1).await;
+    let failures = counters.maintenance_failures.get();
+    faults.set_fail_rate(1.0);
+    wait_until("verifies that could not run", || {
+        counters.maintenance_failures.get() >= failures + 3
+    })
+    .await;
+    assert_eq!(
+        counters.verify_ok.get(),
+        1,
+        "no verdict counted as a failure"
+    );
+    faults.set_fail_rate(0.0);
+    store.shutdown(std::future::pending()).await;
+}

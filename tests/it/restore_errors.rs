@@ -413,6 +413,15 @@ fn usage_errors_exit_2() {
         &["restore", "/tmp/replica-without-output"],
         &["restore", "-o", "/tmp/x.db", "ftp://host/path"],
         &["frobnicate"],
+        // Not a level: the log filter took it for a target and dropped every line.
+        &[
+            "--log-level",
+            "warning",
+            "restore",
+            "-o",
+            "/tmp/x.db",
+            "/tmp",
+        ],
     ];
     for args in cases {
         let o = Command::new(bin).args(*args).output().unwrap();

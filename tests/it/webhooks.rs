@@ -260,14 +260,26 @@ fn webhooks_and_heartbeat_follow_a_replica_failing_and_recovering() {
         "{}",
         d.log_text()
     );
-    // Not ready: no ping over more than two intervals.
+    // Not ready: no ping over more than two intervals, and a withheld ping is tried again at
+    // the next check (1 s here), not at once (it looped every 10 ms).
+    let withheld = || {
+        sample(
+            &metrics(port),
+            "replicad_heartbeat_pings_total",
+            "result=\"withheld\"",
+        )
+        .unwrap_or(0.0)
+    };
     let during = hook.pings("/ping/secret-uuid");
+    let withheld_before = withheld();
     sleep(Duration::from_millis(2500));
     assert_eq!(
         hook.pings("/ping/secret-uuid"),
         during,
         "pinged while not ready"
     );
+    let tries = withheld() - withheld_before;
+    assert!(tries <= 4.0, "{tries} withheld pings in 2.5 s");
 
     // Cause removed: recovered, and the pings resume.
     std::fs::remove_dir_all(&obstacle).unwrap();

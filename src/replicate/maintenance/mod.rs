@@ -323,10 +323,12 @@ pub async fn run(
                     Ok(Err(reason))
                 }
             };
-            counters
-                .verify_ok
-                .set(i64::from(matches!(verdict, Ok(Ok(())))));
-            counters.verify_txid.set(tip.0 as i64);
+            // A verify that could not run (a request failed) is no verdict: the last one
+            // stands, where a 0 here read as "failed" and sent a verify-failed webhook.
+            if let Ok(v) = &verdict {
+                counters.verify_ok.set(i64::from(v.is_ok()));
+                counters.verify_txid.set(tip.0 as i64);
+            }
             match verdict? {
                 Ok(()) => Ok(Done::Checked(id)),
                 Err(reason) => Ok(Done::Unrestorable { tip, reason }),
