@@ -26,6 +26,10 @@
 //!   take it, and the S3 client puts objects with `If-None-Match: *`. Elsewhere (directory
 //!   replicas, stores without conditions) a write is followed by a read-back: when two
 //!   instances start together, the last writer wins and the other sees it and refuses.
+//!   Where a replace removes the old object first (SFTP, WebDAV), a holder's refresh leaves a
+//!   moment without a lease, so a missing lease is read again before it counts as free: a
+//!   second later while a lease write's temporary file is there (one listing), at once when
+//!   it is not (that write ended between the two requests), up to three times.
 //! - **Check**, before an upload round: read the lease (one GET) and stop if it is not ours.
 //!   In conditional mode a round skips it while a read (or our compare-and-swap) found the
 //!   lease ours less than [`Lease::reread_after`] ago (TTL/60, 10 s by default, on the boot
@@ -65,6 +69,15 @@ use crate::util::clock::since_boot;
 /// Name of the lease object at the replica root.
 pub const LEASE_NAME: &str = "replicad.lease";
 pub use crate::config::{DEFAULT_LEASE_TTL, MIN_LEASE_TTL};
+
+/// How long after finding no lease, with a lease write under way, it is read again: where a
+/// replace removes the old object first, that moment lasts a round trip, and a lease read in
+/// it looked free.
+const AUX_GAP: Duration = Duration::from_secs(1);
+
+/// Looks for a lease write under way before a missing lease counts as free: a write whose
+/// connection dropped is redone whole, with a new temporary file.
+const AUX_GAP_LOOKS: usize = 3;
 
 /// What the lease object holds (JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -402,6 +415,34 @@ impl Lease {
         Ok(())
     }
 
+    /// [`Lease::read_versioned`], where a replace removes the old lease first: a holder
+    /// refreshing its lease there is not a free lease. A lease found missing while a write of
+    /// it is under way ([`ReplicaClient::aux_write_in_flight`]) is read again after
+    /// [`AUX_GAP`]; found missing after that write ended (its rename came before the look),
+    /// it is read again at once. Elsewhere one read.
+    async fn read_settled(
+        &self,
+        counters: &ReplicaCounters,
+    ) -> Result<Option<(LeaseRecord, Option<String>)>, LeaseError> {
+        let found = self.read_versioned(counters).await?;
+        if found.is_some() || !self.client.replaces_aux_in_two_steps() {
+            return Ok(found);
+        }
+        for _ in 0..AUX_GAP_LOOKS {
+            let at = Instant::now();
+            let in_flight = self.client.aux_write_in_flight(LEASE_NAME).await;
+            counters.observe(2, at, &in_flight);
+            if in_flight.map_err(|e| self.storage(e))? {
+                tokio::time::sleep(AUX_GAP).await;
+            }
+            let found = self.read_versioned(counters).await?;
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
+    }
+
     fn is_mine(&self, other: &LeaseRecord) -> bool {
         other.instance == self.me.instance && other.db == self.me.db
     }
@@ -445,7 +486,7 @@ impl Lease {
         let replica = self.client.location();
         self.confirmed_at = None;
         let mut version = None;
-        if let Some((held, v)) = self.read_versioned(counters).await? {
+        if let Some((held, v)) = self.read_settled(counters).await? {
             version = v;
             let age_ms = now_ms() - held.refreshed_ms;
             if self.is_mine(&held) {
@@ -531,7 +572,7 @@ impl Lease {
                 return Ok(version);
             }
             tokio::time::sleep(left.min(ttl / 4).max(Duration::from_millis(50))).await;
-            match self.read_versioned(counters).await? {
+            match self.read_settled(counters).await? {
                 Some((now, v)) if now == held && v == version => {}
                 // Gone meanwhile: nobody holds it any more.
                 None => return Ok(None),

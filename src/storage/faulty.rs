@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -39,6 +39,14 @@ pub struct Faults {
     /// When each file was put (level, min, max), recorded while listings lag.
     put_at: Mutex<HashMap<(u8, TxId, TxId), Instant>>,
     injected: AtomicU64,
+    /// If non-zero, a write of an auxiliary object removes the old one this many ms before
+    /// it writes the new one (as SFTP and WebDAV replace).
+    aux_gap_ms: AtomicU64,
+    /// Such writes in their gap now (as their temporary file would show).
+    aux_in_gap: AtomicU64,
+    /// A look for a write under way answers only once no write is in its gap (a listing
+    /// that reaches the server after the holder's rename).
+    aux_look_late: AtomicBool,
 }
 
 impl Faults {
@@ -116,6 +124,19 @@ impl Faults {
             });
         }
         files
+    }
+
+    /// Writes of auxiliary objects leave none for `d` before the new one is in place.
+    pub fn set_aux_gap(&self, d: Duration) {
+        self.aux_gap_ms.store(
+            d.as_millis().try_into().unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Looks for an auxiliary write under way answer only once its gap is over.
+    pub fn set_aux_look_late(&self, on: bool) {
+        self.aux_look_late.store(on, Ordering::SeqCst);
     }
 
     /// Failures injected so far.
@@ -217,6 +238,10 @@ impl FaultyClient {
         Box::pin(self.inner.delete_aux(name))
     }
 
+    fn inner_aux_write_in_flight<'a>(&'a self, name: &'a str) -> BoxFut<'a, bool> {
+        Box::pin(self.inner.aux_write_in_flight(name))
+    }
+
     fn inner_read_aux_versioned<'a>(&'a self, name: &'a str) -> BoxFut<'a, Option<Versioned>> {
         Box::pin(self.inner.read_aux_versioned(name))
     }
@@ -299,7 +324,35 @@ impl ReplicaClient for FaultyClient {
 
     async fn write_aux(&self, name: &str, data: Vec<u8>) -> Result<(), StorageError> {
         self.faults.before("put").await?;
-        self.inner_write_aux(name, data).await
+        let gap = self.faults.aux_gap_ms.load(Ordering::Relaxed);
+        if gap == 0 {
+            return self.inner_write_aux(name, data).await;
+        }
+        self.faults.aux_in_gap.fetch_add(1, Ordering::SeqCst);
+        let written = async {
+            self.inner_delete_aux(name).await?;
+            tokio::time::sleep(Duration::from_millis(gap)).await;
+            self.inner_write_aux(name, data).await
+        }
+        .await;
+        self.faults.aux_in_gap.fetch_sub(1, Ordering::SeqCst);
+        written
+    }
+
+    fn replaces_aux_in_two_steps(&self) -> bool {
+        self.faults.aux_gap_ms.load(Ordering::Relaxed) > 0 || self.inner.replaces_aux_in_two_steps()
+    }
+
+    async fn aux_write_in_flight(&self, name: &str) -> Result<bool, StorageError> {
+        if self.faults.aux_look_late.load(Ordering::SeqCst) {
+            while self.faults.aux_in_gap.load(Ordering::SeqCst) > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        if self.faults.aux_in_gap.load(Ordering::SeqCst) > 0 {
+            return Ok(true);
+        }
+        self.inner_aux_write_in_flight(name).await
     }
 
     async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {

@@ -255,6 +255,23 @@ pub trait ReplicaClient {
     /// Deletes the auxiliary object `name`; a missing one is not an error.
     fn delete_aux(&self, name: &str) -> impl Future<Output = Result<(), StorageError>> + Send;
 
+    /// Whether [`ReplicaClient::write_aux`] removes the old object before the new one is in
+    /// place (SFTP's rename will not replace; a WebDAV MOVE deletes the target first): a
+    /// reader in between finds none, which the lease must not take for free.
+    fn replaces_aux_in_two_steps(&self) -> bool {
+        false
+    }
+
+    /// Whether a [`ReplicaClient::write_aux`] of `name` may be under way: its temporary file
+    /// is there (one listing where [`ReplicaClient::replaces_aux_in_two_steps`]; elsewhere
+    /// false, without a request).
+    fn aux_write_in_flight(
+        &self,
+        _name: &str,
+    ) -> impl Future<Output = Result<bool, StorageError>> + Send {
+        std::future::ready(Ok(false))
+    }
+
     /// [`ReplicaClient::read_aux`] with the object's version (S3: its ETag) when the backend
     /// has one.
     fn read_aux_versioned(
@@ -645,6 +662,14 @@ impl ReplicaClient for AnyClient {
 
     fn location(&self) -> String {
         dispatch!(self, c => c.location())
+    }
+
+    fn replaces_aux_in_two_steps(&self) -> bool {
+        dispatch!(self, c => c.replaces_aux_in_two_steps())
+    }
+
+    async fn aux_write_in_flight(&self, name: &str) -> Result<bool, StorageError> {
+        dispatch!(self, c => c.aux_write_in_flight(name).await)
     }
 
     async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {

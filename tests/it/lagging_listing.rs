@@ -15,11 +15,10 @@ use std::time::Duration;
 
 use common::{TestDir, Writer};
 use replicad::config::Config;
-use replicad::daemon::{ClientWrapper, Store};
+use replicad::daemon::Store;
 use replicad::replicate::health::SeedReason;
 use replicad::replicate::replica::ReplicaStats;
-use replicad::storage::AnyClient;
-use replicad::storage::faulty::{Faults, FaultyClient};
+use replicad::storage::faulty::Faults;
 
 const LIST: usize = 2;
 
@@ -62,11 +61,9 @@ impl Lagging {
         let mut writer = Writer::open(&db, common::seed(name));
         writer.commit_txn();
         let faults = Faults::new();
-        let f = faults.clone();
-        let wrap: ClientWrapper = Arc::new(move |_db: &str, _name: &str, client: AnyClient| {
-            AnyClient::Faulty(Box::new(FaultyClient::new(client, f.clone())))
-        });
-        let store = Store::open_with(&config, Some(wrap)).await.unwrap();
+        let store = Store::open_with(&config, Some(common::behind_faults(&faults)))
+            .await
+            .unwrap();
         let stats = store.dbs()[0].replicas[0].1.clone();
         wait_until("the first upload", || {
             stats.remote_txid.load(Ordering::Relaxed) > 0

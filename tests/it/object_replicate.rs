@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::emulators::{AZURITE_ACCOUNT, AZURITE_KEY, Emulator};
 use common::{TestDir, Writer, assert_same_content, steps, wait_for_replica_txid};
+use replicad::storage::ReplicaClient;
 use replicad::storage::object::Service;
 
 fn replicad(emu: &Emulator, args: &[&str]) -> Command {
@@ -562,4 +563,31 @@ async fn webdav_read_only_server_is_named() {
     common::sigterm(&d);
     let st = common::wait_timeout(&mut d, Duration::from_secs(60)).expect("stop");
     assert_eq!(st.code(), Some(1), "exit code with an unprotected database");
+}
+
+/// A lease write under way on WebDAV (its `replicad.lease.<pid>-<random>.tmp`, between the
+/// write and the MOVE that deletes the old lease first) is seen by one listing; GCS and Azure
+/// replace in one step, so nothing is listed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_write_under_way_is_seen_on_webdav() {
+    let Some(dav) = Emulator::webdav(false) else {
+        return;
+    };
+    let client = dav.client("inflight");
+    assert!(!client.aux_write_in_flight("replicad.lease").await.unwrap());
+    client
+        .write_aux("other.1-2.tmp", b"x".to_vec())
+        .await
+        .unwrap();
+    client
+        .write_aux("replicad.lease", b"{}".to_vec())
+        .await
+        .unwrap();
+    assert!(!client.aux_write_in_flight("replicad.lease").await.unwrap());
+    // As a crashed or slow writer leaves it.
+    client
+        .write_aux("replicad.lease.77-00ff.tmp", b"{}".to_vec())
+        .await
+        .unwrap();
+    assert!(client.aux_write_in_flight("replicad.lease").await.unwrap());
 }

@@ -430,10 +430,7 @@ fn verifying(dir: &Path) -> std::collections::BTreeSet<std::path::PathBuf> {
 /// sent a verify-failed webhook while the log said it could not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_verify_that_cannot_run_keeps_the_last_verdict() {
-    use replicad::daemon::ClientWrapper;
-    use replicad::storage::AnyClient;
-    use replicad::storage::faulty::{Faults, FaultyClient};
-    use std::sync::Arc;
+    use replicad::storage::faulty::Faults;
     let dir = TestDir::new("verify-no-verdict");
     let db = dir.join("app.db");
     let yaml = format!(
@@ -445,11 +442,9 @@ async fn a_verify_that_cannot_run_keeps_the_last_verdict() {
     let mut writer = Writer::open(&db, common::seed("verify-no-verdict"));
     writer.commit_txn();
     let faults = Faults::new();
-    let f = faults.clone();
-    let wrap: ClientWrapper = Arc::new(move |_db: &str, _name: &str, client: AnyClient| {
-        AnyClient::Faulty(Box::new(FaultyClient::new(client, f.clone())))
-    });
-    let store = Store::open_with(&config, Some(wrap)).await.unwrap();
+    let store = Store::open_with(&config, Some(common::behind_faults(&faults)))
+        .await
+        .unwrap();
     let counters = store.dbs()[0].replicas[0].1.counters.clone();
     wait_until("first verify ok", || counters.verify_ok.get() == 1).await;
     let failures = counters.maintenance_failures.get();

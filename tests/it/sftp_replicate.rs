@@ -573,3 +573,27 @@ async fn sftp_asks_for_the_host_key_type_it_knows() {
             .unwrap_or_else(|e| panic!("{check:?}: {e}"));
     }
 }
+
+/// A lease write under way on SFTP (its `replicad.lease.<pid>-<random>.tmp` beside the lease,
+/// between the remove of the old one and the rename) is seen by one listing: a lease missing
+/// then is read again before it counts as free. Other temporary files do not count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_write_under_way_is_seen_on_sftp() {
+    let Some(sshd) = Sshd::start() else { return };
+    let client = sshd.client("inflight");
+    let root = sshd.root.join("inflight");
+    assert!(
+        !client.aux_write_in_flight("replicad.lease").await.unwrap(),
+        "no directory yet"
+    );
+    std::fs::create_dir_all(root.join("ltx/0")).unwrap();
+    std::fs::write(
+        root.join("ltx/0/0000000000000001-0000000000000001.ltx.1.2.tmp"),
+        b"x",
+    )
+    .unwrap();
+    std::fs::write(root.join("other.1-2.tmp"), b"x").unwrap();
+    assert!(!client.aux_write_in_flight("replicad.lease").await.unwrap());
+    std::fs::write(root.join("replicad.lease.77-00ff.tmp"), b"{}").unwrap();
+    assert!(client.aux_write_in_flight("replicad.lease").await.unwrap());
+}

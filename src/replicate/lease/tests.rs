@@ -133,3 +133,59 @@ fn the_boot_clock_counts_like_the_monotonic_one_while_awake() {
     assert!(boot >= Duration::from_millis(20), "{boot:?}");
     assert!(boot >= m2 - m1 && boot <= m3 - m0, "{boot:?}");
 }
+
+/// Where a replace removes the old lease before the new one is in (SFTP, WebDAV), a second
+/// instance that reads in that moment must still find the lease held: it read none, took it
+/// and pushed the live holder off at the holder's next check. Both orders: the look for the
+/// write's temporary file lands in the gap (wait, read again), or after the rename (read
+/// again at once).
+#[tokio::test]
+async fn a_lease_read_while_its_holder_replaces_it_is_still_held() {
+    for look_late in [false, true] {
+        newcomer_during_a_refresh(look_late).await;
+    }
+}
+
+async fn newcomer_during_a_refresh(look_late: bool) {
+    use crate::storage::faulty::{Faults, FaultyClient};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let faults = Faults::new();
+    let client = AnyClient::Faulty(Box::new(FaultyClient::new(
+        AnyClient::from_url(&dir.path().display().to_string()).expect("a plain path"),
+        faults.clone(),
+    )));
+    let counters = test_counters();
+    let mut holder = Lease::new(client.clone(), "/data/a.db", DEFAULT_LEASE_TTL);
+    holder.acquire(&counters).await.expect("a free replica");
+    assert_eq!(holder.mode(), Mode::ReadCheck);
+    faults.set_aux_gap(Duration::from_millis(300));
+    faults.set_aux_look_late(look_late);
+    let refresh = tokio::spawn(async move {
+        holder
+            .write(&test_counters(), WriteIf::Absent)
+            .await
+            .map(|()| holder)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut newcomer = Lease::new(client.clone(), "/data/b.db", DEFAULT_LEASE_TTL);
+    let r = newcomer.acquire(&counters).await;
+    assert!(
+        matches!(r, Err(LeaseError::Held { .. })),
+        "look late {look_late}: the newcomer took a live lease: {r:?}"
+    );
+    let mut holder = refresh.await.expect("no panic").expect("the refresh");
+    faults.set_aux_gap(Duration::ZERO);
+    holder
+        .check(&counters)
+        .await
+        .expect("the holder keeps its lease");
+}
+
+/// Counters registered nowhere that matters.
+fn test_counters() -> ReplicaCounters {
+    crate::replicate::counters::ReplicaMetrics::register(
+        &prometheus::Registry::new(),
+        std::sync::Arc::default(),
+    )
+    .replica("/data/a.db", "r", false)
+}

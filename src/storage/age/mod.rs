@@ -101,6 +101,10 @@ impl AgeClient {
         Box::pin(self.plain.write_aux(name, data))
     }
 
+    fn plain_aux_write_in_flight<'a>(&'a self, name: &'a str) -> BoxFut<'a, bool> {
+        Box::pin(self.plain.aux_write_in_flight(name))
+    }
+
     fn plain_delete_aux<'a>(&'a self, name: &'a str) -> BoxFut<'a, ()> {
         Box::pin(self.plain.delete_aux(name))
     }
@@ -378,6 +382,14 @@ impl ReplicaClient for AgeClient {
 
     fn location(&self) -> String {
         self.plain.location()
+    }
+
+    fn replaces_aux_in_two_steps(&self) -> bool {
+        self.plain.replaces_aux_in_two_steps()
+    }
+
+    async fn aux_write_in_flight(&self, name: &str) -> Result<bool, StorageError> {
+        self.plain_aux_write_in_flight(name).await
     }
 
     async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {

@@ -503,6 +503,30 @@ impl ReplicaClient for ObjectClient {
             .map_err(|e| self.fail("put", &key, e))
     }
 
+    /// On WebDAV, a `<name>.<pid>-<random>.tmp` beside it: [`ReplicaClient::write_aux`]
+    /// under way, between its write and its MOVE (which deletes the target first), or one
+    /// that crashed there. One listing. Elsewhere a write replaces in one step: false.
+    fn replaces_aux_in_two_steps(&self) -> bool {
+        self.cfg.service == Service::Webdav
+    }
+
+    async fn aux_write_in_flight(&self, name: &str) -> Result<bool, StorageError> {
+        crate::storage::check_aux_name(name)?;
+        if self.cfg.service != Service::Webdav {
+            return Ok(false);
+        }
+        let root = self.root();
+        let prefix = format!("{root}{name}.");
+        let dir = if root.is_empty() { "/" } else { root.as_str() };
+        match self.op.list(dir).await {
+            Ok(entries) => Ok(entries
+                .iter()
+                .any(|e| e.path().starts_with(&prefix) && e.path().ends_with(".tmp"))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(classify(&self.cfg, "list", &root, e, true)),
+        }
+    }
+
     async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
         let key = self.aux_key(name)?;
         self.op

@@ -41,6 +41,9 @@ use crate::storage::{LtxFileInfo, ObjectReader, ReplicaClient, SNAPSHOT_LEVEL, S
 /// Uploads of one replica in flight at once.
 pub const PUTS_IN_FLIGHT: usize = 4;
 
+/// Seconds after which a lease write's temporary file is a crashed write's, not one under way.
+const AUX_WRITE_STALE_S: i64 = 60;
+
 /// An SFTP replica client. Cheap to clone; clones share the connection. A call that fails on
 /// a connection found dead runs once more on a new one, never more.
 #[derive(Clone)]
@@ -630,8 +633,8 @@ impl ReplicaClient for SftpClient {
                 }
                 // Written aside, then put in place: readers see the old or the new one whole
                 // (SFTP's rename will not replace, so the old one goes first: a reader in
-                // between sees none, which the lease reads as "free" and then loses the race
-                // on its own write).
+                // between sees none, and the lease looks for this temporary file before it
+                // takes a missing lease for free: `aux_write_in_flight`).
                 let tmp = format!(
                     "{path}.{}-{:016x}.tmp",
                     std::process::id(),
@@ -666,6 +669,46 @@ impl ReplicaClient for SftpClient {
                     let _ = c.sftp.remove_file(tmp.clone()).await;
                 }
                 placed
+            }
+        })
+        .await
+    }
+
+    fn replaces_aux_in_two_steps(&self) -> bool {
+        true
+    }
+
+    /// A `<name>.<pid>-<random>.tmp` beside it changed in the last minute (by the server's
+    /// clock): [`ReplicaClient::write_aux`] under way, between its remove and its rename. An
+    /// older one is a crashed write's. One listing.
+    async fn aux_write_in_flight(&self, name: &str) -> Result<bool, StorageError> {
+        crate::storage::check_aux_name(name)?;
+        let dir = match self.path("").trim_end_matches('/') {
+            "" if self.cfg.path == "/" => "/".to_string(),
+            "" => ".".to_string(),
+            d => d.to_string(),
+        };
+        let prefix = format!("{name}.");
+        self.run("list", &dir, |c| {
+            let (dir, prefix) = (dir.clone(), prefix.clone());
+            async move {
+                match c.sftp.read_dir(dir.clone()).await {
+                    Ok(entries) => {
+                        let now = Utc::now().timestamp();
+                        Ok(entries.into_iter().any(|e| {
+                            let n = e.file_name();
+                            let recent = e
+                                .metadata()
+                                .mtime
+                                .is_none_or(|t| now - i64::from(t) < AUX_WRITE_STALE_S);
+                            n.starts_with(&prefix) && n.ends_with(".tmp") && recent
+                        }))
+                    }
+                    Err(e) => match self.fail("list", &dir, e) {
+                        StorageError::NotFound(_) => Ok(false),
+                        e => Err(e),
+                    },
+                }
             }
         })
         .await

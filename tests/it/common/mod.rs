@@ -665,3 +665,15 @@ pub fn libfaketime() -> Option<&'static str> {
     );
     found
 }
+
+/// A Store's client wrapper that puts every replica behind `faults`.
+pub fn behind_faults(
+    faults: &std::sync::Arc<replicad::storage::faulty::Faults>,
+) -> replicad::daemon::ClientWrapper {
+    use replicad::storage::AnyClient;
+    use replicad::storage::faulty::FaultyClient;
+    let f = faults.clone();
+    std::sync::Arc::new(move |_db: &str, _name: &str, client: AnyClient| {
+        AnyClient::Faulty(Box::new(FaultyClient::new(client, f.clone())))
+    })
+}
