@@ -253,19 +253,16 @@ fn table(v: &serde_json::Value) -> String {
         for r in d["replicas"].as_array().unwrap_or(&empty) {
             let name = r["name"].as_str().unwrap_or("?");
             // Unprotected without an error: an upload that hangs, past max-lag.
-            let lagging = || {
-                format!(
+            let why = match r["error"].as_str() {
+                Some(e) => Some(e.to_string()),
+                None if r["protected"] == false => Some(format!(
                     "{} s behind, past max-lag",
                     r["lag_seconds"].as_f64().unwrap_or(0.0)
-                )
-            };
-            match r["error"].as_str() {
-                Some(e) => out.push_str(&format!("NOT PROTECTED  {path} replica {name}: {e}\n")),
-                None if r["protected"] == false => out.push_str(&format!(
-                    "NOT PROTECTED  {path} replica {name}: {}\n",
-                    lagging()
                 )),
-                None => {}
+                None => None,
+            };
+            if let Some(why) = why {
+                out.push_str(&format!("NOT PROTECTED  {path} replica {name}: {why}\n"));
             }
             if let Some(e) = r["maintenance_error"].as_str() {
                 out.push_str(&format!("MAINTENANCE    {path} replica {name}: {e}\n"));

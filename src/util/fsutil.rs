@@ -90,12 +90,13 @@ pub fn claim_tmp(path: &Path) -> io::Result<(PathBuf, File)> {
 /// processes writing one name (two daemons on one replica) must never share a temporary file.
 pub fn unique_tmp_path(path: &Path) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
-    s.push(format!(
-        ".{}-{:016x}.tmp",
-        std::process::id(),
-        rand::random::<u64>()
-    ));
+    s.push(unique_tmp_suffix());
     PathBuf::from(s)
+}
+
+/// The suffix of [`unique_tmp_path`], `.<pid>-<random>.tmp`, for remote names too.
+pub fn unique_tmp_suffix() -> String {
+    format!(".{}-{:016x}.tmp", std::process::id(), rand::random::<u64>())
 }
 
 /// Creates `path` as a new, empty file, removing whatever was there first. A file handed to a

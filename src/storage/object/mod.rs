@@ -481,11 +481,7 @@ impl ReplicaClient for ObjectClient {
         if self.cfg.service == Service::Webdav {
             // Whole: written aside, then moved over the old one (MOVE replaces in one step).
             self.ensure_dir(&key).await?;
-            let tmp = format!(
-                "{key}.{}-{:016x}.tmp",
-                std::process::id(),
-                rand::random::<u64>()
-            );
+            let tmp = format!("{key}{}", crate::util::fsutil::unique_tmp_suffix());
             let placed = match self.op.write(&tmp, data).await {
                 Ok(_) => self.op.rename(&tmp, &key).await,
                 Err(e) => Err(e),
@@ -503,16 +499,17 @@ impl ReplicaClient for ObjectClient {
             .map_err(|e| self.fail("put", &key, e))
     }
 
-    /// On WebDAV, a `<name>.<pid>-<random>.tmp` beside it: [`ReplicaClient::write_aux`]
-    /// under way, between its write and its MOVE (which deletes the target first), or one
-    /// that crashed there. One listing. Elsewhere a write replaces in one step: false.
+    /// A WebDAV MOVE deletes its target first.
     fn replaces_aux_in_two_steps(&self) -> bool {
         self.cfg.service == Service::Webdav
     }
 
+    /// On WebDAV, a `<name>.<pid>-<random>.tmp` beside it: [`ReplicaClient::write_aux`]
+    /// under way, between its write and its MOVE, or one that crashed there. One listing.
+    /// Elsewhere a write replaces in one step: false.
     async fn aux_write_in_flight(&self, name: &str) -> Result<bool, StorageError> {
         crate::storage::check_aux_name(name)?;
-        if self.cfg.service != Service::Webdav {
+        if !self.replaces_aux_in_two_steps() {
             return Ok(false);
         }
         let root = self.root();

@@ -635,11 +635,7 @@ impl ReplicaClient for SftpClient {
                 // (SFTP's rename will not replace, so the old one goes first: a reader in
                 // between sees none, and the lease looks for this temporary file before it
                 // takes a missing lease for free: `aux_write_in_flight`).
-                let tmp = format!(
-                    "{path}.{}-{:016x}.tmp",
-                    std::process::id(),
-                    rand::random::<u64>()
-                );
+                let tmp = format!("{path}{}", crate::util::fsutil::unique_tmp_suffix());
                 let placed = async {
                     match self.write_small(&c, &tmp, &data).await {
                         // The directory was removed behind the cache's back: make it again,
