@@ -293,13 +293,22 @@ fn view(d: &DbHandle, max_lag: Duration, since_ms: i64) -> DbView {
 /// What was last reported.
 #[derive(Default)]
 struct Seen {
-    /// Databases reported failing, with when their failure started.
-    dbs: HashMap<PathBuf, Option<i64>>,
+    dbs: HashMap<PathBuf, DbSeen>,
     replicas: HashMap<(PathBuf, String), ReplicaSeen>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
+struct DbSeen {
+    /// When the reported failure started (`None`: none reported).
+    failing: Option<i64>,
+    /// Since when (ms) it has been seen without a completed sync.
+    unsynced_since: Option<i64>,
+}
+
+#[derive(Clone)]
 struct ReplicaSeen {
+    /// Where it replicates, for an event after its database is gone.
+    location: Arc<str>,
     /// When the reported failure started (`None`: none reported).
     failing: Option<i64>,
     lease_lost: bool,
@@ -312,6 +321,7 @@ struct ReplicaSeen {
 impl Default for ReplicaSeen {
     fn default() -> Self {
         ReplicaSeen {
+            location: Arc::from(""),
             failing: None,
             behind_since: None,
             lease_lost: false,
@@ -370,19 +380,36 @@ fn diff(
     now_ms: i64,
 ) -> Vec<(NotifyEvent, serde_json::Value)> {
     let mut out = Vec::new();
+    let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
     for d in views {
         let db = d.path.display().to_string();
-        let failing = seen.dbs.entry(d.path.clone()).or_default();
-        match (&d.problem, *failing) {
-            (Some(p), None) if !d.synced || p.reportable(grace, now_ms) => {
-                *failing = Some(p.since_ms);
+        let s = seen.dbs.entry(d.path.clone()).or_default();
+        s.unsynced_since = match d.synced {
+            true => None,
+            false => Some(s.unsynced_since.unwrap_or(now_ms)),
+        };
+        // Failing as `/readyz` judges: an error before the first sync, or lasting max-lag;
+        // and a first sync that has not completed in max-lag (a start that hangs sets no
+        // error, yet nothing of the database is captured).
+        let failure = match (&d.problem, s.unsynced_since) {
+            (Some(p), _) if !d.synced || p.reportable(grace, now_ms) => {
+                Some((p.reason.clone(), p.since_ms))
+            }
+            (None, Some(t)) if now_ms.saturating_sub(t) >= grace_ms => {
+                Some(("first sync not completed".to_string(), t))
+            }
+            _ => None,
+        };
+        match (failure, s.failing) {
+            (Some((reason, since)), None) => {
+                s.failing = Some(since);
                 out.push((
                     NotifyEvent::DatabaseFailing,
-                    serde_json::json!({ "db": db, "error": p.reason, "since": rfc3339(p.since_ms), "txid": d.txid }),
+                    serde_json::json!({ "db": db, "error": reason, "since": rfc3339(since), "txid": d.txid }),
                 ));
             }
-            (None, Some(since)) => {
-                *failing = None;
+            (None, Some(since)) if d.problem.is_none() && d.synced => {
+                s.failing = None;
                 out.push((
                     NotifyEvent::DatabaseRecovered,
                     serde_json::json!({ "db": db, "since": rfc3339(since), "txid": d.txid }),
@@ -395,6 +422,7 @@ fn diff(
                 .replicas
                 .entry((d.path.clone(), r.name.clone()))
                 .or_default();
+            s.location = r.location.clone();
             let base = |error: Option<&str>| {
                 serde_json::json!({
                     "db": db, "replica": r.name, "replica_url": &*r.location, "error": error,
@@ -414,7 +442,6 @@ fn diff(
                 Some(_) => Some(s.behind_since.unwrap_or(now_ms)),
                 None => None,
             };
-            let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
             let failure = match (&r.problem, &r.behind, s.behind_since) {
                 _ if r.lease_lost => None,
                 (Some(p), _, _) if p.reportable(grace, now_ms) => {
@@ -469,7 +496,26 @@ fn diff(
             s.verify = r.verify;
         }
     }
+    // A database no longer replicated (removed from the config, or its file by discovery) is
+    // forgotten; a failure reported for it is closed, so that an alert opened by the event
+    // does not stay open for good. `removed` says why it ended.
     let present: HashSet<&PathBuf> = views.iter().map(|d| &d.path).collect();
+    for ((path, name), r) in &seen.replicas {
+        if let (false, Some(since)) = (present.contains(path), r.failing) {
+            out.push((
+                NotifyEvent::ReplicaRecovered,
+                serde_json::json!({ "db": path.display().to_string(), "replica": name, "replica_url": &*r.location, "error": null, "since": rfc3339(since), "removed": true }),
+            ));
+        }
+    }
+    for (path, d) in &seen.dbs {
+        if let (false, Some(since)) = (present.contains(path), d.failing) {
+            out.push((
+                NotifyEvent::DatabaseRecovered,
+                serde_json::json!({ "db": path.display().to_string(), "since": rfc3339(since), "removed": true }),
+            ));
+        }
+    }
     seen.dbs.retain(|p, _| present.contains(p));
     seen.replicas.retain(|(p, _), _| present.contains(p));
     out
@@ -693,5 +739,48 @@ mod tests {
         views[0].synced = false;
         let ev = diff(&mut seen, &views, Duration::from_secs(60), 1_001);
         assert_eq!(names(&ev), ["database-failing"]);
+    }
+
+    #[test]
+    fn a_first_sync_that_never_completes_is_failing_after_the_grace() {
+        let grace = Duration::from_secs(60);
+        let mut seen = Seen::default();
+        let mut views = one(ReplicaView::default());
+        views[0].synced = false;
+        // No error anywhere: a start that hangs, first seen at 10 s.
+        assert!(diff(&mut seen, &views, grace, 10_000).is_empty());
+        assert!(diff(&mut seen, &views, grace, 69_000).is_empty());
+        let ev = diff(&mut seen, &views, grace, 70_000);
+        assert_eq!(names(&ev), ["database-failing"]);
+        assert_eq!(ev[0].1["error"], "first sync not completed");
+        assert_eq!(ev[0].1["since"], rfc3339(10_000));
+        assert!(diff(&mut seen, &views, grace, 71_000).is_empty());
+        views[0].synced = true;
+        assert_eq!(
+            names(&diff(&mut seen, &views, grace, 72_000)),
+            ["database-recovered"]
+        );
+    }
+
+    #[test]
+    fn a_database_removed_while_failing_closes_its_failures() {
+        let grace = Duration::ZERO;
+        let mut seen = Seen::default();
+        let mut views = one(ReplicaView {
+            problem: problem(5),
+            ..Default::default()
+        });
+        views[0].problem = problem(5);
+        assert_eq!(
+            names(&diff(&mut seen, &views, grace, 5)),
+            ["database-failing", "replica-failing"]
+        );
+        let ev = diff(&mut seen, &[], grace, 6);
+        assert_eq!(names(&ev), ["replica-recovered", "database-recovered"]);
+        assert!(ev.iter().all(|(_, v)| v["removed"] == true));
+        assert_eq!(ev[0].1["replica_url"], "s3://bucket/app");
+        assert_eq!(ev[1].1["db"], "/data/app.db");
+        assert!(diff(&mut seen, &[], grace, 7).is_empty());
+        assert!(seen.dbs.is_empty() && seen.replicas.is_empty());
     }
 }
