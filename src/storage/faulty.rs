@@ -242,6 +242,10 @@ impl FaultyClient {
         Box::pin(self.inner.aux_write_in_flight(name))
     }
 
+    fn inner_sweep_tmp(&self, older_than: Duration) -> BoxFut<'_, usize> {
+        Box::pin(self.inner.sweep_tmp(older_than))
+    }
+
     fn inner_read_aux_versioned<'a>(&'a self, name: &'a str) -> BoxFut<'a, Option<Versioned>> {
         Box::pin(self.inner.read_aux_versioned(name))
     }
@@ -353,6 +357,11 @@ impl ReplicaClient for FaultyClient {
             return Ok(true);
         }
         self.inner_aux_write_in_flight(name).await
+    }
+
+    async fn sweep_tmp(&self, older_than: Duration) -> Result<usize, StorageError> {
+        self.faults.before("list").await?;
+        self.inner_sweep_tmp(older_than).await
     }
 
     async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {

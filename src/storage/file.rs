@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Utc};
 
 use crate::ltx::{self, TxId};
-use crate::storage::{LtxFileInfo, ObjectReader, ReplicaClient, StorageError};
+use crate::storage::{LtxFileInfo, ObjectReader, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::util::fsutil;
 
 /// A directory replica.
@@ -278,6 +278,11 @@ impl ReplicaClient for FileClient {
         .await
     }
 
+    async fn sweep_tmp(&self, older_than: Duration) -> Result<usize, StorageError> {
+        let c = self.clone();
+        blocking(move || c.sweep_tmp_blocking(older_than)).await
+    }
+
     async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {
         let path = self.aux_path(name)?;
         let root = self.root.clone();
@@ -294,6 +299,60 @@ impl ReplicaClient for FileClient {
 }
 
 impl FileClient {
+    /// [`ReplicaClient::sweep_tmp`]: the root and the level directories. A file's age is
+    /// that of its last change, the inode's included: a put's temporary name is a hard link
+    /// to a staged segment, whose own modification time may be old.
+    fn sweep_tmp_blocking(&self, older_than: Duration) -> Result<usize, StorageError> {
+        use std::os::unix::fs::MetadataExt;
+        let now = SystemTime::now();
+        // The level directories present: an idle replica's sweep reads three or four.
+        let levels: Vec<u8> = match fs::read_dir(self.root.join("ltx")) {
+            Ok(entries) => entries
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u8>().ok())
+                .filter(|l| *l <= SNAPSHOT_LEVEL)
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(StorageError::from_io("list", &self.root, e)),
+        };
+        let dirs = std::iter::once((self.root.clone(), false))
+            .chain(levels.into_iter().map(|l| (self.level_dir(l), true)));
+        let mut removed = 0;
+        for (dir, in_level) in dirs {
+            let entries = match fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(StorageError::from_io("list", &dir, e)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| StorageError::from_io("list", &dir, e))?;
+                let name = entry.file_name();
+                if !name
+                    .to_str()
+                    .is_some_and(|n| crate::storage::tmp_names::is_leftover_tmp(n, in_level))
+                {
+                    continue;
+                }
+                let path = entry.path();
+                let meta = match fs::symlink_metadata(&path) {
+                    Ok(m) if m.is_file() => m,
+                    _ => continue,
+                };
+                let changed_s = meta.mtime().max(meta.ctime());
+                let changed =
+                    UNIX_EPOCH + Duration::from_secs(u64::try_from(changed_s).unwrap_or(0));
+                if now.duration_since(changed).unwrap_or_default() < older_than {
+                    continue;
+                }
+                match fs::remove_file(&path) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(StorageError::from_io("delete", &path, e)),
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// Path of an auxiliary object: a plain name at the root, never a path that leaves it.
     fn aux_path(&self, name: &str) -> Result<PathBuf, StorageError> {
         crate::storage::check_aux_name(name)?;

@@ -25,6 +25,7 @@ pub mod file;
 pub mod object;
 pub mod s3;
 pub mod sftp;
+pub mod tmp_names;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -270,6 +271,17 @@ pub trait ReplicaClient {
         _name: &str,
     ) -> impl Future<Output = Result<bool, StorageError>> + Send {
         std::future::ready(Ok(false))
+    }
+
+    /// Removes the temporary files that writes cut short left behind (a `kill -9`, a
+    /// connection lost before the cleanup), last changed more than `older_than` ago, and
+    /// returns how many. Only names [`tmp_names::is_leftover_tmp`] accepts are touched. Backends that
+    /// never write under a temporary name (S3, GCS, Azure) have none and make no request.
+    fn sweep_tmp(
+        &self,
+        _older_than: std::time::Duration,
+    ) -> impl Future<Output = Result<usize, StorageError>> + Send {
+        std::future::ready(Ok(0))
     }
 
     /// [`ReplicaClient::read_aux`] with the object's version (S3: its ETag) when the backend
@@ -730,6 +742,10 @@ impl ReplicaClient for AnyClient {
 
     async fn read_aux_versioned(&self, name: &str) -> Result<Option<Versioned>, StorageError> {
         dispatch!(self, c => c.read_aux_versioned(name).await)
+    }
+
+    async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<usize, StorageError> {
+        dispatch!(self, c => c.sweep_tmp(older_than).await)
     }
 
     async fn write_aux_if(

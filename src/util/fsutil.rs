@@ -99,6 +99,15 @@ pub fn unique_tmp_suffix() -> String {
     format!(".{}-{:016x}.tmp", std::process::id(), rand::random::<u64>())
 }
 
+/// The name `name` carries before a [`unique_tmp_suffix`], or `None` when it has none.
+pub fn strip_unique_tmp_suffix(name: &str) -> Option<&str> {
+    let (rest, random) = name.strip_suffix(".tmp")?.rsplit_once('-')?;
+    let (stem, pid) = rest.rsplit_once('.')?;
+    let is_pid = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    let is_random = random.len() == 16 && random.bytes().all(|b| b.is_ascii_hexdigit());
+    (is_pid && is_random && !stem.is_empty()).then_some(stem)
+}
+
 /// Creates `path` as a new, empty file, removing whatever was there first. A file handed to a
 /// directory replica's put may share its inode with the replica's object (see
 /// [`crate::storage::file`]), so a leftover of that name must be unlinked, never truncated.

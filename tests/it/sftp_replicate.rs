@@ -87,7 +87,8 @@ fn restore(dir: &Path, cfg: &Path, out: &Path, db: &Path) -> Output {
 
 /// replicate -> kill -9 -> replicate again -> SIGTERM -> restore equals the source; a point
 /// in time from the first run restores too; the run stopped by SIGTERM left no temporary
-/// file on the server (the killed one may have: an upload cut by kill -9 is never listed).
+/// file on the server (the killed one may have: an upload cut by kill -9 is never listed),
+/// and the second run swept the leftovers of an older crash (a day old or more).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sftp_replicate_kill9_and_restore() {
     let Some(sshd) = Sshd::start() else { return };
@@ -99,7 +100,7 @@ async fn sftp_replicate_kill9_and_restore() {
         dir.path(),
         "replicad.yml",
         &db,
-        "",
+        "l0-retention-check-interval: 200ms\n",
         &sshd.replica_yaml("e2e", sshd.port, 6),
     );
     let args = ["replicate", "--config", common::s(&cfg)];
@@ -110,8 +111,26 @@ async fn sftp_replicate_kill9_and_restore() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     common::kill9(&mut first);
     steps(&mut w, 25).await;
+    // An older crash's leftovers: a put's and a lease write's, three days old.
+    let root = sshd.root.join("e2e");
+    let crashed = [
+        root.join("ltx/0/0000000000000001-0000000000000001.ltx.4242.1700000000000000000.tmp"),
+        root.join("replicad.lease.4242-0123456789abcdef.tmp"),
+    ];
+    for p in &crashed {
+        std::fs::write(p, b"cut").unwrap();
+        let days_ago = std::time::SystemTime::now() - Duration::from_secs(3 * 86_400);
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .and_then(|f| f.set_modified(days_ago))
+            .unwrap();
+    }
     let mut second = spawn(dir.path(), &args, "second.log");
     steps(&mut w, 25).await;
+    common::wait_until(&dir, "the second run to sweep the old leftovers", || {
+        crashed.iter().all(|p| !p.exists())
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop_ok(&mut second, dir.path(), "second.log");
 

@@ -11,7 +11,9 @@
 //! - Level-0 inputs are read from local staging when present (staging keeps level-0 segments
 //!   until level 1 covers them, unless L1 compaction keeps failing), so an L1 compaction
 //!   costs no GET; missing ones are read from the replica.
-//! - Planning reads only the in-memory index: an idle replica makes no request.
+//! - Planning reads only the in-memory index: an idle replica makes no request. (The sweep
+//!   for temporary files lists the replica, once after the start and then daily only while
+//!   the replica gets new files: see `Replica::start_next`.)
 //! - A job never holds up the replica's uploads. It is planned from the index ([`plan`]) into
 //!   [`Work`] that owns the files it reads or deletes, all older than anything an upload adds,
 //!   runs as a task of its own ([`run`]), and its [`Done`] enters the index when it ends. One
@@ -96,6 +98,13 @@ impl Default for Turns {
 /// otherwise hold 400 copies on disk and every core at once, every interval.
 pub const MAX_VERIFIES: usize = 1;
 
+/// How often a replica is swept for the temporary files of interrupted writes.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(24 * 3600);
+
+/// Age (since its last change) from which a temporary file on a replica is a leftover: far
+/// beyond any write still under way, and beyond any sane clock skew with the server.
+pub const TMP_STALE: Duration = Duration::from_secs(24 * 3600);
+
 /// A maintenance job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Job {
@@ -105,6 +114,8 @@ pub enum Job {
     Snapshot,
     /// Delete what retention allows.
     Retention,
+    /// Remove the temporary files that interrupted writes left on the replica.
+    Sweep,
     /// Restore the latest state into a temporary file and check it.
     Verify,
 }
@@ -130,6 +141,11 @@ impl Schedule {
             now + m.snapshot_interval,
         ));
         jobs.push((Job::Retention, m.retention_check, now + m.retention_check));
+        if m.retention_enabled {
+            // Once soon after the start (a crash's leftovers are found by the next start),
+            // then daily.
+            jobs.push((Job::Sweep, SWEEP_EVERY, now + m.retention_check));
+        }
         if !m.verify_interval.is_zero() {
             jobs.push((Job::Verify, m.verify_interval, now + m.verify_interval));
         }
@@ -192,6 +208,8 @@ pub enum Work {
         /// The files deleted.
         doomed: Vec<LtxFileInfo>,
     },
+    /// Remove temporary files older than [`TMP_STALE`].
+    Sweep,
 }
 
 /// What a finished job changed on the replica, for the index.
@@ -211,13 +229,15 @@ pub enum Done {
     Stored(LtxFileInfo),
     /// These files were deleted.
     Deleted(Vec<LtxFileInfo>),
+    /// Nothing the index holds: temporary files were removed.
+    Swept,
 }
 
 impl Done {
     /// Records the change in `index`; returns how many files it uploaded or deleted.
     pub fn apply(self, index: &mut RemoteIndex) -> usize {
         match self {
-            Done::Checked(_) | Done::Unrestorable { .. } => 0,
+            Done::Checked(_) | Done::Unrestorable { .. } | Done::Swept => 0,
             Done::Stored(f) => {
                 index.insert(f);
                 1
@@ -303,6 +323,7 @@ pub fn plan(
             let doomed = schedule::retention_deletes(index, chrono::Utc::now(), m.retention);
             (!doomed.is_empty()).then_some(Work::Retention { doomed })
         }
+        Job::Sweep => m.retention_enabled.then_some(Work::Sweep),
     })
 }
 
@@ -356,6 +377,21 @@ pub async fn run(
             counters.observe(3, started, &deleted);
             deleted?;
             Ok(Done::Deleted(doomed))
+        }
+        // Housekeeping, not protection: a sweep that fails is said in the log and tried again
+        // a day later, and never marks the replica's maintenance as failing.
+        Work::Sweep => {
+            match client.sweep_tmp(TMP_STALE).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    files = n,
+                    "removed temporary files that interrupted writes left on the replica"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not remove the temporary files that interrupted writes left on the replica; tried again in a day")
+                }
+            }
+            Ok(Done::Swept)
         }
     }
 }

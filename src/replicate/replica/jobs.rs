@@ -64,6 +64,13 @@ impl Replica {
                 },
                 _ => None,
             };
+            if job == Job::Sweep {
+                // Temporary files come from writes: none since the last sweep, none to find.
+                if self.swept == Some(self.index.tip()) {
+                    continue;
+                }
+                self.swept = Some(self.index.tip());
+            }
             let planned =
                 maintenance::plan(job, &self.maint, &self.client, &self.index, self.verified);
             let work = match planned {

@@ -107,6 +107,8 @@ pub struct Replica {
     unrestorable: Option<String>,
     /// The last verify that passed; None: none since the start or a failure.
     verified: Option<Verified>,
+    /// The replica's newest TXID at the last sweep for temporary files (None: none yet).
+    swept: Option<TxId>,
     /// A seed is owed to heal a failed verify: stored after the round's uploads.
     heal_owed: bool,
     /// A seed was stored since the verify failed (another failure then points at the
@@ -184,6 +186,7 @@ impl Replica {
             heal_unverified: false,
             uploading: TxId(0),
             verified: None,
+            swept: None,
             l1_failures: 0,
             maint_failing: Vec::new(),
             recheck: false,

@@ -105,6 +105,10 @@ impl AgeClient {
         Box::pin(self.plain.aux_write_in_flight(name))
     }
 
+    fn plain_sweep_tmp(&self, older_than: std::time::Duration) -> BoxFut<'_, usize> {
+        Box::pin(self.plain.sweep_tmp(older_than))
+    }
+
     fn plain_delete_aux<'a>(&'a self, name: &'a str) -> BoxFut<'a, ()> {
         Box::pin(self.plain.delete_aux(name))
     }
@@ -390,6 +394,11 @@ impl ReplicaClient for AgeClient {
 
     async fn aux_write_in_flight(&self, name: &str) -> Result<bool, StorageError> {
         self.plain_aux_write_in_flight(name).await
+    }
+
+    /// The sealed view shares the plain one's root and level directories.
+    async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<usize, StorageError> {
+        self.plain_sweep_tmp(older_than).await
     }
 
     async fn list(&self, level: u8) -> Result<Vec<LtxFileInfo>, StorageError> {

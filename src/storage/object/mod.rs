@@ -297,11 +297,7 @@ impl ObjectClient {
                 reason: "internal error: a WebDAV client without its uploader".into(),
             });
         };
-        let tmp = format!(
-            "{key}.{}.{}.tmp",
-            std::process::id(),
-            Utc::now().timestamp_nanos_opt().unwrap_or_default()
-        );
+        let tmp = crate::storage::tmp_names::put_tmp_name(key);
         self.ensure_dir(key).await?;
         let mut put = up.put(&self.cfg, &tmp, src, size).await;
         if put.as_ref().is_err_and(webdav::is_missing_parent) {
@@ -522,6 +518,66 @@ impl ReplicaClient for ObjectClient {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
             Err(e) => Err(classify(&self.cfg, "list", &root, e, true)),
         }
+    }
+
+    /// WebDAV only (the other services write whole objects, never a temporary one): one
+    /// listing of the root and one of the level tree. An entry without a modification time
+    /// is kept.
+    async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<usize, StorageError> {
+        if !self.replaces_aux_in_two_steps() {
+            return Ok(0);
+        }
+        let root = self.root();
+        let ltx = format!("{root}ltx/");
+        let now = std::time::SystemTime::now();
+        let mut doomed = Vec::new();
+        for (dir, recursive) in [(root.as_str(), false), (ltx.as_str(), true)] {
+            let listed = self
+                .op
+                .list_with(if dir.is_empty() { "/" } else { dir })
+                .recursive(recursive)
+                .await;
+            let entries = match listed {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(classify(&self.cfg, "list", dir, e, true)),
+            };
+            for e in entries {
+                let key = e.path().trim_start_matches('/');
+                let Some(rest) = key.strip_prefix(root.as_str()) else {
+                    continue;
+                };
+                let ours = match rest.strip_prefix("ltx/").map(|r| r.split_once('/')) {
+                    Some(Some((level, name))) => {
+                        level.parse::<u8>().is_ok_and(|l| l <= SNAPSHOT_LEVEL)
+                            && crate::storage::tmp_names::is_leftover_tmp(name, true)
+                    }
+                    Some(None) => false,
+                    None => crate::storage::tmp_names::is_leftover_tmp(rest, false),
+                };
+                let old = |t: std::time::SystemTime| {
+                    now.duration_since(t).unwrap_or_default() >= older_than
+                };
+                let made = |s: i64| {
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(s.max(0) as u64)
+                };
+                let name = key.rsplit('/').next().unwrap_or(key);
+                let stale = e.metadata().last_modified().is_some_and(|t| old(t.into()))
+                    && crate::storage::tmp_names::tmp_name_made_s(name)
+                        .is_none_or(|s| old(made(s)));
+                if ours && stale {
+                    doomed.push(key.to_string());
+                }
+            }
+        }
+        for key in &doomed {
+            match self.op.delete(key).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(classify(&self.cfg, "delete", key, e, true)),
+            }
+        }
+        Ok(doomed.len())
     }
 
     async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {

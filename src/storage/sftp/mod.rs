@@ -99,6 +99,15 @@ impl SftpClient {
         }
     }
 
+    /// The replica's root directory, as a directory listing names it.
+    fn root_dir(&self) -> String {
+        match self.path("").trim_end_matches('/') {
+            "" if self.cfg.path == "/" => "/".to_string(),
+            "" => ".".to_string(),
+            d => d.to_string(),
+        }
+    }
+
     fn level_dir(&self, level: u8) -> String {
         self.path(&format!("ltx/{level}"))
     }
@@ -386,11 +395,7 @@ impl SftpClient {
     ) -> Result<u64, StorageError> {
         let dir = self.level_dir(level);
         self.make_dirs(c, &dir).await?;
-        let tmp = format!(
-            "{name}.{}.{}.tmp",
-            std::process::id(),
-            Utc::now().timestamp_nanos_opt().unwrap_or_default()
-        );
+        let tmp = crate::storage::tmp_names::put_tmp_name(name);
         let uploaded = match self.upload(c, src, &tmp, timestamp_ms).await {
             // The directory was removed behind the cache's back: make it again, once.
             Err(StorageError::NotFound(_)) if !self.made_lock().is_empty() => {
@@ -679,11 +684,7 @@ impl ReplicaClient for SftpClient {
     /// older one is a crashed write's. One listing.
     async fn aux_write_in_flight(&self, name: &str) -> Result<bool, StorageError> {
         crate::storage::check_aux_name(name)?;
-        let dir = match self.path("").trim_end_matches('/') {
-            "" if self.cfg.path == "/" => "/".to_string(),
-            "" => ".".to_string(),
-            d => d.to_string(),
-        };
+        let dir = self.root_dir();
         let prefix = format!("{name}.");
         self.run("list", &dir, |c| {
             let (dir, prefix) = (dir.clone(), prefix.clone());
@@ -705,6 +706,67 @@ impl ReplicaClient for SftpClient {
                         e => Err(e),
                     },
                 }
+            }
+        })
+        .await
+    }
+
+    /// The root and the level directories. A file is old when both its modification time
+    /// (the server's clock) and the time in its name (a put's, this host's) are.
+    async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<usize, StorageError> {
+        let root = self.root_dir();
+        let older_s = i64::try_from(older_than.as_secs()).unwrap_or(i64::MAX);
+        self.run("sweep", &root, |c| {
+            let root = root.clone();
+            async move {
+                // The level directories present: one listing of `ltx/`.
+                let ltx_dir = self.path("ltx");
+                let levels: Vec<u8> = match c.sftp.read_dir(ltx_dir.clone()).await {
+                    Ok(entries) => entries
+                        .filter(|e| e.metadata().is_dir())
+                        .filter_map(|e| e.file_name().parse::<u8>().ok())
+                        .filter(|l| *l <= SNAPSHOT_LEVEL)
+                        .collect(),
+                    Err(e) => match self.fail("list", &ltx_dir, e) {
+                        StorageError::NotFound(_) => Vec::new(),
+                        e => return Err(e),
+                    },
+                };
+                let dirs = std::iter::once((root, false))
+                    .chain(levels.into_iter().map(|l| (self.level_dir(l), true)));
+                let mut removed = 0;
+                for (dir, in_level) in dirs {
+                    let entries = match c.sftp.read_dir(dir.clone()).await {
+                        Ok(entries) => entries,
+                        Err(e) => match self.fail("list", &dir, e) {
+                            StorageError::NotFound(_) => continue,
+                            e => return Err(e),
+                        },
+                    };
+                    let now = Utc::now().timestamp();
+                    for e in entries {
+                        let name = e.file_name();
+                        let meta = e.metadata();
+                        let old = |t: i64| now.saturating_sub(t) >= older_s;
+                        let stale = meta.mtime.is_some_and(|t| old(i64::from(t)))
+                            && crate::storage::tmp_names::tmp_name_made_s(&name).is_none_or(old);
+                        if meta.is_dir()
+                            || !stale
+                            || !crate::storage::tmp_names::is_leftover_tmp(&name, in_level)
+                        {
+                            continue;
+                        }
+                        let path = format!("{}/{name}", dir.trim_end_matches('/'));
+                        match c.sftp.remove_file(path.clone()).await {
+                            Ok(()) => removed += 1,
+                            Err(e) => match self.fail("delete", &path, e) {
+                                StorageError::NotFound(_) => {}
+                                e => return Err(e),
+                            },
+                        }
+                    }
+                }
+                Ok(removed)
             }
         })
         .await

@@ -10,7 +10,8 @@
 //! including from the very end; NotFound for missing objects; failed puts leave nothing;
 //! whole overwrites; deletes of present and missing files; 16 concurrent puts; a 12 MiB object
 //! (multipart on S3); foreign names and a sibling replica skipped; 1100 files (more than one
-//! listing page) listed and deleted.
+//! listing page) listed and deleted; the temporary files of interrupted writes swept once old,
+//! and nothing else.
 //!
 //! Below it, S3-only tests: request shapes (multipart parts, DeleteObjects batches), error
 //! classes (missing bucket, bad credentials, outage, injected 500s), an aborted multipart
@@ -170,6 +171,56 @@ impl Backend<'_> {
                     .await
                     .unwrap_or_else(|e| panic!("plant {loc}: {e:?}"));
             }
+        }
+    }
+
+    /// The path (file, SFTP) or key (WebDAV) of `name` in `level`, or at the root (`None`).
+    /// Not for S3, GCS or Azure, which keep no temporary files.
+    fn tmp_location(&self, level: Option<u8>, name: &str) -> String {
+        match (level, &self.kind) {
+            (Some(l), _) => self.level_location(l, name),
+            (None, Kind::File { root } | Kind::Sftp { root, .. }) => {
+                root.join(name).display().to_string()
+            }
+            (None, Kind::Object { prefix, .. }) => format!("{prefix}/{name}"),
+            (None, Kind::S3 { .. }) => unreachable!("S3 keeps no temporary files"),
+        }
+    }
+
+    /// Stores `bytes` under `name` in `level` or at the root, without the client.
+    async fn plant_tmp(&self, level: Option<u8>, name: &str) {
+        let loc = self.tmp_location(level, name);
+        match &self.kind {
+            Kind::File { .. } | Kind::Sftp { .. } => {
+                let p = Path::new(&loc);
+                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                std::fs::write(p, name).unwrap();
+            }
+            _ => match level {
+                Some(l) => self.plant(l, name, name.as_bytes()).await,
+                None => {
+                    let Kind::Object { emu, prefix } = &self.kind else {
+                        unreachable!("S3 keeps no temporary files")
+                    };
+                    let op = emu.config(prefix).build().unwrap();
+                    op.write(&loc, name.as_bytes().to_vec()).await.unwrap();
+                }
+            },
+        }
+    }
+
+    /// Whether `name` is still in `level` or at the root.
+    async fn tmp_exists(&self, level: Option<u8>, name: &str) -> bool {
+        let loc = self.tmp_location(level, name);
+        match &self.kind {
+            Kind::Object { emu, prefix } => emu
+                .config(prefix)
+                .build()
+                .unwrap()
+                .exists(&loc)
+                .await
+                .unwrap(),
+            _ => Path::new(&loc).exists(),
         }
     }
 
@@ -588,6 +639,7 @@ async fn conformance(env: &Env<'_>) {
         many_files_list_and_delete,
         aux_objects_round_trip_beside_the_levels,
         put_after_the_level_vanished,
+        leftover_tmp_files_are_swept,
     );
     assert!(
         failed.is_empty(),

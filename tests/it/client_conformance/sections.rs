@@ -505,3 +505,84 @@ pub(super) async fn many_files_list_and_delete(b: &Backend<'_>) {
         l5.len()
     );
 }
+
+/// The temporary files of interrupted writes (a put's in a level, Litestream's `<name>.tmp`, a
+/// lease write's at the root) are removed once older than the sweep's age, and nothing else:
+/// not a fresh one, not a foreign name, not an object. A put's file whose modification time
+/// is old but which was made now (SFTP sets the LTX timestamp before publishing; a directory
+/// replica hard-links a staged segment) is kept. S3, GCS and Azure keep none.
+pub(super) async fn leftover_tmp_files_are_swept(b: &Backend<'_>) {
+    let name = b.name();
+    put(b, &Put::new(6, 1, 2, 1, 600)).await.unwrap();
+    let keeps_tmp = match &b.kind {
+        Kind::File { .. } | Kind::Sftp { .. } => true,
+        Kind::Object { emu, .. } => emu.name() == "webdav",
+        Kind::S3 { .. } => false,
+    };
+    if !keeps_tmp {
+        let n = b.client.sweep_tmp(Duration::ZERO).await.unwrap();
+        assert_eq!(n, 0, "{name}: swept where no write leaves a temporary file");
+        return;
+    }
+    let l = Some(6);
+    let old = [
+        (
+            l,
+            "0000000000000003-0000000000000004.ltx.4242.1700000000000000000.tmp",
+        ),
+        (l, "0000000000000005-0000000000000006.ltx.tmp"),
+        (
+            l,
+            "0000000000000007-0000000000000008.ltx.4242-0123456789abcdef.tmp",
+        ),
+        (None, "replicad.lease.4242-0123456789abcdef.tmp"),
+    ];
+    let foreign = [
+        (l, "notes.tmp"),
+        (l, "3-4.ltx.tmp"),
+        (None, "notes.tmp"),
+        (None, "replicad.lease.tmp"),
+        (None, "app.db.4242-0123456789abcdef"),
+    ];
+    for (level, n) in old.iter().chain(&foreign) {
+        b.plant_tmp(*level, n).await;
+    }
+    // Modification times have a resolution of a second on SFTP and WebDAV.
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    let now_ns = Utc::now().timestamp_nanos_opt().unwrap();
+    let made_now = format!("0000000000000009-000000000000000a.ltx.4242.{now_ns}.tmp");
+    let fresh = [
+        (l, made_now.clone()),
+        (None, "replicad.lease.4242-fedcba9876543210.tmp".to_string()),
+    ];
+    for (level, n) in &fresh {
+        b.plant_tmp(*level, n).await;
+    }
+    if !matches!(b.kind, Kind::Object { .. }) {
+        // Old by its modification time, made now by its name (SFTP) or inode change (file).
+        let f = std::fs::File::options()
+            .write(true)
+            .open(b.tmp_location(l, &made_now))
+            .unwrap();
+        f.set_modified(std::time::SystemTime::now() - Duration::from_secs(2 * 86_400))
+            .unwrap();
+    }
+    let n = b.client.sweep_tmp(Duration::from_secs(2)).await.unwrap();
+    for (level, n) in &old {
+        assert!(!b.tmp_exists(*level, n).await, "{name}: {n} left");
+    }
+    for (level, n) in foreign
+        .iter()
+        .map(|(l, n)| (*l, n.to_string()))
+        .chain(fresh)
+    {
+        assert!(b.tmp_exists(level, &n).await, "{name}: {n} removed");
+    }
+    assert_eq!(n, old.len(), "{name}: files said removed");
+    assert_eq!(ranges(&list(b, 6).await), vec![(6, 1, 2)], "{name}");
+    assert_eq!(
+        b.client.sweep_tmp(Duration::from_secs(2)).await.unwrap(),
+        0,
+        "{name}: a second sweep"
+    );
+}
