@@ -189,7 +189,9 @@ pub(super) async fn monitor(
                 true
             }
             _ = any_changed(&mut acks), if parked.is_some() => {
-                prune(&db, &acks, &mut pruned);
+                if let Some(min) = prune_due(&acks, pruned) {
+                    prune(db.staging_pruner(), db.on_network_fs(), min, &mut pruned).await;
+                }
                 continue;
             }
             // Once a tick is due for an event, later events wait for it (a busy writer's
@@ -227,7 +229,9 @@ pub(super) async fn monitor(
             db.fast_path_skip(Instant::now())
         };
         if skip {
-            prune(&db, &acks, &mut pruned);
+            if let Some(min) = prune_due(&acks, pruned) {
+                prune(db.staging_pruner(), db.on_network_fs(), min, &mut pruned).await;
+            }
             trigger.done(tick);
             if let Some(watch) = &watch {
                 parked = db
@@ -257,7 +261,9 @@ pub(super) async fn monitor(
                     .held_since_ms
                     .store(now, std::sync::atomic::Ordering::Relaxed);
             }
-            prune(&db, &acks, &mut pruned);
+            if let Some(min) = prune_due(&acks, pruned) {
+                prune(db.staging_pruner(), db.on_network_fs(), min, &mut pruned).await;
+            }
             continue;
         }
         let permit = if opened {
@@ -345,7 +351,9 @@ pub(super) async fn monitor(
                 events.earliest = events.earliest.max(next);
             }
         }
-        prune(&db, &acks, &mut pruned);
+        if let Some(min) = prune_due(&acks, pruned) {
+            prune(db.staging_pruner(), db.on_network_fs(), min, &mut pruned).await;
+        }
     }
     drop(wanted);
     drop(seeds);
@@ -430,15 +438,34 @@ async fn run_blocking<T: Send + 'static>(
     }
 }
 
-fn prune(db: &Db, acks: &[watch::Receiver<TxId>], pruned: &mut TxId) {
-    let Some(min) = acks.iter().map(|a| *a.borrow()).min() else {
-        return;
-    };
-    if min > *pruned {
-        match db.prune_staging(min) {
-            Ok(_) => *pruned = min,
-            Err(e) => tracing::warn!(error = %e, "pruning staging failed"),
+/// The TXID staging can be pruned to: what every replica acknowledged, when it is past
+/// `pruned`.
+fn prune_due(acks: &[watch::Receiver<TxId>], pruned: TxId) -> Option<TxId> {
+    acks.iter()
+        .map(|a| *a.borrow())
+        .min()
+        .filter(|min| *min > pruned)
+}
+
+/// Runs a [`Db::staging_pruner`] job up to `min`: on the blocking pool when `off_reactor` (a
+/// database on a network file system, with staging beside it by default: a call may hang).
+async fn prune(
+    job: impl FnOnce(TxId) -> Result<usize, crate::replicate::db::DbError> + Send + 'static,
+    off_reactor: bool,
+    min: TxId,
+    pruned: &mut TxId,
+) {
+    let done = if off_reactor {
+        match tokio::task::spawn_blocking(move || job(min)).await {
+            Ok(r) => r,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
         }
+    } else {
+        job(min)
+    };
+    match done {
+        Ok(_) => *pruned = min,
+        Err(e) => tracing::warn!(error = %e, "pruning staging failed"),
     }
 }
 

@@ -160,6 +160,20 @@ impl Staging {
         Ok(Staging { dir })
     }
 
+    /// Runs `f` on this staging on the blocking pool: the replica tasks run on the runtime's
+    /// threads, and staging may sit on a network file system that stops answering, which
+    /// would hold up every database's task with it, not only this one's.
+    pub async fn off_reactor<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Staging) -> T + Send + 'static,
+    ) -> T {
+        let s = self.clone();
+        match tokio::task::spawn_blocking(move || f(&s)).await {
+            Ok(v) => v,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
     /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -569,14 +569,29 @@ impl Db {
 
     /// Deletes staged segments every replica has (keeping the newest).
     pub fn prune_staging(&self, acknowledged: TxId) -> Result<usize, DbError> {
-        let Some(s) = &self.staging else { return Ok(0) };
-        let removed = s
-            .prune_below(TxId(acknowledged.0 + 1))
-            .map_err(io_err("prune", &self.staging_dir))?;
-        if removed > 0 {
-            let bytes = s.total_bytes().map_err(io_err("stat", &self.staging_dir))?;
-            self.stats.staging_bytes.store(bytes, Ordering::Relaxed);
+        self.staging_pruner()(acknowledged)
+    }
+
+    /// [`Db::prune_staging`] as a job that owns what it needs, for the blocking pool (staging
+    /// on a network file system that may hang).
+    pub fn staging_pruner(
+        &self,
+    ) -> impl FnOnce(TxId) -> Result<usize, DbError> + Send + 'static + use<> {
+        let (staging, dir, stats) = (
+            self.staging.clone(),
+            self.staging_dir.clone(),
+            self.stats.clone(),
+        );
+        move |acknowledged| {
+            let Some(s) = staging else { return Ok(0) };
+            let removed = s
+                .prune_below(TxId(acknowledged.0 + 1))
+                .map_err(io_err("prune", &dir))?;
+            if removed > 0 {
+                let bytes = s.total_bytes().map_err(io_err("stat", &dir))?;
+                stats.staging_bytes.store(bytes, Ordering::Relaxed);
+            }
+            Ok(removed)
         }
-        Ok(removed)
     }
 }

@@ -39,7 +39,7 @@ impl Replica {
         // down, or another chain), or a chain that is not ours: a seed after it.
         if tip.txid > db_txid
             || tip.full_reason.is_some()
-            || (tip.page_size != 0 && tip.page_size != self.page_size())
+            || (tip.page_size != 0 && tip.page_size != self.page_size().await)
         {
             self.pending_seed = Some(SeedReason::Behind);
         }
@@ -49,37 +49,47 @@ impl Replica {
     }
 
     /// The page size of the newest staged segment (0 when none).
-    pub(super) fn page_size(&self) -> u32 {
+    pub(super) async fn page_size(&self) -> u32 {
         self.staging
-            .txids()
-            .ok()
-            .and_then(|t| t.last().copied())
-            .and_then(|t| self.staging.header(t).ok())
+            .off_reactor(|s| {
+                let newest = s.txids().ok()?.last().copied()?;
+                s.header(newest).ok()
+            })
+            .await
             .map_or(0, |h| h.page_size)
     }
 
     /// Whether the replica's newest file `f` is the one local staging holds for its TXID:
     /// the same header (level 0), or the same post-apply checksum (a compaction, when both
     /// carry one). Without a staged copy of that TXID there is nothing to compare: yes.
-    pub(super) fn is_our_chain(
+    pub(super) async fn is_our_chain(
         &self,
         f: &LtxFileInfo,
         remote: Option<&ltx::Header>,
         post: u64,
     ) -> bool {
-        let Ok(local) = self.staging.header(f.max_txid) else {
+        let txid = f.max_txid;
+        let by_header = remote.is_some() && f.level == 0;
+        let (local, staged) = self
+            .staging
+            .off_reactor(move |s| {
+                let local = s.header(txid).ok();
+                let staged = local
+                    .filter(|_| !by_header)
+                    .and_then(|_| Staging::post_apply_checksum_of(&s.path(txid)).ok());
+                (local, staged)
+            })
+            .await;
+        let Some(local) = local else {
             return true;
         };
         match remote {
             // The very bytes uploaded from staging: the same header.
             Some(remote) if f.level == 0 => *remote == local,
-            _ => {
-                let staged = Staging::post_apply_checksum_of(&self.staging.path(f.max_txid));
-                match staged {
-                    Ok(ours) if ours != 0 && post != 0 => ours == post,
-                    _ => true,
-                }
-            }
+            _ => match staged {
+                Some(ours) if ours != 0 && post != 0 => ours == post,
+                _ => true,
+            },
         }
     }
 

@@ -307,7 +307,10 @@ impl Replica {
             let header = self.read_remote_header(&f).await.ok().flatten();
             tip.page_size = header.map_or(0, |h| h.page_size);
             self.remote_codec = header.filter(|_| !f.encrypted).and_then(|h| h.codec().ok());
-            if !self.is_our_chain(&f, header.as_ref(), tip.post_apply_checksum) {
+            if !self
+                .is_our_chain(&f, header.as_ref(), tip.post_apply_checksum)
+                .await
+            {
                 tracing::warn!(db = %self.db, replica = %self.name, tip = %f.max_txid, "the replica's newest file is not the one this database staged for that TXID: another writer continued the chain; it gets a seed snapshot after a full segment");
                 tip.full_reason = Some("a replica was continued by another writer");
                 self.pending_seed = Some(SeedReason::Behind);
@@ -412,13 +415,21 @@ impl Replica {
         while self.remote < target {
             let txid = TxId(self.remote.0 + 1);
             let path = self.staging.path(txid);
-            let header = match self.staging.header(txid) {
-                Ok(h) => h,
-                Err(e) if !path.exists() => {
+            let read = self
+                .staging
+                .off_reactor(move |s| {
+                    let h = s.header(txid);
+                    let missing = h.is_err() && !s.path(txid).exists();
+                    (h, missing)
+                })
+                .await;
+            let header = match read {
+                (Ok(h), _) => h,
+                (Err(e), true) => {
                     tracing::debug!(db = %self.db, replica = %self.name, %txid, error = %e, "next segment not in staging");
                     return Err(RoundError::NeedsSeed(self.seed_reason()));
                 }
-                Err(e) => {
+                (Err(e), false) => {
                     return Err(RoundError::Storage(StorageError::Transient {
                         op: "read staged segment",
                         key: path.display().to_string(),
