@@ -9,8 +9,7 @@
 //!   failure was. A lost lease is one `lease-lost` event (the replica stopped for good). A
 //!   re-seed or a failed verify is reported whenever its counter moves.
 //! - The heartbeat GET goes out every `heartbeat-interval`, and only while `/readyz` would say
-//!   ready; a withheld ping is what tells a healthchecks.io-style monitor that something is
-//!   wrong, so it is logged (once per streak) and counted, never silently skipped.
+//!   ready ([`crate::ops::heartbeat`]).
 //! - `start` is sent once the databases are open, `stop` after the shutdown drain with what
 //!   it left unprotected; the exit waits for queued events at most [`FINISH_WAIT`].
 //!
@@ -20,23 +19,19 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use prometheus::{IntCounterVec, Opts};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::notify::{NotifyConfig, NotifyEvent, NotifyUrl};
+use crate::config::notify::{NotifyConfig, NotifyEvent};
 use crate::daemon::Store;
 use crate::daemon::registry::{DbHandle, DbRegistry};
-use crate::ops::webhook::{Webhook, WebhookMetrics, register};
+use crate::ops::heartbeat::Ping;
+use crate::ops::webhook::{Webhook, WebhookMetrics};
 use crate::replicate::health::Problem;
 
 /// How often the health cells are compared with what was last seen.
 const POLL: Duration = Duration::from_secs(1);
-/// Longest wait between two heartbeat checks (Litestream checks every 15 s).
-const PING_CHECK: Duration = Duration::from_secs(15);
-/// How long one heartbeat GET may take (Litestream's figure).
-const PING_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the exit waits for queued webhook events.
 pub const FINISH_WAIT: Duration = Duration::from_secs(10);
 
@@ -117,17 +112,7 @@ impl Alerts {
                 max_lag,
                 since_ms: store.started_ms(),
                 http,
-                pings: register(
-                    store.prometheus(),
-                    IntCounterVec::new(
-                        Opts::new(
-                            "replicad_heartbeat_pings_total",
-                            "Heartbeat pings by result: ok, failed, withheld (the daemon was not ready).",
-                        ),
-                        &["result"],
-                    )
-                    .expect("static metric definition is valid"),
-                ),
+                pings: Ping::register(store.prometheus()),
             };
             alerts
                 .tasks
@@ -521,79 +506,6 @@ fn diff(
     out
 }
 
-/// The heartbeat ping task.
-struct Ping {
-    url: NotifyUrl,
-    interval: Duration,
-    registry: DbRegistry,
-    max_lag: Duration,
-    since_ms: i64,
-    http: reqwest::Client,
-    pings: IntCounterVec,
-}
-
-impl Ping {
-    async fn run(self, stop: CancellationToken) {
-        let check = self.interval.min(PING_CHECK);
-        // A ping `interval` after the last one that went through; after one that failed or
-        // was withheld, another try `check` later (not at once: that looped every 10 ms).
-        let mut next = Instant::now() + check;
-        let mut withheld = false;
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tokio::time::sleep_until(next.into()) => {}
-            }
-            next = Instant::now() + check;
-            let dbs = self.registry.snapshot();
-            if let Err(reasons) = crate::ops::http::readiness(&dbs, self.max_lag, self.since_ms) {
-                // Logged before it is counted: whoever sees the count finds the line.
-                if !withheld {
-                    tracing::warn!(
-                        reason = %reasons.first().map(String::as_str).unwrap_or(""),
-                        "heartbeat withheld: not ready"
-                    );
-                    withheld = true;
-                }
-                self.pings.with_label_values(&["withheld"]).inc();
-                continue;
-            }
-            if withheld {
-                tracing::info!("heartbeat resumed: ready again");
-                withheld = false;
-            }
-            let get = self
-                .http
-                .get(self.url.expose())
-                .timeout(PING_TIMEOUT)
-                .send();
-            // A ping in flight never holds the shutdown.
-            let sent = tokio::select! {
-                _ = stop.cancelled() => break,
-                r = get => r,
-            };
-            match sent {
-                Ok(r) if r.status().is_success() => {
-                    self.pings.with_label_values(&["ok"]).inc();
-                    next = Instant::now() + self.interval;
-                }
-                other => {
-                    self.pings.with_label_values(&["failed"]).inc();
-                    // reqwest's error text names the URL: only its kind is kept.
-                    let why = match other {
-                        Ok(r) => format!("the server answered HTTP {}", r.status().as_u16()),
-                        Err(e) if e.is_timeout() => format!("no answer within {PING_TIMEOUT:?}"),
-                        Err(e) if e.is_connect() => "cannot connect".to_string(),
-                        Err(_) => "the request failed".to_string(),
-                    };
-                    // Retried at the next check.
-                    tracing::warn!(host = %self.url.host(), "heartbeat ping failed: {why}");
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -758,6 +670,22 @@ mod tests {
         views[0].synced = true;
         assert_eq!(
             names(&diff(&mut seen, &views, grace, 72_000)),
+            ["database-recovered"]
+        );
+        // An error before any sync that clears while the first sync is still to come: no
+        // recovery until it completes.
+        let mut seen = Seen::default();
+        views[0].synced = false;
+        views[0].problem = problem(1_000);
+        assert_eq!(
+            names(&diff(&mut seen, &views, grace, 1_000)),
+            ["database-failing"]
+        );
+        views[0].problem = None;
+        assert!(diff(&mut seen, &views, grace, 2_000).is_empty());
+        views[0].synced = true;
+        assert_eq!(
+            names(&diff(&mut seen, &views, grace, 3_000)),
             ["database-recovered"]
         );
     }

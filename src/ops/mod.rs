@@ -3,6 +3,7 @@
 
 pub mod alerts;
 pub mod control;
+pub mod heartbeat;
 pub mod http;
 pub mod metrics;
 pub mod notify;

@@ -66,9 +66,9 @@ use crate::replicate::counters::ReplicaCounters;
 use crate::storage::{AnyClient, PROBE_VERSION, ReplicaClient, StorageError, WriteIf};
 use crate::util::clock::since_boot;
 
-/// Name of the lease object at the replica root.
-pub const LEASE_NAME: &str = "replicad.lease";
 pub use crate::config::{DEFAULT_LEASE_TTL, MIN_LEASE_TTL};
+/// Name of the lease object at the replica root.
+pub use crate::storage::LEASE_NAME;
 
 /// How long after finding no lease, with a lease write under way, it is read again: where a
 /// replace removes the old object first, that moment lasts a round trip, and a lease read in

@@ -18,6 +18,7 @@ use rand::RngExt;
 use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::ltx::TxId;
+use crate::storage::tmp_names::Swept;
 use crate::storage::{
     AnyClient, LtxFileInfo, ObjectReader, ReplicaClient, StorageError, Versioned, WriteIf,
 };
@@ -242,7 +243,7 @@ impl FaultyClient {
         Box::pin(self.inner.aux_write_in_flight(name))
     }
 
-    fn inner_sweep_tmp(&self, older_than: Duration) -> BoxFut<'_, usize> {
+    fn inner_sweep_tmp(&self, older_than: Duration) -> BoxFut<'_, Swept> {
         Box::pin(self.inner.sweep_tmp(older_than))
     }
 
@@ -359,7 +360,7 @@ impl ReplicaClient for FaultyClient {
         self.inner_aux_write_in_flight(name).await
     }
 
-    async fn sweep_tmp(&self, older_than: Duration) -> Result<usize, StorageError> {
+    async fn sweep_tmp(&self, older_than: Duration) -> Result<Swept, StorageError> {
         self.faults.before("list").await?;
         self.inner_sweep_tmp(older_than).await
     }

@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Utc};
 
 use crate::ltx::{self, TxId};
+use crate::storage::tmp_names::{self, Swept};
 use crate::storage::{LtxFileInfo, ObjectReader, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::util::fsutil;
 
@@ -122,7 +123,9 @@ impl FileClient {
         let dest = self.file_path(level, min, max);
         let io = |e| StorageError::from_io("put", &dest, e);
         fsutil::create_dir_all_durable(&self.level_dir(level)).map_err(io)?;
-        let tmp = fsutil::unique_tmp_path(&dest);
+        // The name says when it was made: a sweep never takes it for a crash's leftover.
+        let name = ltx::format_filename(min, max) + self.suffix;
+        let tmp = dest.with_file_name(tmp_names::put_tmp_name(&name));
         let size = match fs::hard_link(src, &tmp) {
             Ok(()) => fs::metadata(&tmp).map(|m| m.len()),
             // Another file system (EXDEV), or links refused: a copy says what else is wrong.
@@ -278,7 +281,7 @@ impl ReplicaClient for FileClient {
         .await
     }
 
-    async fn sweep_tmp(&self, older_than: Duration) -> Result<usize, StorageError> {
+    async fn sweep_tmp(&self, older_than: Duration) -> Result<Swept, StorageError> {
         let c = self.clone();
         blocking(move || c.sweep_tmp_blocking(older_than)).await
     }
@@ -299,12 +302,14 @@ impl ReplicaClient for FileClient {
 }
 
 impl FileClient {
-    /// [`ReplicaClient::sweep_tmp`]: the root and the level directories. A file's age is
-    /// that of its last change, the inode's included: a put's temporary name is a hard link
-    /// to a staged segment, whose own modification time may be old.
-    fn sweep_tmp_blocking(&self, older_than: Duration) -> Result<usize, StorageError> {
+    /// [`ReplicaClient::sweep_tmp`]: the root and the level directories. A file's change is
+    /// its inode's too: a put's temporary name is a hard link to a staged segment, whose own
+    /// modification time may be old (on file systems that keep no such time, the put's name
+    /// still says when it was made).
+    fn sweep_tmp_blocking(&self, older_than: Duration) -> Result<Swept, StorageError> {
         use std::os::unix::fs::MetadataExt;
-        let now = SystemTime::now();
+        let now_s = chrono::Utc::now().timestamp();
+        let older_s = i64::try_from(older_than.as_secs()).unwrap_or(i64::MAX);
         // The level directories present: an idle replica's sweep reads three or four.
         let levels: Vec<u8> = match fs::read_dir(self.root.join("ltx")) {
             Ok(entries) => entries
@@ -316,7 +321,7 @@ impl FileClient {
         };
         let dirs = std::iter::once((self.root.clone(), false))
             .chain(levels.into_iter().map(|l| (self.level_dir(l), true)));
-        let mut removed = 0;
+        let mut swept = Swept::default();
         for (dir, in_level) in dirs {
             let entries = match fs::read_dir(&dir) {
                 Ok(e) => e,
@@ -326,31 +331,29 @@ impl FileClient {
             for entry in entries {
                 let entry = entry.map_err(|e| StorageError::from_io("list", &dir, e))?;
                 let name = entry.file_name();
-                if !name
+                let Some(name) = name
                     .to_str()
-                    .is_some_and(|n| crate::storage::tmp_names::is_leftover_tmp(n, in_level))
-                {
+                    .filter(|n| tmp_names::is_leftover_tmp(n, in_level))
+                else {
                     continue;
-                }
+                };
                 let path = entry.path();
                 let meta = match fs::symlink_metadata(&path) {
                     Ok(m) if m.is_file() => m,
                     _ => continue,
                 };
-                let changed_s = meta.mtime().max(meta.ctime());
-                let changed =
-                    UNIX_EPOCH + Duration::from_secs(u64::try_from(changed_s).unwrap_or(0));
-                if now.duration_since(changed).unwrap_or_default() < older_than {
+                if !tmp_names::old_enough(name, meta.mtime().max(meta.ctime()), now_s, older_s) {
+                    swept.young += 1;
                     continue;
                 }
                 match fs::remove_file(&path) {
-                    Ok(()) => removed += 1,
+                    Ok(()) => swept.removed += 1,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => return Err(StorageError::from_io("delete", &path, e)),
                 }
             }
         }
-        Ok(removed)
+        Ok(swept)
     }
 
     /// Path of an auxiliary object: a plain name at the root, never a path that leaves it.

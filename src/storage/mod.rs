@@ -275,13 +275,13 @@ pub trait ReplicaClient {
 
     /// Removes the temporary files that writes cut short left behind (a `kill -9`, a
     /// connection lost before the cleanup), last changed more than `older_than` ago, and
-    /// returns how many. Only names [`tmp_names::is_leftover_tmp`] accepts are touched. Backends that
+    /// says how many, and how many of ours it kept as too young. Only names [`tmp_names::is_leftover_tmp`] accepts are touched. Backends that
     /// never write under a temporary name (S3, GCS, Azure) have none and make no request.
     fn sweep_tmp(
         &self,
         _older_than: std::time::Duration,
-    ) -> impl Future<Output = Result<usize, StorageError>> + Send {
-        std::future::ready(Ok(0))
+    ) -> impl Future<Output = Result<tmp_names::Swept, StorageError>> + Send {
+        std::future::ready(Ok(tmp_names::Swept::default()))
     }
 
     /// [`ReplicaClient::read_aux`] with the object's version (S3: its ETag) when the backend
@@ -326,6 +326,10 @@ pub(crate) fn check_aux_name(name: &str) -> Result<(), StorageError> {
     }
     Ok(())
 }
+
+/// The single-writer lease's object at the replica root ([`crate::replicate::lease`]); named
+/// here because a sweep must know its temporary files.
+pub const LEASE_NAME: &str = "replicad.lease";
 
 /// A version no object ever has: a write conditional on it must fail where conditions are
 /// honoured, which is how the lease learns whether a backend honours them.
@@ -744,7 +748,10 @@ impl ReplicaClient for AnyClient {
         dispatch!(self, c => c.read_aux_versioned(name).await)
     }
 
-    async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<usize, StorageError> {
+    async fn sweep_tmp(
+        &self,
+        older_than: std::time::Duration,
+    ) -> Result<tmp_names::Swept, StorageError> {
         dispatch!(self, c => c.sweep_tmp(older_than).await)
     }
 

@@ -7,12 +7,25 @@ use chrono::Utc;
 
 use crate::ltx;
 
+/// What a sweep found on a replica.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Leftovers removed.
+    pub removed: usize,
+    /// Temporary files of ours kept as not old enough: a write under way, or the leftover of
+    /// a recent crash, which a later sweep removes.
+    pub young: usize,
+}
+
 /// Whether `name` is a temporary file a write of a replica left: in a level directory
 /// (`in_level`), an LTX file's name followed by anything and `.tmp` (replicad's puts, and
-/// Litestream's `<name>.tmp`); at the root, an auxiliary object's name followed by
-/// [`crate::util::fsutil::unique_tmp_suffix`] (the lease's writes). Anything else is not ours
-/// to remove.
+/// Litestream's `<name>.tmp`); at the root, the lease's name followed by
+/// [`crate::util::fsutil::unique_tmp_suffix`] (its writes). Anything else is not ours to
+/// remove.
 pub fn is_leftover_tmp(name: &str, in_level: bool) -> bool {
+    if name.contains('/') {
+        return false;
+    }
     if in_level {
         const LTX_NAME_LEN: usize = "0000000000000001-0000000000000001.ltx".len();
         name.len() > LTX_NAME_LEN
@@ -22,12 +35,21 @@ pub fn is_leftover_tmp(name: &str, in_level: bool) -> bool {
                 .and_then(ltx::parse_filename)
                 .is_some()
     } else {
-        crate::util::fsutil::strip_unique_tmp_suffix(name)
-            .is_some_and(|aux| crate::storage::check_aux_name(aux).is_ok())
+        crate::util::fsutil::strip_unique_tmp_suffix(name) == Some(crate::storage::LEASE_NAME)
     }
 }
 
-/// The temporary name an SFTP or WebDAV put writes before it publishes `name`:
+/// Whether the temporary file `name`, last changed at `changed_s` (seconds; the store's
+/// clock), is at least `older_s` old at `now_s` (this host's clock), by its change and by
+/// the time in its name when it carries one ([`put_tmp_name`]): a put under way may carry an
+/// old modification time (SFTP and a directory replica set the LTX timestamp before
+/// publishing), never an old name.
+pub fn old_enough(name: &str, changed_s: i64, now_s: i64, older_s: i64) -> bool {
+    let old = |t: i64| now_s.saturating_sub(t) >= older_s;
+    old(changed_s) && tmp_name_made_s(name).is_none_or(old)
+}
+
+/// The temporary name a put writes before it publishes `name`:
 /// `<name>.<pid>.<nanoseconds>.tmp`, which says when it was made ([`tmp_name_made_s`]).
 pub fn put_tmp_name(name: &str) -> String {
     format!(
@@ -37,7 +59,7 @@ pub fn put_tmp_name(name: &str) -> String {
     )
 }
 
-/// When a put's temporary name `<name>.<pid>.<nanoseconds>.tmp` (SFTP, WebDAV) was made, in
+/// When a put's temporary name `<name>.<pid>.<nanoseconds>.tmp` was made, in
 /// seconds by the writer's clock. A live upload's file may carry an old modification time
 /// (SFTP sets the LTX timestamp before publishing): its name says it is new.
 pub fn tmp_name_made_s(name: &str) -> Option<i64> {
@@ -63,9 +85,14 @@ mod tests {
         assert!(is_leftover_tmp(&put, true), "{put}");
         let made = tmp_name_made_s(&put).expect("a put's name says when it was made");
         assert!((made - Utc::now().timestamp()).abs() <= 5, "{put}: {made}");
-        let file_put = format!("{ltx}{}", crate::util::fsutil::unique_tmp_suffix());
-        assert!(is_leftover_tmp(&file_put, true), "{file_put}");
-        assert_eq!(tmp_name_made_s(&file_put), None);
+        let other = format!("{ltx}{}", crate::util::fsutil::unique_tmp_suffix());
+        assert!(is_leftover_tmp(&other, true), "{other}");
+        assert_eq!(tmp_name_made_s(&other), None);
+        // A put under way: its file changed long ago (an old LTX timestamp), its name now.
+        let now = Utc::now().timestamp();
+        assert!(!old_enough(&put, now - 86_400, now, 3600));
+        assert!(old_enough(&other, now - 86_400, now, 3600));
+        assert!(!old_enough(&other, now - 60, now, 3600));
         let sealed_put = put_tmp_name(&format!("{ltx}{}", crate::storage::SEALED_SUFFIX));
         assert!(is_leftover_tmp(&sealed_put, true), "{sealed_put}");
         let lease = format!("replicad.lease{}", crate::util::fsutil::unique_tmp_suffix());
@@ -76,6 +103,8 @@ mod tests {
             ("replicad.lease.tmp", false),
             ("notes.1-0123456789abcdef.tmp", true),
             ("a/b.1-0123456789abcdef.tmp", false),
+            ("backup.2024-0123456789abcdef.tmp", false),
+            (&format!("{ltx}/x.tmp"), true),
             (ltx, true),
             ("0000000000000001-00000000000000FF.ltx.tmp", true),
         ] {

@@ -138,7 +138,11 @@ pub fn publish(tmp: &Path, dest: &Path) -> io::Result<()> {
 pub fn publish_new(tmp: &Path, dest: &Path) -> io::Result<()> {
     File::open(tmp)?.sync_all()?;
     match fs::hard_link(tmp, dest) {
-        Ok(()) => fs::remove_file(tmp)?,
+        // Published: the temporary name is a second name, which someone may have removed.
+        Ok(()) => match fs::remove_file(tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        },
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             let _ = fs::remove_file(tmp);
             return Err(e);

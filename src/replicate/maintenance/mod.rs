@@ -12,8 +12,8 @@
 //!   until level 1 covers them, unless L1 compaction keeps failing), so an L1 compaction
 //!   costs no GET; missing ones are read from the replica.
 //! - Planning reads only the in-memory index: an idle replica makes no request. (The sweep
-//!   for temporary files lists the replica, once after the start and then daily only while
-//!   the replica gets new files: see `Replica::start_next`.)
+//!   for temporary files lists the replica after the start, then hourly only while the
+//!   replica gets new files or the last sweep left some: see `Replica::start_next`.)
 //! - A job never holds up the replica's uploads. It is planned from the index ([`plan`]) into
 //!   [`Work`] that owns the files it reads or deletes, all older than anything an upload adds,
 //!   runs as a task of its own ([`run`]), and its [`Done`] enters the index when it ends. One
@@ -98,12 +98,15 @@ impl Default for Turns {
 /// otherwise hold 400 copies on disk and every core at once, every interval.
 pub const MAX_VERIFIES: usize = 1;
 
-/// How often a replica is swept for the temporary files of interrupted writes.
-pub const SWEEP_EVERY: Duration = Duration::from_secs(24 * 3600);
+/// How often a replica is swept for the temporary files of interrupted writes (while it gets
+/// new files, or while the last sweep left some).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
-/// Age (since its last change) from which a temporary file on a replica is a leftover: far
-/// beyond any write still under way, and beyond any sane clock skew with the server.
-pub const TMP_STALE: Duration = Duration::from_secs(24 * 3600);
+/// Age from which a temporary file on a replica is a leftover: its last change, and the time
+/// in its name, which a put under way always has recent (its file may carry an old LTX
+/// timestamp), so the server's clock matters only for a lease write's file, which lives for
+/// the length of one request.
+pub const TMP_STALE: Duration = Duration::from_secs(3600);
 
 /// A maintenance job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,8 +145,8 @@ impl Schedule {
         ));
         jobs.push((Job::Retention, m.retention_check, now + m.retention_check));
         if m.retention_enabled {
-            // Once soon after the start (a crash's leftovers are found by the next start),
-            // then daily.
+            // Once soon after the start (a crash's leftovers are found by the next start, and
+            // removed once an hour old), then hourly while there is something to sweep.
             jobs.push((Job::Sweep, SWEEP_EVERY, now + m.retention_check));
         }
         if !m.verify_interval.is_zero() {
@@ -229,15 +232,19 @@ pub enum Done {
     Stored(LtxFileInfo),
     /// These files were deleted.
     Deleted(Vec<LtxFileInfo>),
-    /// Nothing the index holds: temporary files were removed.
-    Swept,
+    /// Nothing the index holds: temporary files were removed. `again`: the next sweep must
+    /// run even if the replica stays idle (it failed, or left leftovers too young to remove).
+    Swept {
+        /// Sweep again at the next interval.
+        again: bool,
+    },
 }
 
 impl Done {
     /// Records the change in `index`; returns how many files it uploaded or deleted.
     pub fn apply(self, index: &mut RemoteIndex) -> usize {
         match self {
-            Done::Checked(_) | Done::Unrestorable { .. } | Done::Swept => 0,
+            Done::Checked(_) | Done::Unrestorable { .. } | Done::Swept { .. } => 0,
             Done::Stored(f) => {
                 index.insert(f);
                 1
@@ -379,20 +386,24 @@ pub async fn run(
             Ok(Done::Deleted(doomed))
         }
         // Housekeeping, not protection: a sweep that fails is said in the log and tried again
-        // a day later, and never marks the replica's maintenance as failing.
-        Work::Sweep => {
-            match client.sweep_tmp(TMP_STALE).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(
-                    files = n,
-                    "removed temporary files that interrupted writes left on the replica"
-                ),
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not remove the temporary files that interrupted writes left on the replica; tried again in a day")
+        // at the next sweep, and never marks the replica's maintenance as failing.
+        Work::Sweep => match client.sweep_tmp(TMP_STALE).await {
+            Ok(swept) => {
+                if swept.removed > 0 {
+                    tracing::info!(
+                        files = swept.removed,
+                        "removed temporary files that interrupted writes left on the replica"
+                    );
                 }
+                Ok(Done::Swept {
+                    again: swept.young > 0,
+                })
             }
-            Ok(Done::Swept)
-        }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not remove the temporary files that interrupted writes left on the replica; tried again at the next sweep");
+                Ok(Done::Swept { again: true })
+            }
+        },
     }
 }
 
@@ -515,7 +526,15 @@ async fn build(
         key: format!("level {level}"),
         reason,
     };
-    let lone = lone_staged(staging, inputs, min_override);
+    let lone = match inputs {
+        [f] => {
+            let f = f.clone();
+            staging
+                .off_reactor(move |s| lone_staged(s, &f, min_override))
+                .await
+        }
+        _ => None,
+    };
     let as_is = match lone {
         Some(segment) => link_verified(m, segment, tmp.clone(), gate.clone())
             .await
@@ -543,15 +562,10 @@ async fn build(
     Ok(info)
 }
 
-/// The staged segment that would be the output unchanged: a lone level-0 segment still in
-/// staging, when the output starts at its TXID. The compactor would copy its page blocks and
+/// The staged segment that would be the output unchanged: the lone input `f`, a level-0
+/// segment still in staging, when the output starts at its TXID. The compactor would copy its page blocks and
 /// zero its WAL fields, which no reader uses (Litestream's restore and compactor included).
-fn lone_staged(
-    staging: &Staging,
-    inputs: &[LtxFileInfo],
-    min_override: Option<TxId>,
-) -> Option<PathBuf> {
-    let [f] = inputs else { return None };
+fn lone_staged(staging: &Staging, f: &LtxFileInfo, min_override: Option<TxId>) -> Option<PathBuf> {
     staged_txid(f)
         .filter(|&txid| min_override.is_none_or(|t| t == txid))
         .map(|txid| staging.path(txid))
@@ -627,9 +641,19 @@ async fn open_inputs(
     let handle = tokio::runtime::Handle::current();
     let mut readers: Vec<Input> = Vec::with_capacity(inputs.len());
     for f in inputs {
-        let local = staged_txid(f)
-            .and_then(|txid| std::fs::File::open(staging.path(txid)).ok())
-            .filter(|file| file.metadata().is_ok_and(|m| is_the_object(&m, f)));
+        let local = match staged_txid(f) {
+            Some(txid) => {
+                let f = f.clone();
+                staging
+                    .off_reactor(move |s| {
+                        std::fs::File::open(s.path(txid))
+                            .ok()
+                            .filter(|file| file.metadata().is_ok_and(|m| is_the_object(&m, &f)))
+                    })
+                    .await
+            }
+            None => None,
+        };
         match local {
             Some(file) => readers.push(Box::new(file)),
             None => {

@@ -65,7 +65,8 @@ impl Replica {
                 _ => None,
             };
             if job == Job::Sweep {
-                // Temporary files come from writes: none since the last sweep, none to find.
+                // Temporary files come from writes: none since the last sweep (which left none),
+                // none to find.
                 if self.swept == Some(self.index.tip()) {
                     continue;
                 }
@@ -152,6 +153,9 @@ impl Replica {
                         // The health cell clears at the next round that succeeds.
                         tracing::info!(db = %self.db, replica = %self.name, "verify passed: the replica restores again");
                     }
+                }
+                if let maintenance::Done::Swept { again: true } = done {
+                    self.swept = None;
                 }
                 let n = done.apply(&mut self.index);
                 if n > 0 {

@@ -31,6 +31,7 @@ use tokio_util::io::SyncIoBridge;
 
 use crate::ltx::{self, TxId};
 use crate::storage::age::keys::AgeKeys;
+use crate::storage::tmp_names::Swept;
 use crate::storage::{
     AnyClient, LtxFileInfo, ObjectReader, ReplicaClient, StorageError, Versioned, WriteIf,
 };
@@ -105,7 +106,7 @@ impl AgeClient {
         Box::pin(self.plain.aux_write_in_flight(name))
     }
 
-    fn plain_sweep_tmp(&self, older_than: std::time::Duration) -> BoxFut<'_, usize> {
+    fn plain_sweep_tmp(&self, older_than: std::time::Duration) -> BoxFut<'_, Swept> {
         Box::pin(self.plain.sweep_tmp(older_than))
     }
 
@@ -397,7 +398,7 @@ impl ReplicaClient for AgeClient {
     }
 
     /// The sealed view shares the plain one's root and level directories.
-    async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<usize, StorageError> {
+    async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<Swept, StorageError> {
         self.plain_sweep_tmp(older_than).await
     }
 

@@ -32,6 +32,7 @@ pub use config::{ObjectConfig, Service};
 use errors::classify;
 
 use crate::ltx::{self, TxId};
+use crate::storage::tmp_names::{self, Swept};
 use crate::storage::{
     LtxFileInfo, ObjectReader, ReplicaClient, SNAPSHOT_LEVEL, StorageError, Versioned, WriteIf,
 };
@@ -297,7 +298,7 @@ impl ObjectClient {
                 reason: "internal error: a WebDAV client without its uploader".into(),
             });
         };
-        let tmp = crate::storage::tmp_names::put_tmp_name(key);
+        let tmp = tmp_names::put_tmp_name(key);
         self.ensure_dir(key).await?;
         let mut put = up.put(&self.cfg, &tmp, src, size).await;
         if put.as_ref().is_err_and(webdav::is_missing_parent) {
@@ -523,13 +524,15 @@ impl ReplicaClient for ObjectClient {
     /// WebDAV only (the other services write whole objects, never a temporary one): one
     /// listing of the root and one of the level tree. An entry without a modification time
     /// is kept.
-    async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<usize, StorageError> {
+    async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<Swept, StorageError> {
+        let mut swept = Swept::default();
         if !self.replaces_aux_in_two_steps() {
-            return Ok(0);
+            return Ok(swept);
         }
         let root = self.root();
         let ltx = format!("{root}ltx/");
-        let now = std::time::SystemTime::now();
+        let now = Utc::now().timestamp();
+        let older_s = i64::try_from(older_than.as_secs()).unwrap_or(i64::MAX);
         let mut doomed = Vec::new();
         for (dir, recursive) in [(root.as_str(), false), (ltx.as_str(), true)] {
             let listed = self
@@ -547,26 +550,24 @@ impl ReplicaClient for ObjectClient {
                 let Some(rest) = key.strip_prefix(root.as_str()) else {
                     continue;
                 };
-                let ours = match rest.strip_prefix("ltx/").map(|r| r.split_once('/')) {
-                    Some(Some((level, name))) => {
-                        level.parse::<u8>().is_ok_and(|l| l <= SNAPSHOT_LEVEL)
-                            && crate::storage::tmp_names::is_leftover_tmp(name, true)
+                let name = match rest.strip_prefix("ltx/").map(|r| r.split_once('/')) {
+                    Some(Some((level, name)))
+                        if level.parse::<u8>().is_ok_and(|l| l <= SNAPSHOT_LEVEL)
+                            && tmp_names::is_leftover_tmp(name, true) =>
+                    {
+                        name
                     }
-                    Some(None) => false,
-                    None => crate::storage::tmp_names::is_leftover_tmp(rest, false),
+                    None if tmp_names::is_leftover_tmp(rest, false) => rest,
+                    _ => continue,
                 };
-                let old = |t: std::time::SystemTime| {
-                    now.duration_since(t).unwrap_or_default() >= older_than
-                };
-                let made = |s: i64| {
-                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(s.max(0) as u64)
-                };
-                let name = key.rsplit('/').next().unwrap_or(key);
-                let stale = e.metadata().last_modified().is_some_and(|t| old(t.into()))
-                    && crate::storage::tmp_names::tmp_name_made_s(name)
-                        .is_none_or(|s| old(made(s)));
-                if ours && stale {
+                // No modification time: kept, as if young.
+                let changed = e.metadata().last_modified().map_or(now, |t| {
+                    DateTime::<Utc>::from(std::time::SystemTime::from(t)).timestamp()
+                });
+                if tmp_names::old_enough(name, changed, now, older_s) {
                     doomed.push(key.to_string());
+                } else {
+                    swept.young += 1;
                 }
             }
         }
@@ -577,7 +578,8 @@ impl ReplicaClient for ObjectClient {
                 Err(e) => return Err(classify(&self.cfg, "delete", key, e, true)),
             }
         }
-        Ok(doomed.len())
+        swept.removed = doomed.len();
+        Ok(swept)
     }
 
     async fn delete_aux(&self, name: &str) -> Result<(), StorageError> {

@@ -36,6 +36,7 @@ pub use config::{DEFAULT_PORT, HostKeyCheck, SftpConfig, split_host_port};
 use conn::{Conn, ConnectError};
 
 use crate::ltx::{self, TxId};
+use crate::storage::tmp_names::{self, Swept};
 use crate::storage::{LtxFileInfo, ObjectReader, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 
 /// Uploads of one replica in flight at once.
@@ -395,7 +396,7 @@ impl SftpClient {
     ) -> Result<u64, StorageError> {
         let dir = self.level_dir(level);
         self.make_dirs(c, &dir).await?;
-        let tmp = crate::storage::tmp_names::put_tmp_name(name);
+        let tmp = tmp_names::put_tmp_name(name);
         let uploaded = match self.upload(c, src, &tmp, timestamp_ms).await {
             // The directory was removed behind the cache's back: make it again, once.
             Err(StorageError::NotFound(_)) if !self.made_lock().is_empty() => {
@@ -711,9 +712,9 @@ impl ReplicaClient for SftpClient {
         .await
     }
 
-    /// The root and the level directories. A file is old when both its modification time
-    /// (the server's clock) and the time in its name (a put's, this host's) are.
-    async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<usize, StorageError> {
+    /// The root and the level directories ([`tmp_names::old_enough`]: the server's
+    /// modification time, and the time in a put's name, by this host's clock).
+    async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<Swept, StorageError> {
         let root = self.root_dir();
         let older_s = i64::try_from(older_than.as_secs()).unwrap_or(i64::MAX);
         self.run("sweep", &root, |c| {
@@ -734,7 +735,7 @@ impl ReplicaClient for SftpClient {
                 };
                 let dirs = std::iter::once((root, false))
                     .chain(levels.into_iter().map(|l| (self.level_dir(l), true)));
-                let mut removed = 0;
+                let mut swept = Swept::default();
                 for (dir, in_level) in dirs {
                     let entries = match c.sftp.read_dir(dir.clone()).await {
                         Ok(entries) => entries,
@@ -747,18 +748,18 @@ impl ReplicaClient for SftpClient {
                     for e in entries {
                         let name = e.file_name();
                         let meta = e.metadata();
-                        let old = |t: i64| now.saturating_sub(t) >= older_s;
-                        let stale = meta.mtime.is_some_and(|t| old(i64::from(t)))
-                            && crate::storage::tmp_names::tmp_name_made_s(&name).is_none_or(old);
-                        if meta.is_dir()
-                            || !stale
-                            || !crate::storage::tmp_names::is_leftover_tmp(&name, in_level)
-                        {
+                        if meta.is_dir() || !tmp_names::is_leftover_tmp(&name, in_level) {
+                            continue;
+                        }
+                        // No modification time: kept, as if young.
+                        let changed = meta.mtime.map_or(now, i64::from);
+                        if !tmp_names::old_enough(&name, changed, now, older_s) {
+                            swept.young += 1;
                             continue;
                         }
                         let path = format!("{}/{name}", dir.trim_end_matches('/'));
                         match c.sftp.remove_file(path.clone()).await {
-                            Ok(()) => removed += 1,
+                            Ok(()) => swept.removed += 1,
                             Err(e) => match self.fail("delete", &path, e) {
                                 StorageError::NotFound(_) => {}
                                 e => return Err(e),
@@ -766,7 +767,7 @@ impl ReplicaClient for SftpClient {
                         }
                     }
                 }
-                Ok(removed)
+                Ok(swept)
             }
         })
         .await

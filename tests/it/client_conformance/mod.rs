@@ -37,6 +37,7 @@ use common::sshd::Sshd;
 use replicad::ltx::{self, Codec, Encoder, HEADER_FLAG_NO_CHECKSUM, Header, TxId};
 use replicad::storage::file::FileClient;
 use replicad::storage::s3::{S3Client, S3Config, Secret};
+use replicad::storage::tmp_names::Swept;
 use replicad::storage::{
     AnyClient, LtxFileInfo, PROBE_VERSION, ReplicaClient, StorageError, WriteIf, put_new,
 };

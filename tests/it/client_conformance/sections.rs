@@ -521,7 +521,11 @@ pub(super) async fn leftover_tmp_files_are_swept(b: &Backend<'_>) {
     };
     if !keeps_tmp {
         let n = b.client.sweep_tmp(Duration::ZERO).await.unwrap();
-        assert_eq!(n, 0, "{name}: swept where no write leaves a temporary file");
+        assert_eq!(
+            n,
+            Swept::default(),
+            "{name}: swept where no write leaves a temporary file"
+        );
         return;
     }
     let l = Some(6);
@@ -543,12 +547,17 @@ pub(super) async fn leftover_tmp_files_are_swept(b: &Backend<'_>) {
         (None, "notes.tmp"),
         (None, "replicad.lease.tmp"),
         (None, "app.db.4242-0123456789abcdef"),
+        (None, "backup.2024-0123456789abcdef.tmp"),
+        // A directory (a collection on WebDAV, listed recursively) under an LTX-like name.
+        (l, "0000000000000011-0000000000000011.ltx.d/x.tmp"),
     ];
     for (level, n) in old.iter().chain(&foreign) {
         b.plant_tmp(*level, n).await;
     }
-    // Modification times have a resolution of a second on SFTP and WebDAV.
-    tokio::time::sleep(Duration::from_millis(3100)).await;
+    // Modification times have a resolution of a second on SFTP and WebDAV: the old files are
+    // at least 4 s old at the sweep, the fresh ones less than 3 s unless planting them and
+    // sweeping takes 2 s.
+    tokio::time::sleep(Duration::from_millis(4200)).await;
     let now_ns = Utc::now().timestamp_nanos_opt().unwrap();
     let made_now = format!("0000000000000009-000000000000000a.ltx.4242.{now_ns}.tmp");
     let fresh = [
@@ -567,7 +576,7 @@ pub(super) async fn leftover_tmp_files_are_swept(b: &Backend<'_>) {
         f.set_modified(std::time::SystemTime::now() - Duration::from_secs(2 * 86_400))
             .unwrap();
     }
-    let n = b.client.sweep_tmp(Duration::from_secs(2)).await.unwrap();
+    let swept = b.client.sweep_tmp(Duration::from_secs(3)).await.unwrap();
     for (level, n) in &old {
         assert!(!b.tmp_exists(*level, n).await, "{name}: {n} left");
     }
@@ -578,11 +587,12 @@ pub(super) async fn leftover_tmp_files_are_swept(b: &Backend<'_>) {
     {
         assert!(b.tmp_exists(level, &n).await, "{name}: {n} removed");
     }
-    assert_eq!(n, old.len(), "{name}: files said removed");
+    let want = Swept {
+        removed: old.len(),
+        young: 2,
+    };
+    assert_eq!(swept, want, "{name}: what the sweep said");
     assert_eq!(ranges(&list(b, 6).await), vec![(6, 1, 2)], "{name}");
-    assert_eq!(
-        b.client.sweep_tmp(Duration::from_secs(2)).await.unwrap(),
-        0,
-        "{name}: a second sweep"
-    );
+    let again = b.client.sweep_tmp(Duration::from_secs(3)).await.unwrap();
+    assert_eq!(again.removed, 0, "{name}: a second sweep");
 }
