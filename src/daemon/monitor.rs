@@ -190,7 +190,7 @@ pub(super) async fn monitor(
             }
             _ = any_changed(&mut acks), if parked.is_some() => {
                 if let Some(min) = prune_due(&acks, pruned) {
-                    prune(db.staging_pruner(), db.on_network_fs(), min, &mut pruned).await;
+                    prune(db.staging_pruner(), min, &mut pruned).await;
                 }
                 continue;
             }
@@ -230,7 +230,7 @@ pub(super) async fn monitor(
         };
         if skip {
             if let Some(min) = prune_due(&acks, pruned) {
-                prune(db.staging_pruner(), db.on_network_fs(), min, &mut pruned).await;
+                prune(db.staging_pruner(), min, &mut pruned).await;
             }
             trigger.done(tick);
             if let Some(watch) = &watch {
@@ -262,7 +262,7 @@ pub(super) async fn monitor(
                     .store(now, std::sync::atomic::Ordering::Relaxed);
             }
             if let Some(min) = prune_due(&acks, pruned) {
-                prune(db.staging_pruner(), db.on_network_fs(), min, &mut pruned).await;
+                prune(db.staging_pruner(), min, &mut pruned).await;
             }
             continue;
         }
@@ -352,7 +352,7 @@ pub(super) async fn monitor(
             }
         }
         if let Some(min) = prune_due(&acks, pruned) {
-            prune(db.staging_pruner(), db.on_network_fs(), min, &mut pruned).await;
+            prune(db.staging_pruner(), min, &mut pruned).await;
         }
     }
     drop(wanted);
@@ -447,21 +447,17 @@ fn prune_due(acks: &[watch::Receiver<TxId>], pruned: TxId) -> Option<TxId> {
         .filter(|min| *min > pruned)
 }
 
-/// Runs a [`Db::staging_pruner`] job up to `min`: on the blocking pool when `off_reactor` (a
-/// database on a network file system, with staging beside it by default: a call may hang).
+/// Runs a [`Db::staging_pruner`] job up to `min` on the blocking pool: staging may sit on a
+/// network file system (beside the database, or wherever `meta-path` says), where a call may
+/// hang. It runs only when an acknowledgement moved, never on an idle tick.
 async fn prune(
     job: impl FnOnce(TxId) -> Result<usize, crate::replicate::db::DbError> + Send + 'static,
-    off_reactor: bool,
     min: TxId,
     pruned: &mut TxId,
 ) {
-    let done = if off_reactor {
-        match tokio::task::spawn_blocking(move || job(min)).await {
-            Ok(r) => r,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        }
-    } else {
-        job(min)
+    let done = match tokio::task::spawn_blocking(move || job(min)).await {
+        Ok(r) => r,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
     };
     match done {
         Ok(_) => *pruned = min,

@@ -12,8 +12,8 @@
 //!   run of the same database on the same host is taken over at once when that run is known
 //!   to have ended: it is the instance named by the database's local claim, which this
 //!   process now holds (`StagingLock`: a kernel lock, released only when its holder ends), or
-//!   its lease says it ran before this host's last boot, or in our PID namespace under a pid
-//!   no process has now. A pid from another boot or another PID namespace is never trusted:
+//!   its lease says it ran before this host's last boot (on this machine, where both leases
+//!   record a machine id), or in our PID namespace under a pid no process has now. A pid from another boot or another PID namespace is never trusted:
 //!   after a reboot another process may have it, and every container with a PID namespace of
 //!   its own is pid 1. Any other lease that looks expired is watched
 //!   for its TTL on our monotonic clock and taken over only if it did not change (a live
@@ -103,6 +103,11 @@ pub struct LeaseRecord {
     /// The holder's PID namespace (`/proc/self/ns/pid`): its pid means something only there.
     #[serde(default)]
     pub pid_ns: String,
+    /// The holder's machine (`/etc/machine-id`); empty where there is none (many containers)
+    /// or when written by a replicad that did not record it. Tells another boot of this host
+    /// from another host that has our host name.
+    #[serde(default)]
+    pub machine: String,
 }
 
 impl fmt::Display for LeaseRecord {
@@ -243,14 +248,23 @@ fn pid_alive(pid: u32) -> bool {
     )
 }
 
-/// This boot's id and this process's PID namespace (empty where `/proc` does not say); read
-/// once, not at each of thousands of leases.
-fn boot_and_pid_ns() -> &'static (String, String) {
-    static IDS: OnceLock<(String, String)> = OnceLock::new();
+/// This boot's id, this process's PID namespace and this machine's id (each empty where the
+/// system does not say); read once, not at each of thousands of leases.
+fn local_ids() -> &'static (String, String, String) {
+    static IDS: OnceLock<(String, String, String)> = OnceLock::new();
     IDS.get_or_init(|| {
-        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        let boot = read("/proc/sys/kernel/random/boot_id");
         let ns = std::fs::read_link("/proc/self/ns/pid").unwrap_or_default();
-        (boot.trim().to_string(), ns.to_string_lossy().into_owned())
+        let machine = Some(read("/etc/machine-id"))
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| read("/var/lib/dbus/machine-id"));
+        (boot, ns.to_string_lossy().into_owned(), machine)
     })
 }
 
@@ -304,7 +318,7 @@ impl Mode {
 impl Lease {
     /// The lease this process would hold on `client` for database `db`.
     pub fn new(client: AnyClient, db: &str, ttl: Duration) -> Lease {
-        let (boot, pid_ns) = boot_and_pid_ns();
+        let (boot, pid_ns, machine) = local_ids();
         Lease {
             client,
             me: LeaseRecord {
@@ -317,6 +331,7 @@ impl Lease {
                 version: env!("CARGO_PKG_VERSION").to_string(),
                 boot: boot.clone(),
                 pid_ns: pid_ns.clone(),
+                machine: machine.clone(),
             },
             ttl,
             written_at: None,
@@ -458,7 +473,10 @@ impl Lease {
     /// Whether `other`'s process has certainly ended, as seen from here: it ran before this
     /// host's last boot, or in our PID namespace under a pid no process has now. Unknown (so
     /// false) in another PID namespace of this boot: a twin container is pid 1 too, and that
-    /// is where the local claim decides ([`Lease::succeeding`]).
+    /// is where the local claim decides ([`Lease::succeeding`]). Unknown too for another boot
+    /// of another machine (both record one): a host that has our name, such as a pod
+    /// rescheduled while the old node still reaches the store. Without machine ids (many
+    /// containers) another boot still counts as this host's earlier one.
     fn has_ended(&self, other: &LeaseRecord) -> bool {
         let me = &self.me;
         if [&other.boot, &other.pid_ns, &me.boot, &me.pid_ns]
@@ -468,7 +486,12 @@ impl Lease {
             // Written by a replicad that did not record them: judged by the pid, as it did.
             return other.pid == me.pid || !pid_alive(other.pid);
         }
-        other.boot != me.boot || (other.pid_ns == me.pid_ns && !pid_alive(other.pid))
+        if other.boot != me.boot {
+            return other.machine.is_empty()
+                || me.machine.is_empty()
+                || other.machine == me.machine;
+        }
+        other.pid_ns == me.pid_ns && !pid_alive(other.pid)
     }
 
     /// Takes the lease (see the module docs), or says who holds it.

@@ -19,9 +19,9 @@ pub struct Swept {
 
 /// Whether `name` is a temporary file a write of a replica left: in a level directory
 /// (`in_level`), an LTX file's name followed by anything and `.tmp` (replicad's puts, and
-/// Litestream's `<name>.tmp`); at the root, the lease's name followed by
-/// [`crate::util::fsutil::unique_tmp_suffix`] (its writes). Anything else is not ours to
-/// remove.
+/// Litestream's `<name>.tmp`); at the root, the name of the lease or of the age recipients
+/// note followed by [`crate::util::fsutil::unique_tmp_suffix`] (their writes). Anything else
+/// is not ours to remove.
 pub fn is_leftover_tmp(name: &str, in_level: bool) -> bool {
     if name.contains('/') {
         return false;
@@ -35,7 +35,8 @@ pub fn is_leftover_tmp(name: &str, in_level: bool) -> bool {
                 .and_then(ltx::parse_filename)
                 .is_some()
     } else {
-        crate::util::fsutil::strip_unique_tmp_suffix(name) == Some(crate::storage::LEASE_NAME)
+        let aux = crate::util::fsutil::strip_unique_tmp_suffix(name);
+        aux == Some(crate::storage::LEASE_NAME) || aux == Some(crate::storage::age::NOTE_NAME)
     }
 }
 
@@ -52,11 +53,18 @@ pub fn old_enough(name: &str, changed_s: i64, now_s: i64, older_s: i64) -> bool 
 /// The temporary name a put writes before it publishes `name`:
 /// `<name>.<pid>.<nanoseconds>.tmp`, which says when it was made ([`tmp_name_made_s`]).
 pub fn put_tmp_name(name: &str) -> String {
-    format!(
-        "{name}.{}.{}.tmp",
-        std::process::id(),
-        Utc::now().timestamp_nanos_opt().unwrap_or_default()
-    )
+    use std::sync::atomic::{AtomicI64, Ordering};
+    // Never the same twice in this process, also within one tick of the clock or after it
+    // stepped back: two puts of one name (a seed and a snapshot of the same range) must not
+    // share a file.
+    static LAST: AtomicI64 = AtomicI64::new(0);
+    let now = Utc::now().timestamp_nanos_opt().unwrap_or_default();
+    let prev = LAST
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            Some(now.max(last + 1))
+        })
+        .unwrap_or_else(|last| last);
+    format!("{name}.{}.{}.tmp", std::process::id(), now.max(prev + 1))
 }
 
 /// When a put's temporary name `<name>.<pid>.<nanoseconds>.tmp` was made, in
@@ -97,6 +105,10 @@ mod tests {
         assert!(is_leftover_tmp(&sealed_put, true), "{sealed_put}");
         let lease = format!("replicad.lease{}", crate::util::fsutil::unique_tmp_suffix());
         assert!(is_leftover_tmp(&lease, false), "{lease}");
+        // Never the same name twice, however fast.
+        let names: std::collections::HashSet<String> =
+            (0..1000).map(|_| put_tmp_name(ltx)).collect();
+        assert_eq!(names.len(), 1000);
         // Not ours: at the root only a lease write's suffix counts; in a level, an LTX name first.
         for (name, in_level) in [
             (put.as_str(), false),

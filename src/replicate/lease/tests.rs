@@ -55,6 +55,21 @@ fn without_a_claim_only_another_boot_or_a_dead_pid_in_our_namespace_has_ended() 
     // Another PID namespace of this boot: a twin container, pid 1 like ours may be.
     assert!(!lease.is_my_predecessor(&record(&boot, "pid:[1]", dead)));
     assert!(!lease.is_my_predecessor(&record(&boot, "pid:[1]", 1)));
+    // Another boot of another machine of our host name (a rescheduled pod whose old node
+    // still runs): not known to have ended. Of this machine, or where either side records
+    // no machine, it is this host's earlier boot.
+    let machine = |m: &str, me: &str| {
+        let mut lease = local_lease();
+        lease.me.machine = me.into();
+        let other = LeaseRecord {
+            machine: m.into(),
+            ..record("another boot", &ns, dead)
+        };
+        lease.is_my_predecessor(&other)
+    };
+    assert!(!machine("m-other", "m-ours"));
+    assert!(machine("m-ours", "m-ours"));
+    assert!(machine("", "m-ours") && machine("m-other", ""));
     // A lease that records neither: judged by its pid, as before.
     assert!(lease.is_my_predecessor(&record("", "", dead)));
     assert!(!lease.is_my_predecessor(&record("", "", 1)));

@@ -419,7 +419,8 @@ impl Replica {
                 .staging
                 .off_reactor(move |s| {
                     let h = s.header(txid);
-                    let missing = h.is_err() && !s.path(txid).exists();
+                    // Missing, not unreadable: a network file system's error is retried.
+                    let missing = h.is_err() && matches!(s.path(txid).try_exists(), Ok(false));
                     (h, missing)
                 })
                 .await;

@@ -560,10 +560,15 @@ impl ReplicaClient for ObjectClient {
                     None if tmp_names::is_leftover_tmp(rest, false) => rest,
                     _ => continue,
                 };
-                // No modification time: kept, as if young.
-                let changed = e.metadata().last_modified().map_or(now, |t| {
-                    DateTime::<Utc>::from(std::time::SystemTime::from(t)).timestamp()
-                });
+                // No modification time: kept, and not counted (it would keep an idle replica
+                // swept every hour for good).
+                let Some(changed) = e
+                    .metadata()
+                    .last_modified()
+                    .map(|t| DateTime::<Utc>::from(std::time::SystemTime::from(t)).timestamp())
+                else {
+                    continue;
+                };
                 if tmp_names::old_enough(name, changed, now, older_s) {
                     doomed.push(key.to_string());
                 } else {

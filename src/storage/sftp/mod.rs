@@ -751,8 +751,11 @@ impl ReplicaClient for SftpClient {
                         if meta.is_dir() || !tmp_names::is_leftover_tmp(&name, in_level) {
                             continue;
                         }
-                        // No modification time: kept, as if young.
-                        let changed = meta.mtime.map_or(now, i64::from);
+                        // No modification time: kept, and not counted (it would keep an idle
+                        // replica swept every hour for good).
+                        let Some(changed) = meta.mtime.map(i64::from) else {
+                            continue;
+                        };
                         if !tmp_names::old_enough(&name, changed, now, older_s) {
                             swept.young += 1;
                             continue;
