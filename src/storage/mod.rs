@@ -331,6 +331,10 @@ pub(crate) fn check_aux_name(name: &str) -> Result<(), StorageError> {
 /// here because a sweep must know its temporary files.
 pub const LEASE_NAME: &str = "replicad.lease";
 
+/// The age recipients note at the root of an encrypted replica ([`age::NOTE_NAME`]); named
+/// here because a sweep must know its temporary files.
+pub const AGE_NOTE_NAME: &str = "age-recipients.txt";
+
 /// A version no object ever has: a write conditional on it must fail where conditions are
 /// honoured, which is how the lease learns whether a backend honours them.
 pub const PROBE_VERSION: &str = "\"replicad-probe-not-an-etag\"";

@@ -36,7 +36,7 @@ pub fn is_leftover_tmp(name: &str, in_level: bool) -> bool {
                 .is_some()
     } else {
         let aux = crate::util::fsutil::strip_unique_tmp_suffix(name);
-        aux == Some(crate::storage::LEASE_NAME) || aux == Some(crate::storage::age::NOTE_NAME)
+        aux == Some(crate::storage::LEASE_NAME) || aux == Some(crate::storage::AGE_NOTE_NAME)
     }
 }
 

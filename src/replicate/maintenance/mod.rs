@@ -563,8 +563,9 @@ async fn build(
 }
 
 /// The staged segment that would be the output unchanged: the lone input `f`, a level-0
-/// segment still in staging, when the output starts at its TXID. The compactor would copy its page blocks and
-/// zero its WAL fields, which no reader uses (Litestream's restore and compactor included).
+/// segment still in staging, when the output starts at its TXID. The compactor would copy its
+/// page blocks and zero its WAL fields, which no reader uses (Litestream's restore and
+/// compactor included).
 fn lone_staged(staging: &Staging, f: &LtxFileInfo, min_override: Option<TxId>) -> Option<PathBuf> {
     staged_txid(f)
         .filter(|&txid| min_override.is_none_or(|t| t == txid))

@@ -374,7 +374,7 @@ fn sealed_view(c: &AnyClient) -> Option<AnyClient> {
 }
 
 /// Name of the plaintext recipients note at the replica's root.
-pub const NOTE_NAME: &str = "age-recipients.txt";
+pub const NOTE_NAME: &str = crate::storage::AGE_NOTE_NAME;
 
 fn note_path(root: &Path) -> PathBuf {
     root.join(NOTE_NAME)
