@@ -331,19 +331,16 @@ impl FileClient {
             for entry in entries {
                 let entry = entry.map_err(|e| StorageError::from_io("list", &dir, e))?;
                 let name = entry.file_name();
-                let Some(name) = name
-                    .to_str()
-                    .filter(|n| tmp_names::is_leftover_tmp(n, in_level))
-                else {
+                let Some(name) = name.to_str() else { continue };
+                if !tmp_names::is_leftover_tmp(name, in_level) {
                     continue;
-                };
+                }
                 let path = entry.path();
-                let meta = match fs::symlink_metadata(&path) {
-                    Ok(m) if m.is_file() => m,
-                    _ => continue,
-                };
-                if !tmp_names::old_enough(name, meta.mtime().max(meta.ctime()), now_s, older_s) {
-                    swept.young += 1;
+                let changed = fs::symlink_metadata(&path)
+                    .ok()
+                    .filter(|m| m.is_file())
+                    .map(|m| m.mtime().max(m.ctime()));
+                if !swept.judge(name, in_level, changed, now_s, older_s) {
                     continue;
                 }
                 match fs::remove_file(&path) {

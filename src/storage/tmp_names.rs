@@ -40,6 +40,28 @@ pub fn is_leftover_tmp(name: &str, in_level: bool) -> bool {
     }
 }
 
+impl Swept {
+    /// Judges the entry `name` of a sweep (`in_level`: of a level directory; `changed_s`:
+    /// its last change in seconds, `None` when the store does not say): true when it is a
+    /// leftover to remove now. One of ours too young is counted in [`Swept::young`]; one
+    /// without a time is kept and not counted (it would keep an idle replica swept for good).
+    pub fn judge(
+        &mut self,
+        name: &str,
+        in_level: bool,
+        changed_s: Option<i64>,
+        now_s: i64,
+        older_s: i64,
+    ) -> bool {
+        let Some(changed) = changed_s.filter(|_| is_leftover_tmp(name, in_level)) else {
+            return false;
+        };
+        let stale = old_enough(name, changed, now_s, older_s);
+        self.young += usize::from(!stale);
+        stale
+    }
+}
+
 /// Whether the temporary file `name`, last changed at `changed_s` (seconds; the store's
 /// clock), is at least `older_s` old at `now_s` (this host's clock), by its change and by
 /// the time in its name when it carries one ([`put_tmp_name`]): a put under way may carry an

@@ -586,7 +586,7 @@ async fn a_lease_write_under_way_is_seen_on_webdav() {
     assert!(!client.aux_write_in_flight("replicad.lease").await.unwrap());
     // As a crashed or slow writer leaves it.
     client
-        .write_aux("replicad.lease.77-00ff.tmp", b"{}".to_vec())
+        .write_aux("replicad.lease.77-00000000000000ff.tmp", b"{}".to_vec())
         .await
         .unwrap();
     assert!(client.aux_write_in_flight("replicad.lease").await.unwrap());

@@ -613,6 +613,6 @@ async fn a_lease_write_under_way_is_seen_on_sftp() {
     .unwrap();
     std::fs::write(root.join("other.1-2.tmp"), b"x").unwrap();
     assert!(!client.aux_write_in_flight("replicad.lease").await.unwrap());
-    std::fs::write(root.join("replicad.lease.77-00ff.tmp"), b"{}").unwrap();
+    std::fs::write(root.join("replicad.lease.77-00000000000000ff.tmp"), b"{}").unwrap();
     assert!(client.aux_write_in_flight("replicad.lease").await.unwrap());
 }

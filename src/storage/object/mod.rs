@@ -510,12 +510,14 @@ impl ReplicaClient for ObjectClient {
             return Ok(false);
         }
         let root = self.root();
-        let prefix = format!("{root}{name}.");
         let dir = if root.is_empty() { "/" } else { root.as_str() };
         match self.op.list(dir).await {
-            Ok(entries) => Ok(entries
-                .iter()
-                .any(|e| e.path().starts_with(&prefix) && e.path().ends_with(".tmp"))),
+            Ok(entries) => Ok(entries.iter().any(|e| {
+                let key = e.path().trim_start_matches('/');
+                key.strip_prefix(root.as_str())
+                    .and_then(crate::util::fsutil::strip_unique_tmp_suffix)
+                    == Some(name)
+            })),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
             Err(e) => Err(classify(&self.cfg, "list", &root, e, true)),
         }
@@ -550,29 +552,21 @@ impl ReplicaClient for ObjectClient {
                 let Some(rest) = key.strip_prefix(root.as_str()) else {
                     continue;
                 };
-                let name = match rest.strip_prefix("ltx/").map(|r| r.split_once('/')) {
+                let (name, in_level) = match rest.strip_prefix("ltx/").map(|r| r.split_once('/')) {
                     Some(Some((level, name)))
-                        if level.parse::<u8>().is_ok_and(|l| l <= SNAPSHOT_LEVEL)
-                            && tmp_names::is_leftover_tmp(name, true) =>
+                        if level.parse::<u8>().is_ok_and(|l| l <= SNAPSHOT_LEVEL) =>
                     {
-                        name
+                        (name, true)
                     }
-                    None if tmp_names::is_leftover_tmp(rest, false) => rest,
+                    None => (rest, false),
                     _ => continue,
                 };
-                // No modification time: kept, and not counted (it would keep an idle replica
-                // swept every hour for good).
-                let Some(changed) = e
+                let changed = e
                     .metadata()
                     .last_modified()
-                    .map(|t| DateTime::<Utc>::from(std::time::SystemTime::from(t)).timestamp())
-                else {
-                    continue;
-                };
-                if tmp_names::old_enough(name, changed, now, older_s) {
+                    .map(|t| DateTime::<Utc>::from(std::time::SystemTime::from(t)).timestamp());
+                if swept.judge(name, in_level, changed, now, older_s) {
                     doomed.push(key.to_string());
-                } else {
-                    swept.young += 1;
                 }
             }
         }

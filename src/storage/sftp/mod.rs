@@ -109,6 +109,22 @@ impl SftpClient {
         }
     }
 
+    /// The level directories under `ltx/` (one listing; none when it does not exist).
+    async fn levels_present(&self, c: &Conn) -> Result<Vec<u8>, StorageError> {
+        let ltx_dir = self.path("ltx");
+        match c.sftp.read_dir(ltx_dir.clone()).await {
+            Ok(entries) => Ok(entries
+                .filter(|e| e.metadata().is_dir())
+                .filter_map(|e| e.file_name().parse::<u8>().ok())
+                .filter(|l| *l <= SNAPSHOT_LEVEL)
+                .collect()),
+            Err(e) => match self.fail("list", &ltx_dir, e) {
+                StorageError::NotFound(_) => Ok(Vec::new()),
+                e => Err(e),
+            },
+        }
+    }
+
     fn level_dir(&self, level: u8) -> String {
         self.path(&format!("ltx/{level}"))
     }
@@ -477,21 +493,10 @@ impl ReplicaClient for SftpClient {
     async fn list_all(&self) -> Result<Vec<LtxFileInfo>, StorageError> {
         let ltx_dir = self.path("ltx");
         self.run("list", &ltx_dir, |c| {
-            let ltx_dir = ltx_dir.clone();
             async move {
                 // One listing of `ltx/`, then one per level directory present.
-                let levels = match c.sftp.read_dir(ltx_dir.clone()).await {
-                    Ok(entries) => entries
-                        .filter(|e| e.metadata().is_dir())
-                        .filter_map(|e| e.file_name().parse::<u8>().ok())
-                        .filter(|l| *l <= SNAPSHOT_LEVEL)
-                        .collect::<Vec<_>>(),
-                    Err(e) => match self.fail("list", &ltx_dir, e) {
-                        StorageError::NotFound(_) => return Ok(Vec::new()),
-                        e => return Err(e),
-                    },
-                };
                 let mut all = Vec::new();
+                let levels = self.levels_present(&c).await?;
                 for level in levels {
                     all.extend(self.list_dir(&c, level).await?);
                 }
@@ -686,9 +691,8 @@ impl ReplicaClient for SftpClient {
     async fn aux_write_in_flight(&self, name: &str) -> Result<bool, StorageError> {
         crate::storage::check_aux_name(name)?;
         let dir = self.root_dir();
-        let prefix = format!("{name}.");
         self.run("list", &dir, |c| {
-            let (dir, prefix) = (dir.clone(), prefix.clone());
+            let dir = dir.clone();
             async move {
                 match c.sftp.read_dir(dir.clone()).await {
                     Ok(entries) => {
@@ -699,7 +703,7 @@ impl ReplicaClient for SftpClient {
                                 .metadata()
                                 .mtime
                                 .is_none_or(|t| now - i64::from(t) < AUX_WRITE_STALE_S);
-                            n.starts_with(&prefix) && n.ends_with(".tmp") && recent
+                            crate::util::fsutil::strip_unique_tmp_suffix(&n) == Some(name) && recent
                         }))
                     }
                     Err(e) => match self.fail("list", &dir, e) {
@@ -720,19 +724,7 @@ impl ReplicaClient for SftpClient {
         self.run("sweep", &root, |c| {
             let root = root.clone();
             async move {
-                // The level directories present: one listing of `ltx/`.
-                let ltx_dir = self.path("ltx");
-                let levels: Vec<u8> = match c.sftp.read_dir(ltx_dir.clone()).await {
-                    Ok(entries) => entries
-                        .filter(|e| e.metadata().is_dir())
-                        .filter_map(|e| e.file_name().parse::<u8>().ok())
-                        .filter(|l| *l <= SNAPSHOT_LEVEL)
-                        .collect(),
-                    Err(e) => match self.fail("list", &ltx_dir, e) {
-                        StorageError::NotFound(_) => Vec::new(),
-                        e => return Err(e),
-                    },
-                };
+                let levels = self.levels_present(&c).await?;
                 let dirs = std::iter::once((root, false))
                     .chain(levels.into_iter().map(|l| (self.level_dir(l), true)));
                 let mut swept = Swept::default();
@@ -748,16 +740,8 @@ impl ReplicaClient for SftpClient {
                     for e in entries {
                         let name = e.file_name();
                         let meta = e.metadata();
-                        if meta.is_dir() || !tmp_names::is_leftover_tmp(&name, in_level) {
-                            continue;
-                        }
-                        // No modification time: kept, and not counted (it would keep an idle
-                        // replica swept every hour for good).
-                        let Some(changed) = meta.mtime.map(i64::from) else {
-                            continue;
-                        };
-                        if !tmp_names::old_enough(&name, changed, now, older_s) {
-                            swept.young += 1;
+                        let changed = meta.mtime.filter(|_| !meta.is_dir()).map(i64::from);
+                        if !swept.judge(&name, in_level, changed, now, older_s) {
                             continue;
                         }
                         let path = format!("{}/{name}", dir.trim_end_matches('/'));

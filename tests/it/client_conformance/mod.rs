@@ -144,10 +144,16 @@ impl Backend<'_> {
 
     /// Stores `bytes` under `name` in `level` without going through the client.
     async fn plant(&self, level: u8, name: &str, bytes: &[u8]) {
-        let loc = self.level_location(level, name);
+        self.plant_at(&self.level_location(level, name), bytes)
+            .await;
+    }
+
+    /// Stores `bytes` at `loc` (a path, or a key without the server's prefix) without the
+    /// client.
+    async fn plant_at(&self, loc: &str, bytes: &[u8]) {
         match &self.kind {
             Kind::File { .. } | Kind::Sftp { .. } => {
-                let p = Path::new(&loc);
+                let p = Path::new(loc);
                 std::fs::create_dir_all(p.parent().unwrap()).unwrap();
                 std::fs::write(p, bytes).unwrap();
             }
@@ -156,7 +162,7 @@ impl Backend<'_> {
                     .sdk()
                     .put_object()
                     .bucket(&server.bucket)
-                    .key(server.key(&loc))
+                    .key(server.key(loc))
                     .body(bytes.to_vec().into())
                     .send()
                     .await
@@ -168,7 +174,7 @@ impl Backend<'_> {
                     // WebDAV: the client makes collections itself, not OpenDAL's writer.
                     op.create_dir(&format!("{dir}/")).await.unwrap();
                 }
-                op.write(&loc, bytes.to_vec())
+                op.write(loc, bytes.to_vec())
                     .await
                     .unwrap_or_else(|e| panic!("plant {loc}: {e:?}"));
             }
@@ -188,26 +194,10 @@ impl Backend<'_> {
         }
     }
 
-    /// Stores `bytes` under `name` in `level` or at the root, without the client.
+    /// Stores a file named `name` in `level` or at the root, without the client.
     async fn plant_tmp(&self, level: Option<u8>, name: &str) {
-        let loc = self.tmp_location(level, name);
-        match &self.kind {
-            Kind::File { .. } | Kind::Sftp { .. } => {
-                let p = Path::new(&loc);
-                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-                std::fs::write(p, name).unwrap();
-            }
-            _ => match level {
-                Some(l) => self.plant(l, name, name.as_bytes()).await,
-                None => {
-                    let Kind::Object { emu, prefix } = &self.kind else {
-                        unreachable!("S3 keeps no temporary files")
-                    };
-                    let op = emu.config(prefix).build().unwrap();
-                    op.write(&loc, name.as_bytes().to_vec()).await.unwrap();
-                }
-            },
-        }
+        self.plant_at(&self.tmp_location(level, name), name.as_bytes())
+            .await;
     }
 
     /// Whether `name` is still in `level` or at the root.
