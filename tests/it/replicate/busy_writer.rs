@@ -87,7 +87,13 @@ fn back_to_back_commits_through_checkpoints_restore_exactly() {
          UPDATE t SET n = n + 1 WHERE id = abs(random()) % ((SELECT max(id) FROM t) + 1);",
         true,
     );
+    // At least 4 s; on a loaded machine, longer, until a checkpoint has restarted the WAL in
+    // place under the writer (one CI run saw only a PASSIVE and a TRUNCATE in 4 s).
+    let started = std::time::Instant::now();
     sleep(Duration::from_secs(4));
+    while !t.dir.logs().contains("shrink=false") && started.elapsed() < Duration::from_secs(20) {
+        sleep(Duration::from_millis(250));
+    }
     let commits = writer.stop();
     // Under the busy writer the WAL is restarted in place (its blocks are not freed under
     // the write lock); once the writer is quiet, it shrinks back to our restart write's one
