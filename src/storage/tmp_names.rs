@@ -66,10 +66,13 @@ impl Swept {
 /// clock), is at least `older_s` old at `now_s` (this host's clock), by its change and by
 /// the time in its name when it carries one ([`put_tmp_name`]): a put under way may carry an
 /// old modification time (SFTP and a directory replica set the LTX timestamp before
-/// publishing), never an old name.
+/// publishing), never an old name. A name made `older_s` or more ahead of our clock (by a
+/// host whose clock ran ahead) says nothing, and the change alone judges it: it would
+/// otherwise stay young, and its replica be swept hourly, until that time.
 pub fn old_enough(name: &str, changed_s: i64, now_s: i64, older_s: i64) -> bool {
     let old = |t: i64| now_s.saturating_sub(t) >= older_s;
-    old(changed_s) && tmp_name_made_s(name).is_none_or(old)
+    let made = tmp_name_made_s(name).filter(|&t| t.saturating_sub(now_s) < older_s);
+    old(changed_s) && made.is_none_or(old)
 }
 
 /// The temporary name a put writes before it publishes `name`:
@@ -123,6 +126,11 @@ mod tests {
         assert!(!old_enough(&put, now - 86_400, now, 3600));
         assert!(old_enough(&other, now - 86_400, now, 3600));
         assert!(!old_enough(&other, now - 60, now, 3600));
+        // Made by a clock ahead of ours: ten minutes is a put under way; two days, nothing.
+        let ahead = |s: i64| format!("{ltx}.4242.{}.tmp", (now + s) * 1_000_000_000);
+        assert!(!old_enough(&ahead(600), now - 86_400, now, 3600));
+        assert!(old_enough(&ahead(2 * 86_400), now - 86_400, now, 3600));
+        assert!(!old_enough(&ahead(2 * 86_400), now - 60, now, 3600));
         let sealed_put = put_tmp_name(&format!("{ltx}{}", crate::storage::SEALED_SUFFIX));
         assert!(is_leftover_tmp(&sealed_put, true), "{sealed_put}");
         let lease = format!("replicad.lease{}", crate::util::fsutil::unique_tmp_suffix());

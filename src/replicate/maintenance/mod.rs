@@ -41,6 +41,7 @@ use tokio_util::io::SyncIoBridge;
 use crate::ltx::{self, Codec, Decoder, TxId};
 use crate::replicate::counters::ReplicaCounters;
 use crate::replicate::staging::Staging;
+use crate::storage::tmp_names::Swept;
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::util::fsutil;
 use crate::util::stop::{Gate, Stoppable};
@@ -387,7 +388,7 @@ pub async fn run(
         }
         // Housekeeping, not protection: a sweep that fails is said in the log and tried again
         // at the next sweep, and never marks the replica's maintenance as failing.
-        Work::Sweep => match client.sweep_tmp(TMP_STALE).await {
+        Work::Sweep => match sweep(client, counters, TMP_STALE).await {
             Ok(swept) => {
                 if swept.removed > 0 {
                     tracing::info!(
@@ -405,6 +406,23 @@ pub async fn run(
             }
         },
     }
+}
+
+/// Sweeps the replica's temporary files `older` than that, counted as one listing, plus one
+/// delete when it removed any (its requests are listings and removals, on the backends that
+/// have them).
+async fn sweep(
+    client: &AnyClient,
+    counters: &ReplicaCounters,
+    older: Duration,
+) -> Result<Swept, StorageError> {
+    let started = Instant::now();
+    let swept = client.sweep_tmp(older).await;
+    counters.observe(2, started, &swept);
+    if swept.as_ref().is_ok_and(|s| s.removed > 0) {
+        counters.ops[3].inc();
+    }
+    swept
 }
 
 /// Restores the chain `plan` into the temporary directory and checks it (file checksums,
@@ -715,4 +733,37 @@ async fn merge(
     .await
     .map_err(|e| e.to_string())
     .and_then(|r| r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replicate::counters::ReplicaMetrics;
+
+    /// A sweep's requests count in the replica's operations: `/metrics` and `/status` would
+    /// otherwise miss the only requests an idle, clean replica makes besides its lease.
+    #[tokio::test]
+    async fn a_sweep_counts_as_a_listing_and_its_removals_as_a_delete() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let level = dir.path().join("ltx/0");
+        std::fs::create_dir_all(&level).expect("a level directory");
+        let leftover =
+            level.join("0000000000000001-0000000000000001.ltx.4242.1700000000000000000.tmp");
+        std::fs::write(&leftover, b"cut").expect("a leftover");
+        let client =
+            AnyClient::from_url(&dir.path().display().to_string()).expect("a directory replica");
+        let metrics = ReplicaMetrics::register(&prometheus::Registry::new(), Default::default());
+        let counters = metrics.replica("db", "r", false);
+        let ops = |c: &ReplicaCounters| c.ops.each_ref().map(prometheus::IntCounter::get);
+        let swept = sweep(&client, &counters, Duration::ZERO)
+            .await
+            .expect("a sweep");
+        assert_eq!(swept.removed, 1);
+        assert!(!leftover.exists());
+        assert_eq!(ops(&counters), [0, 0, 1, 1], "put, get, list, delete");
+        sweep(&client, &counters, Duration::ZERO)
+            .await
+            .expect("a sweep");
+        assert_eq!(ops(&counters), [0, 0, 2, 1], "nothing removed: no delete");
+    }
 }
