@@ -229,13 +229,28 @@ pub fn write_durable(path: &Path, data: &[u8]) -> io::Result<()> {
 }
 
 /// Removes a file when dropped, whatever happened: a temporary output whose owner may be
-/// dropped mid-way (an aborted maintenance job).
+/// dropped mid-way (an aborted maintenance job). Its name must be unique: the removal may
+/// come a moment later ([`remove_file_off_reactor`]).
 #[derive(Debug)]
 pub struct RemoveOnDrop(pub PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        remove_file_off_reactor(std::mem::take(&mut self.0));
+    }
+}
+
+/// Removes a file whose name nothing will take again (a unique temporary name), on the
+/// blocking pool when called on a runtime thread: unlinking a file of gigabytes, or one on a
+/// network mount, can take seconds. Should the runtime stop first, the file stays in a
+/// directory the next start empties.
+pub fn remove_file_off_reactor(path: PathBuf) {
+    let remove = move || {
+        let _ = std::fs::remove_file(&path);
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(remove)),
+        Err(_) => remove(),
     }
 }
 
@@ -333,5 +348,36 @@ mod claim_tests {
         assert_eq!(fs::read(&out).expect("read"), b"the restored database");
         assert!(!fs::symlink_metadata(&tmp).expect("stat").is_symlink());
         drop(claimed);
+    }
+}
+
+#[cfg(test)]
+mod removal_tests {
+    use super::*;
+
+    /// On a runtime the file goes on the blocking pool; elsewhere at once.
+    #[test]
+    fn a_file_is_removed_off_the_reactor_or_at_once() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (here, there) = (dir.path().join("here"), dir.path().join("there"));
+        for p in [&here, &there] {
+            std::fs::write(p, b"x").expect("a file");
+        }
+        remove_file_off_reactor(here.clone());
+        assert!(!here.exists());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            drop(RemoveOnDrop(there.clone()));
+            for _ in 0..500 {
+                if !there.exists() {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            panic!("{} was not removed", there.display());
+        });
     }
 }

@@ -41,7 +41,8 @@ pub struct SeedSnapshot {
 
 impl Drop for SeedSnapshot {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        // Its name is its own (a random part); a replica task may be the last holder.
+        fsutil::remove_file_off_reactor(std::mem::take(&mut self.path));
     }
 }
 
