@@ -17,7 +17,7 @@ use super::{DbClaim, DbHandle, StoreCore, StoreError, SyncTrigger};
 use super::{STARTUP_LEASE_ATTEMPTS, STARTUP_LIST_ATTEMPTS};
 use crate::config::DbConfig;
 use crate::ltx::TxId;
-use crate::replicate::counters::ReplicaCounters;
+use crate::replicate::counters::{ReplicaCounters, ReplicaMetrics};
 use crate::replicate::db::{Db, RemoteTip};
 use crate::replicate::health::stopped_on_panic;
 use crate::replicate::lease::Lease;
@@ -37,6 +37,14 @@ impl StoreCore {
     ) -> Result<DbHandle, StoreError> {
         let core = &*self.inner;
         let db_label = dbc.path.display().to_string();
+        // Until it has started, a start that fails or is dropped takes its replica series
+        // out of /metrics: the stand-in that reports it has no replicas.
+        let mut series = ReplicaSeries {
+            metrics: &core.counters,
+            db: &db_label,
+            dbc,
+            started: false,
+        };
         let meta = dbc
             .meta_path
             .clone()
@@ -254,7 +262,27 @@ impl StoreCore {
         let monitor = stopped_on_panic(monitor, handle.stats.clone(), "monitor");
         let fut = tracing::Instrument::instrument(monitor, span);
         core.tracker.spawn(tasks.track_future(fut));
+        series.started = true;
         Ok(handle)
+    }
+}
+
+/// The replica series of a database whose start is under way: removed when it does not end
+/// started (a stale operation count or TXID would describe a replica nothing writes).
+struct ReplicaSeries<'a> {
+    metrics: &'a ReplicaMetrics,
+    db: &'a str,
+    dbc: &'a DbConfig,
+    started: bool,
+}
+
+impl Drop for ReplicaSeries<'_> {
+    fn drop(&mut self) {
+        if !self.started {
+            for rc in &self.dbc.replicas {
+                self.metrics.forget_replica(self.db, &rc.name);
+            }
+        }
     }
 }
 

@@ -385,9 +385,11 @@ fn a_discovered_database_that_cannot_start_is_reported_until_it_starts() {
     caught_up(&d, port, &a);
     wait_until(&d, "ready", || get(port, "/readyz").0 == 200);
 
-    // b.db's staging directory cannot be made: a file is in its place (root or not).
+    // b.db's staging cannot be made, found once its replica's lease is taken: a file is in
+    // its place (root or not).
     let b = data.join("b.db");
-    let obstacle = data.join(".b.db-replicad");
+    std::fs::create_dir_all(data.join(".b.db-replicad")).unwrap();
+    let obstacle = data.join(".b.db-replicad/ltx");
     std::fs::write(&obstacle, "in the way").unwrap();
     let mut wb = Writer::open(&b, seed + 1);
     wb.run(5);
@@ -397,6 +399,20 @@ fn a_discovered_database_that_cannot_start_is_reported_until_it_starts() {
     });
     let (_, body) = get(port, "/readyz");
     assert!(body.contains("not replicated"), "{body}");
+    // Its failed start left no replica series: they would count for a replica nothing writes.
+    let metrics = get(port, "/metrics").1;
+    let b_label = format!("db=\"{}\"", s(&b));
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("replicad_replica_") && l.contains(&b_label)),
+        "{metrics}"
+    );
+    assert_eq!(
+        common::http::sample(&metrics, "replicad_db_protected", &b_label),
+        Some(0.0),
+        "{metrics}"
+    );
     assert!(!body.contains(&format!("db {}", s(&a))), "{body}");
     let st = status(port);
     let entry = st["databases"]
