@@ -15,6 +15,9 @@ pub struct Swept {
     /// Temporary files of ours kept as not old enough: a write under way, or the leftover of
     /// a recent crash, which a later sweep removes.
     pub young: usize,
+    /// The sweep listed the replica: false on the backends that never write a temporary
+    /// file (S3, GCS, Azure), which make no request for it.
+    pub listed: bool,
 }
 
 /// Whether `name` is a temporary file a write of a replica left: in a level directory
@@ -57,7 +60,11 @@ impl Swept {
             return false;
         };
         let stale = old_enough(name, changed, now_s, older_s);
-        self.young += usize::from(!stale);
+        // A name made `older_s` or more ahead of our clock (a clock stepped back since, or
+        // another host's ahead) is kept, as a put under way may carry it, but not counted:
+        // it would keep an idle replica swept hourly until that time.
+        let ahead = tmp_name_made_s(name).is_some_and(|t| t.saturating_sub(now_s) >= older_s);
+        self.young += usize::from(!stale && !ahead);
         stale
     }
 }
@@ -66,13 +73,10 @@ impl Swept {
 /// clock), is at least `older_s` old at `now_s` (this host's clock), by its change and by
 /// the time in its name when it carries one ([`put_tmp_name`]): a put under way may carry an
 /// old modification time (SFTP and a directory replica set the LTX timestamp before
-/// publishing), never an old name. A name made `older_s` or more ahead of our clock (by a
-/// host whose clock ran ahead) says nothing, and the change alone judges it: it would
-/// otherwise stay young, and its replica be swept hourly, until that time.
+/// publishing), never an old name.
 pub fn old_enough(name: &str, changed_s: i64, now_s: i64, older_s: i64) -> bool {
     let old = |t: i64| now_s.saturating_sub(t) >= older_s;
-    let made = tmp_name_made_s(name).filter(|&t| t.saturating_sub(now_s) < older_s);
-    old(changed_s) && made.is_none_or(old)
+    old(changed_s) && tmp_name_made_s(name).is_none_or(old)
 }
 
 /// The temporary name a put writes before it publishes `name`:
@@ -126,11 +130,14 @@ mod tests {
         assert!(!old_enough(&put, now - 86_400, now, 3600));
         assert!(old_enough(&other, now - 86_400, now, 3600));
         assert!(!old_enough(&other, now - 60, now, 3600));
-        // Made by a clock ahead of ours: ten minutes is a put under way; two days, nothing.
+        // Made by a clock ahead of ours (ours stepped back since a put began, or another
+        // host's): kept, and counted young only when less than the age ahead.
         let ahead = |s: i64| format!("{ltx}.4242.{}.tmp", (now + s) * 1_000_000_000);
-        assert!(!old_enough(&ahead(600), now - 86_400, now, 3600));
-        assert!(old_enough(&ahead(2 * 86_400), now - 86_400, now, 3600));
-        assert!(!old_enough(&ahead(2 * 86_400), now - 60, now, 3600));
+        let mut swept = Swept::default();
+        assert!(!swept.judge(&ahead(600), true, Some(now - 86_400), now, 3600));
+        assert_eq!(swept.young, 1);
+        assert!(!swept.judge(&ahead(2 * 86_400), true, Some(now - 86_400), now, 3600));
+        assert_eq!(swept.young, 1, "a name two days ahead counts as young");
         let sealed_put = put_tmp_name(&format!("{ltx}{}", crate::storage::SEALED_SUFFIX));
         assert!(is_leftover_tmp(&sealed_put, true), "{sealed_put}");
         let lease = format!("replicad.lease{}", crate::util::fsutil::unique_tmp_suffix());

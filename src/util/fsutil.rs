@@ -234,9 +234,20 @@ pub fn write_durable(path: &Path, data: &[u8]) -> io::Result<()> {
 #[derive(Debug)]
 pub struct RemoveOnDrop(pub PathBuf);
 
+impl RemoveOnDrop {
+    /// Removes the file now, on the blocking pool, and waits for it: a job that ended leaves
+    /// its directory as it found it (the removal on drop is for a job dropped mid-way).
+    pub async fn remove(mut self) {
+        let path = std::mem::take(&mut self.0);
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(path)).await;
+    }
+}
+
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        remove_file_off_reactor(std::mem::take(&mut self.0));
+        if !self.0.as_os_str().is_empty() {
+            remove_file_off_reactor(std::mem::take(&mut self.0));
+        }
     }
 }
 
@@ -370,6 +381,10 @@ mod removal_tests {
             .build()
             .expect("a runtime");
         rt.block_on(async {
+            let now = dir.path().join("now");
+            std::fs::write(&now, b"x").expect("a file");
+            RemoveOnDrop(now.clone()).remove().await;
+            assert!(!now.exists());
             drop(RemoveOnDrop(there.clone()));
             for _ in 0..500 {
                 if !there.exists() {

@@ -160,7 +160,7 @@ fn foreign_files_in_level_directories_are_left_alone_by_daemon_and_restore() {
     let out = dir.join("restored.db");
     restore_ok(s(&replica), &out, None);
     assert_same_content(&db, &out, "restore beside foreign files");
-    assert!(!dir.logs().contains("panicked"), "{}", dir.logs());
+    assert!(!dir.logs_all().contains("panicked"), "{}", dir.logs());
 }
 
 /// Waits until the daemon exits, or ran for at least `min` and its log `says` what is
@@ -303,7 +303,7 @@ fn staging_directory_deleted_while_running_and_missing_at_start() {
     let out = dir.join("restored-2.db");
     restore_ok(s(&replica), &out, None);
     assert_same_content(&db, &out, "after a start without staging");
-    assert!(!dir.logs().contains("panicked"), "{}", dir.logs());
+    assert!(!dir.logs_all().contains("panicked"), "{}", dir.logs());
 }
 
 /// A small tmpfs mounted at a path, unmounted when dropped.
@@ -404,7 +404,7 @@ fn full_disk_during_staging_keeps_the_source_and_recovers_without_loss() {
     let out = dir.join("restored.db");
     restore_ok(s(&replica), &out, None);
     assert_same_content(&db, &out, "after the disk was full");
-    assert!(!dir.logs().contains("panicked"), "{}", dir.logs());
+    assert!(!dir.logs_all().contains("panicked"), "{}", dir.logs());
 }
 
 /// The daemon is given a database it cannot read: a clear error, and neither the path nor

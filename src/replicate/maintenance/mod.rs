@@ -409,8 +409,7 @@ pub async fn run(
 }
 
 /// Sweeps the replica's temporary files `older` than that, counted as one listing, plus one
-/// delete when it removed any (its requests are listings and removals, on the backends that
-/// have them).
+/// delete when it removed any, on the backends that list for it (directory, SFTP, WebDAV).
 async fn sweep(
     client: &AnyClient,
     counters: &ReplicaCounters,
@@ -418,7 +417,9 @@ async fn sweep(
 ) -> Result<Swept, StorageError> {
     let started = Instant::now();
     let swept = client.sweep_tmp(older).await;
-    counters.observe(2, started, &swept);
+    if !matches!(&swept, Ok(s) if !s.listed) {
+        counters.observe(2, started, &swept);
+    }
     if swept.as_ref().is_ok_and(|s| s.removed > 0) {
         counters.ops[3].inc();
     }
@@ -444,7 +445,7 @@ async fn verify(
     // Its own name: a dropped verify's restore may still be ending under the last one.
     let to = fsutil::unique_tmp_path(&m.tmp_dir.join("verify.db"));
     // Also when this job is dropped after its restore published the file.
-    let _remove = fsutil::RemoveOnDrop(to.clone());
+    let remove = fsutil::RemoveOnDrop(to.clone());
     let opts = crate::restore::RestoreOptions {
         to: to.clone(),
         target: crate::restore::Target::Latest,
@@ -457,6 +458,7 @@ async fn verify(
     };
     let started = Instant::now();
     let result = crate::restore::apply(client, plan, &opts).await;
+    remove.remove().await;
     match result {
         Ok(report) => {
             tracing::info!(txid = %report.txid, pages = report.pages, threads = report.threads, elapsed = ?started.elapsed(), "verify ok: the replica restores and passes integrity_check");
@@ -535,49 +537,57 @@ async fn build(
     // Dropping this job stops the build at its next read, then removes the output (the
     // guards drop in reverse order: the stop first). A build past its reads hands its output
     // over only under the gate, so an output created after the removal goes too.
-    let _remove = fsutil::RemoveOnDrop(tmp.clone());
+    let remove = fsutil::RemoveOnDrop(tmp.clone());
     let gate = Gate::default();
-    let _stop = gate.stop_on_drop();
+    let stop = gate.stop_on_drop();
     let started = Instant::now();
-    let failed = |reason: String| StorageError::Permanent {
-        op: "compact",
-        key: format!("level {level}"),
-        reason,
-    };
-    let lone = match inputs {
-        [f] => {
-            let f = f.clone();
-            staging
-                .off_reactor(move |s| lone_staged(s, &f, min_override))
+    let built: Result<LtxFileInfo, StorageError> = async {
+        let failed = |reason: String| StorageError::Permanent {
+            op: "compact",
+            key: format!("level {level}"),
+            reason,
+        };
+        let lone = match inputs {
+            [f] => {
+                let f = f.clone();
+                staging
+                    .off_reactor(move |s| lone_staged(s, &f, min_override))
+                    .await
+            }
+            _ => None,
+        };
+        let as_is = match lone {
+            Some(segment) => link_verified(m, segment, tmp.clone(), gate.clone())
                 .await
+                .map_err(failed)?,
+            None => None,
+        };
+        let timestamp = match as_is {
+            Some(timestamp) => timestamp,
+            None => {
+                let readers = open_inputs(client, staging, inputs, counters).await?;
+                merge(m, readers, min_override, &tmp, gate.clone())
+                    .await
+                    .map_err(failed)?
+            }
+        };
+        drop(turn);
+        let put_started = Instant::now();
+        let put = crate::storage::put_new(client, level, min, max, &tmp, timestamp).await;
+        counters.observe(0, put_started, &put);
+        if let Ok(info) = &put {
+            counters.bytes[0].inc_by(info.size);
         }
-        _ => None,
-    };
-    let as_is = match lone {
-        Some(segment) => link_verified(m, segment, tmp.clone(), gate.clone())
-            .await
-            .map_err(failed)?,
-        None => None,
-    };
-    let timestamp = match as_is {
-        Some(timestamp) => timestamp,
-        None => {
-            let readers = open_inputs(client, staging, inputs, counters).await?;
-            merge(m, readers, min_override, &tmp, gate)
-                .await
-                .map_err(failed)?
-        }
-    };
-    drop(turn);
-    let put_started = Instant::now();
-    let put = crate::storage::put_new(client, level, min, max, &tmp, timestamp).await;
-    counters.observe(0, put_started, &put);
-    if let Ok(info) = &put {
-        counters.bytes[0].inc_by(info.size);
+        let info = put?;
+        tracing::info!(level, min = %min, max = %max, inputs = inputs.len(), bytes = info.size, as_is = as_is.is_some(), elapsed = ?started.elapsed(), "compacted");
+        Ok(info)
     }
-    let info = put?;
-    tracing::info!(level, min = %min, max = %max, inputs = inputs.len(), bytes = info.size, as_is = as_is.is_some(), elapsed = ?started.elapsed(), "compacted");
-    Ok(info)
+    .await;
+    // A build that ended removes its output before it returns: nothing is left for a later
+    // look at the build directory.
+    drop(stop);
+    remove.remove().await;
+    built
 }
 
 /// The staged segment that would be the output unchanged: the lone input `f`, a level-0

@@ -527,10 +527,13 @@ impl ReplicaClient for ObjectClient {
     /// listing of the root and one of the level tree. An entry without a modification time
     /// is kept.
     async fn sweep_tmp(&self, older_than: std::time::Duration) -> Result<Swept, StorageError> {
-        let mut swept = Swept::default();
         if !self.replaces_aux_in_two_steps() {
-            return Ok(swept);
+            return Ok(Swept::default());
         }
+        let mut swept = Swept {
+            listed: true,
+            ..Swept::default()
+        };
         let root = self.root();
         let ltx = format!("{root}ltx/");
         let now = Utc::now().timestamp();
