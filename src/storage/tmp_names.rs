@@ -137,7 +137,7 @@ mod tests {
         assert!(!swept.judge(&ahead(600), true, Some(now - 86_400), now, 3600));
         assert_eq!(swept.young, 1);
         assert!(!swept.judge(&ahead(2 * 86_400), true, Some(now - 86_400), now, 3600));
-        assert_eq!(swept.young, 1, "a name two days ahead counts as young");
+        assert_eq!(swept.young, 1, "a name two days ahead is not counted young");
         let sealed_put = put_tmp_name(&format!("{ltx}{}", crate::storage::SEALED_SUFFIX));
         assert!(is_leftover_tmp(&sealed_put, true), "{sealed_put}");
         let lease = format!("replicad.lease{}", crate::util::fsutil::unique_tmp_suffix());
