@@ -15,10 +15,10 @@
 //!   its lease says it ran before this host's last boot (on this machine, where both leases
 //!   record a machine id), or in our PID namespace under a pid no process has now. A pid
 //!   from another boot or another PID namespace is never trusted: after a reboot another
-//!   process may have it, and every container with a PID namespace of its own is pid 1. Any other lease that looks expired is watched
-//!   for its TTL on our monotonic clock and taken over only if it did not change (a live
-//!   holder rewrites it every TTL/2): a clock that disagrees can delay a takeover, never make
-//!   one early.
+//!   process may have it, and every container with a PID namespace of its own is pid 1. Any
+//!   other lease that looks expired is watched for its TTL on our monotonic clock and taken
+//!   over only if it did not change (a live holder rewrites it every TTL/2): a clock that
+//!   disagrees can delay a takeover, never make one early.
 //! - **Mode**, learnt once by a probe at acquire: a write conditional on a version no object
 //!   has must be refused where the store honours conditions (AWS S3, MinIO, R2, s3s). Then
 //!   every write of the lease is a compare-and-swap (`If-None-Match: *` when absent,

@@ -321,10 +321,7 @@ impl FileClient {
         };
         let dirs = std::iter::once((self.root.clone(), false))
             .chain(levels.into_iter().map(|l| (self.level_dir(l), true)));
-        let mut swept = Swept {
-            listed: true,
-            ..Swept::default()
-        };
+        let mut swept = Swept::listing();
         for (dir, in_level) in dirs {
             let entries = match fs::read_dir(&dir) {
                 Ok(e) => e,

@@ -44,6 +44,14 @@ pub fn is_leftover_tmp(name: &str, in_level: bool) -> bool {
 }
 
 impl Swept {
+    /// The start of a sweep that lists the replica (directory, SFTP, WebDAV).
+    pub fn listing() -> Swept {
+        Swept {
+            listed: true,
+            ..Swept::default()
+        }
+    }
+
     /// Judges the entry `name` of a sweep (`in_level`: of a level directory; `changed_s`:
     /// its last change in seconds, `None` when the store does not say): true when it is a
     /// leftover to remove now. One of ours too young is counted in [`Swept::young`]; one

@@ -530,10 +530,7 @@ impl ReplicaClient for ObjectClient {
         if !self.replaces_aux_in_two_steps() {
             return Ok(Swept::default());
         }
-        let mut swept = Swept {
-            listed: true,
-            ..Swept::default()
-        };
+        let mut swept = Swept::listing();
         let root = self.root();
         let ltx = format!("{root}ltx/");
         let now = Utc::now().timestamp();

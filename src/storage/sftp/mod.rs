@@ -727,10 +727,7 @@ impl ReplicaClient for SftpClient {
                 let levels = self.levels_present(&c).await?;
                 let dirs = std::iter::once((root, false))
                     .chain(levels.into_iter().map(|l| (self.level_dir(l), true)));
-                let mut swept = Swept {
-                    listed: true,
-                    ..Swept::default()
-                };
+                let mut swept = Swept::listing();
                 for (dir, in_level) in dirs {
                     let entries = match c.sftp.read_dir(dir.clone()).await {
                         Ok(entries) => entries,
