@@ -99,6 +99,7 @@ async fn compact_l0(
     let work = Work::Compact {
         level: 1,
         inputs: vec![input],
+        staged_above: TxId(0),
     };
     let m = maintenance_in(dir, codec);
     match maintenance::run(work, &m, client, staging, &counters()).await? {
@@ -238,7 +239,10 @@ async fn a_lone_first_segment_is_the_snapshot_and_a_pruned_one_is_merged_from_th
     let client = AnyClient::from_url(&replica.display().to_string()).unwrap();
     let l0 = client.list(0).await.unwrap();
     let first = l0.iter().find(|f| f.min_txid == TxId(1)).unwrap().clone();
-    let work = Work::Snapshot { plan: vec![first] };
+    let work = Work::Snapshot {
+        plan: vec![first],
+        staged_above: TxId(0),
+    };
     let m = maintenance_in(&dir, Codec::Lz4);
     match maintenance::run(work, &m, &client, &staging, &counters()).await {
         Ok(Done::Stored(info)) => assert_eq!((info.level, info.max_txid), (9, TxId(1))),
@@ -263,9 +267,11 @@ async fn a_lone_first_segment_is_the_snapshot_and_a_pruned_one_is_merged_from_th
 }
 
 /// A level-0 object that another writer stored at a TXID staging also holds (the replica
-/// diverged, then was seeded over) is compacted from the replica, not from staging: our
-/// staged segment was taken for it, by size-blind name, and a level-1 file then held pages
-/// the replica's history never had (a restore to a TXID inside it wrong, silently with lz4).
+/// diverged, or another host continued it while this one was down) is compacted from the
+/// replica, not from staging: our staged segment was taken for it by name, and a level-1 file
+/// then held pages the replica's history never had (a restore to a TXID inside it wrong,
+/// silently with lz4). Staging stands only for files above `staged_above` (those this run
+/// stored); below it, a staged segment of another size is refused too (the size guard).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_another_writer_stored_is_compacted_from_the_replica() {
     let dir = TestDir::new("as-is-foreign");
@@ -275,71 +281,131 @@ async fn an_object_another_writer_stored_is_compacted_from_the_replica() {
         ltx::decoder::read_header(std::fs::File::open(staging.path(TxId(txid))).unwrap()).unwrap()
     };
     let (first, ours) = (header_of(1), header_of(2));
-    // The other writer's TXID 2: one page of its own, at another size than ours, over the
-    // database of TXID 1 (so that the merge with it is a whole snapshot).
-    let foreign = [0xabu8; 4096];
-    let header = ltx::Header {
-        flags: ltx::HEADER_FLAG_NO_CHECKSUM,
-        page_size: ours.page_size,
-        commit: first.commit,
-        min_txid: TxId(2),
-        max_txid: TxId(2),
-        timestamp: ours.timestamp,
-        ..ltx::Header::default()
-    };
     assert_eq!(ours.page_size, 4096);
-    let mut enc = ltx::encoder::Encoder::new(Vec::new(), header, Codec::Lz4).unwrap();
-    enc.encode_page(2, &foreign).unwrap();
-    let (bytes, _) = enc.finish(0).unwrap();
+    // A TXID 2 of one page, page 2 filled with `byte`, over the database of TXID 1 (so that
+    // the merge with it is a whole snapshot).
+    let segment = |byte: u8| {
+        let header = ltx::Header {
+            flags: ltx::HEADER_FLAG_NO_CHECKSUM,
+            page_size: ours.page_size,
+            commit: first.commit,
+            min_txid: TxId(2),
+            max_txid: TxId(2),
+            timestamp: ours.timestamp,
+            ..ltx::Header::default()
+        };
+        let mut enc = ltx::encoder::Encoder::new(Vec::new(), header, Codec::Lz4).unwrap();
+        enc.encode_page(2, &[byte; 4096]).unwrap();
+        enc.finish(0).unwrap().0
+    };
+    let foreign = segment(0xab);
     let stored = object(&replica, 0, 2);
     std::fs::remove_file(&stored).unwrap();
-    std::fs::write(&stored, &bytes).unwrap();
+    std::fs::write(&stored, &foreign).unwrap();
     assert_ne!(
-        bytes.len() as u64,
+        foreign.len() as u64,
         std::fs::metadata(staging.path(TxId(2))).unwrap().len()
     );
 
-    for inputs in [1, 2] {
-        let l1 = object(&replica, 1, 2);
-        let _ = std::fs::remove_file(&l1);
-        // Alone (stored as it is) and merged with TXID 1.
-        let listed = client.list(0).await.unwrap();
-        let input = |txid| {
-            listed
-                .iter()
-                .find(|f| f.min_txid == TxId(txid))
-                .unwrap()
-                .clone()
-        };
-        let work = Work::Compact {
-            level: 1,
-            inputs: match inputs {
-                1 => vec![input(2)],
-                _ => vec![input(1), input(2)],
-            },
-        };
-        let m = maintenance_in(&dir, Codec::Lz4);
-        let Done::Stored(info) = maintenance::run(work, &m, &client, &staging, &counters())
-            .await
-            .unwrap()
-        else {
-            panic!("no level-1 file stored");
-        };
-        let path = replica
-            .join("ltx/1")
-            .join(ltx::format_filename(info.min_txid, info.max_txid));
-        let mut dec = ltx::Decoder::new(std::fs::File::open(&path).unwrap()).unwrap();
-        let mut page = vec![0u8; 4096];
-        let mut page2 = None;
-        while let Some(pgno) = dec.next_page(&mut page).unwrap() {
-            if pgno == 2 {
-                page2 = Some(page.clone());
-            }
+    // Our staged TXID 2 of another size (the real one), then of the same size (0xcd pages),
+    // below and at `staged_above`; the last case shows what staging would stand for.
+    let cases = [
+        (false, TxId(0), true),
+        (false, TxId(2), true),
+        (true, TxId(2), true),
+        (true, TxId(1), false),
+    ];
+    for (same_size, staged_above, replicas_page) in cases {
+        if same_size {
+            std::fs::write(staging.path(TxId(2)), segment(0xcd)).unwrap();
         }
-        assert!(
-            page2.as_deref() == Some(&foreign[..]),
-            "{inputs} input(s): page 2 is not the replica's"
-        );
-        std::fs::remove_file(&path).unwrap();
+        for inputs in [1, 2] {
+            let l1 = object(&replica, 1, 2);
+            let _ = std::fs::remove_file(&l1);
+            // Alone (stored as it is) and merged with TXID 1.
+            let listed = client.list(0).await.unwrap();
+            let input = |txid| {
+                listed
+                    .iter()
+                    .find(|f| f.min_txid == TxId(txid))
+                    .unwrap()
+                    .clone()
+            };
+            let work = Work::Compact {
+                level: 1,
+                inputs: match inputs {
+                    1 => vec![input(2)],
+                    _ => vec![input(1), input(2)],
+                },
+                staged_above,
+            };
+            let m = maintenance_in(&dir, Codec::Lz4);
+            let Done::Stored(info) = maintenance::run(work, &m, &client, &staging, &counters())
+                .await
+                .unwrap()
+            else {
+                panic!("no level-1 file stored");
+            };
+            let path = replica
+                .join("ltx/1")
+                .join(ltx::format_filename(info.min_txid, info.max_txid));
+            let mut dec = ltx::Decoder::new(std::fs::File::open(&path).unwrap()).unwrap();
+            let mut page = vec![0u8; 4096];
+            let mut page2 = None;
+            while let Some(pgno) = dec.next_page(&mut page).unwrap() {
+                if pgno == 2 {
+                    page2 = Some(page[0]);
+                }
+            }
+            let want = if replicas_page { 0xab } else { 0xcd };
+            assert_eq!(
+                page2,
+                Some(want),
+                "{inputs} input(s), staged of the same size: {same_size}, staged_above {staged_above}"
+            );
+            std::fs::remove_file(&path).unwrap();
+        }
     }
+}
+
+/// The files a start lists were on the replica before this run, so its first level-1
+/// compaction reads them from the replica (`from_replica` in its log line) although staging
+/// still holds segments of those TXIDs and sizes; the replica then restores to the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_listed_at_the_start_are_compacted_from_the_replica() {
+    let dir = TestDir::new("as-is-restart");
+    let (db, replica, staging) = two_staged_segments(&dir, Codec::Lz4).await;
+    for txid in [1, 2] {
+        assert!(staging.path(TxId(txid)).exists(), "TXID {txid} staged");
+    }
+    let config = dir.join("replicad.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "monitor-interval: 40ms\nlevels:\n  - interval: 200ms\nsnapshot:\n  interval: 1h\n\
+             dbs:\n  - path: {}\n    replica:\n      path: {}\n",
+            db.display(),
+            replica.display()
+        ),
+    )
+    .unwrap();
+    let d = common::spawn_replicate(dir.path(), &["--config", config.to_str().unwrap()]);
+    let first_l1 = || {
+        d.log_text()
+            .lines()
+            .find(|l| l.contains("compacted") && l.contains(" level=1 "))
+            .map(str::to_string)
+    };
+    common::wait_for(
+        "a level-1 compaction",
+        || d.log_text(),
+        || first_l1().is_some(),
+    );
+    let line = first_l1().expect("waited for");
+    assert!(
+        line.contains("from_replica=2"),
+        "TXIDs 1 and 2 were read from the replica: {line}"
+    );
+    d.stop_ok();
+    restores_without_level_0(&dir, &db, &replica, "compacted after a restart");
 }

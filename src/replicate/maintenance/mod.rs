@@ -10,7 +10,11 @@
 //!   stored: only a segment that still verifies is stored twice.
 //! - Level-0 inputs are read from local staging when present (staging keeps level-0 segments
 //!   until level 1 covers them, unless L1 compaction keeps failing), so an L1 compaction
-//!   costs no GET; missing ones are read from the replica.
+//!   costs no GET; missing ones are read from the replica. Staging stands only for files this
+//!   run stored ([`Work::Compact::staged_above`]): a file that was on the replica before
+//!   (listed at the start, after a divergence, or past our position) may be another writer's
+//!   with our TXID, and is read from the replica, so that a compaction never changes what a
+//!   restore of the replica gives.
 //! - Planning reads only the in-memory index: an idle replica makes no request. (The sweep
 //!   for temporary files lists the replica after the start, then hourly only while the
 //!   replica gets new files or the last sweep left some: see `Replica::start_next`.)
@@ -20,7 +24,7 @@
 //!   job runs at a time per replica, and the replica waits for it before anything that
 //!   replaces its index (a wipe, a divergence, a seed).
 //! - A dropped job stops its blocking part too: builds and verifies read through a
-//!   [`Stoppable`] whose token the job holds, and remove their partial output.
+//!   [`Stoppable`](crate::util::stop::Stoppable) whose token the job holds, and remove their partial output.
 //! - Builds and verifies take turns across the Store ([`Turns`]): at most [`MAX_BUILDS`]
 //!   builds and [`MAX_VERIFIES`] verify at once, verifies handed out in the order replicas
 //!   asked, so every database gets its verify.
@@ -29,23 +33,20 @@
 //!   the same TXID. It vouches for them for `verify_recheck` only: files that never change
 //!   are downloaded and checked again after it, as an object can rot or be replaced in place.
 
+mod build;
 pub mod compactor;
 pub mod schedule;
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tokio_util::io::SyncIoBridge;
-
-use crate::ltx::{self, Codec, Decoder, TxId};
+use crate::ltx::{Codec, TxId};
 use crate::replicate::counters::ReplicaCounters;
 use crate::replicate::staging::Staging;
 use crate::storage::tmp_names::Swept;
 use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, StorageError};
 use crate::util::fsutil;
-use crate::util::stop::{Gate, Stoppable};
-use compactor::CompactOptions;
+pub use build::MAX_BUILDS;
 use schedule::{RemoteIndex, RetentionPolicy};
 
 /// Maintenance settings of one replica.
@@ -179,9 +180,6 @@ impl Schedule {
     }
 }
 
-/// One input of a compaction.
-type Input = Box<dyn Read + Send>;
-
 /// A due job with something to do, planned from the replica's index. It owns the files it
 /// reads or deletes, so it can run beside the replica's uploads, which only add newer files.
 #[derive(Debug)]
@@ -201,11 +199,16 @@ pub enum Work {
         level: u8,
         /// The files merged.
         inputs: Vec<LtxFileInfo>,
+        /// Staging stands for level-0 files above this TXID only (those this run stored);
+        /// the others are read from the replica.
+        staged_above: TxId,
     },
     /// Merge a restore plan into one level-9 snapshot.
     Snapshot {
         /// The plan's files.
         plan: Vec<LtxFileInfo>,
+        /// As [`Work::Compact::staged_above`].
+        staged_above: TxId,
     },
     /// Delete files.
     Retention {
@@ -288,13 +291,15 @@ pub fn plan_id(files: &[LtxFileInfo]) -> u64 {
 /// Plans `job` from `index` (no request): `None` when it has nothing to do. `verified`: the
 /// last verify that passed. A verify runs again once the restore plan changed, by a new TXID
 /// or by maintenance at the same one (a snapshot or a compaction that a restore now reads
-/// instead of what was verified), or once `verify_recheck` has passed since.
+/// instead of what was verified), or once `verify_recheck` has passed since. `staged_above`:
+/// see [`Work::Compact::staged_above`].
 pub fn plan(
     job: Job,
     m: &Maintenance,
     client: &AnyClient,
     index: &RemoteIndex,
     verified: Option<Verified>,
+    staged_above: TxId,
 ) -> Result<Option<Work>, StorageError> {
     let failed = |op: &'static str, reason: String| StorageError::Permanent {
         op,
@@ -314,7 +319,11 @@ pub fn plan(
         }
         Job::Compact(level) => {
             let inputs = schedule::compaction_inputs(index, level);
-            (!inputs.is_empty()).then_some(Work::Compact { level, inputs })
+            (!inputs.is_empty()).then_some(Work::Compact {
+                level,
+                inputs,
+                staged_above,
+            })
         }
         Job::Snapshot => {
             if index.max_txid(SNAPSHOT_LEVEL) >= index.tip() {
@@ -322,7 +331,7 @@ pub fn plan(
             }
             let plan = crate::restore::calc_plan(&index.all(), None)
                 .map_err(|e| failed("snapshot", e.to_string()))?;
-            Some(Work::Snapshot { plan })
+            Some(Work::Snapshot { plan, staged_above })
         }
         Job::Retention => {
             if !m.retention_enabled {
@@ -363,15 +372,20 @@ pub async fn run(
                 Err(reason) => Ok(Done::Unrestorable { tip, reason }),
             }
         }
-        Work::Compact { level, inputs } => {
-            build(m, client, staging, &inputs, None, level, counters)
+        Work::Compact {
+            level,
+            inputs,
+            staged_above,
+        } => {
+            let staged = build::Staged::new(staging, staged_above);
+            build::build(m, client, staged, &inputs, None, level, counters)
                 .await
                 .map(Done::Stored)
         }
-        Work::Snapshot { plan } => build(
+        Work::Snapshot { plan, staged_above } => build::build(
             m,
             client,
-            staging,
+            build::Staged::new(staging, staged_above),
             &plan,
             Some(TxId(1)),
             SNAPSHOT_LEVEL,
@@ -505,244 +519,6 @@ fn unrestorable(e: &crate::restore::RestoreError) -> bool {
         | E::Integrity(_) => true,
         E::Exists(_) | E::Busy(_) | E::Storage(_) | E::Io { .. } | E::Cancelled => false,
     }
-}
-
-/// Local builds (merge, compress, fsync) running at once, across every replica of a Store.
-/// Databases started together reach their first compaction together, and each build holds a
-/// blocking thread whose stack and allocator arena stay in memory. The uploads that follow
-/// are not bounded by it.
-pub const MAX_BUILDS: usize = 8;
-
-/// Merges `inputs` into one file of `level` and uploads it.
-async fn build(
-    m: &Maintenance,
-    client: &AnyClient,
-    staging: &Staging,
-    inputs: &[LtxFileInfo],
-    min_override: Option<TxId>,
-    level: u8,
-    counters: &ReplicaCounters,
-) -> Result<LtxFileInfo, StorageError> {
-    // Taken before the inputs are opened, so that no remote body waits idle for a turn.
-    let turn = m
-        .turns
-        .builds
-        .acquire()
-        .await
-        .expect("the build semaphore is never closed");
-    let min = min_override.unwrap_or(inputs[0].min_txid);
-    let max = inputs[inputs.len() - 1].max_txid;
-    let name = format!("{level}-{}", ltx::format_filename(min, max));
-    let tmp = fsutil::unique_tmp_path(&m.tmp_dir.join(name));
-    // Dropping this job stops the build at its next read, then removes the output (the
-    // guards drop in reverse order: the stop first). A build past its reads hands its output
-    // over only under the gate, so an output created after the removal goes too.
-    let remove = fsutil::RemoveOnDrop(tmp.clone());
-    let gate = Gate::default();
-    let stop = gate.stop_on_drop();
-    let started = Instant::now();
-    let built: Result<LtxFileInfo, StorageError> = async {
-        let failed = |reason: String| StorageError::Permanent {
-            op: "compact",
-            key: format!("level {level}"),
-            reason,
-        };
-        let lone = match inputs {
-            [f] => {
-                let f = f.clone();
-                staging
-                    .off_reactor(move |s| lone_staged(s, &f, min_override))
-                    .await
-            }
-            _ => None,
-        };
-        let as_is = match lone {
-            Some(segment) => link_verified(m, segment, tmp.clone(), gate.clone())
-                .await
-                .map_err(failed)?,
-            None => None,
-        };
-        let timestamp = match as_is {
-            Some(timestamp) => timestamp,
-            None => {
-                let readers = open_inputs(client, staging, inputs, counters).await?;
-                merge(m, readers, min_override, &tmp, gate.clone())
-                    .await
-                    .map_err(failed)?
-            }
-        };
-        drop(turn);
-        let put_started = Instant::now();
-        let put = crate::storage::put_new(client, level, min, max, &tmp, timestamp).await;
-        counters.observe(0, put_started, &put);
-        if let Ok(info) = &put {
-            counters.bytes[0].inc_by(info.size);
-        }
-        let info = put?;
-        tracing::info!(level, min = %min, max = %max, inputs = inputs.len(), bytes = info.size, as_is = as_is.is_some(), elapsed = ?started.elapsed(), "compacted");
-        Ok(info)
-    }
-    .await;
-    // A build that ended removes its output before it returns: nothing is left for a later
-    // look at the build directory.
-    drop(stop);
-    remove.remove().await;
-    built
-}
-
-/// The staged segment that would be the output unchanged: the lone input `f`, a level-0
-/// segment still in staging, when the output starts at its TXID. The compactor would copy its
-/// page blocks and zero its WAL fields, which no reader uses (Litestream's restore and
-/// compactor included).
-fn lone_staged(staging: &Staging, f: &LtxFileInfo, min_override: Option<TxId>) -> Option<PathBuf> {
-    staged_txid(f)
-        .filter(|&txid| min_override.is_none_or(|t| t == txid))
-        .map(|txid| staging.path(txid))
-        .filter(|p| std::fs::metadata(p).is_ok_and(|m| is_the_object(&m, f)))
-}
-
-/// The TXID of `f` if it is a level-0 segment, which staging may still hold.
-fn staged_txid(f: &LtxFileInfo) -> Option<TxId> {
-    (f.level == 0 && f.min_txid == f.max_txid).then_some(f.min_txid)
-}
-
-/// Whether the staged file of `meta` can stand for the stored object `f`: the bytes uploaded,
-/// so the same size. After another writer stored the same TXID here (a divergence, then
-/// seeded over) staging still holds ours, which the replica's history does not contain. An
-/// encrypted object's size is its ciphertext's, which says nothing: taken as ours.
-fn is_the_object(meta: &std::fs::Metadata, f: &LtxFileInfo) -> bool {
-    f.encrypted || meta.len() == f.size
-}
-
-/// Links the staged `segment` at `tmp` (which keeps it if staging drops it meanwhile) and
-/// decodes it whole, so that only a segment that still verifies is stored again. Returns its
-/// timestamp, or `None` when it cannot be the output as it is: gone from staging, on another
-/// file system, or written with another codec than outputs use.
-async fn link_verified(
-    m: &Maintenance,
-    segment: PathBuf,
-    tmp: PathBuf,
-    gate: Gate,
-) -> Result<Option<i64>, String> {
-    let tmp_dir = m.tmp_dir.clone();
-    let codec = m.codec;
-    tokio::task::spawn_blocking(move || -> Result<_, String> {
-        fsutil::create_dir_all_durable(&tmp_dir).map_err(|e| e.to_string())?;
-        if std::fs::hard_link(&segment, &tmp).is_err() {
-            return Ok(None);
-        }
-        let verified = (|| -> Result<_, ltx::LtxError> {
-            let file = std::fs::File::open(&tmp)?;
-            let dec = Decoder::new(Stoppable::new(file, gate.token().clone()))?;
-            let header = *dec.header();
-            // By family: the level of zstd or gzip blocks does not matter to a reader.
-            if header.flags & ltx::HEADER_FLAG_CODEC_MASK != codec.flag_bits() {
-                return Ok(None);
-            }
-            dec.verify_to_end()?;
-            Ok(Some(header.timestamp))
-        })();
-        let kept = match verified {
-            Ok(Some(timestamp)) => gate
-                .unless_stopped(|| Some(timestamp))
-                .ok_or_else(|| "the build was stopped".to_string()),
-            Ok(None) => Ok(None),
-            Err(e) => Err(format!("staged segment {}: {e}", segment.display())),
-        };
-        if !matches!(kept, Ok(Some(_))) {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        kept
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r)
-}
-
-/// Opens every input: a level-0 segment from local staging when it is there, any other
-/// file from the replica.
-async fn open_inputs(
-    client: &AnyClient,
-    staging: &Staging,
-    inputs: &[LtxFileInfo],
-    counters: &ReplicaCounters,
-) -> Result<Vec<Input>, StorageError> {
-    let handle = tokio::runtime::Handle::current();
-    let mut readers: Vec<Input> = Vec::with_capacity(inputs.len());
-    for f in inputs {
-        let local = match staged_txid(f) {
-            Some(txid) => {
-                let f = f.clone();
-                staging
-                    .off_reactor(move |s| {
-                        std::fs::File::open(s.path(txid))
-                            .ok()
-                            .filter(|file| file.metadata().is_ok_and(|m| is_the_object(&m, &f)))
-                    })
-                    .await
-            }
-            None => None,
-        };
-        match local {
-            Some(file) => readers.push(Box::new(file)),
-            None => {
-                let opened = Instant::now();
-                let body = client.open(f.level, f.min_txid, f.max_txid, 0).await;
-                counters.observe(1, opened, &body);
-                readers.push(Box::new(SyncIoBridge::new_with_handle(
-                    body?,
-                    handle.clone(),
-                )));
-            }
-        }
-    }
-    Ok(readers)
-}
-
-/// Merges `readers` into `tmp`, fsynced; returns the output's timestamp.
-async fn merge(
-    m: &Maintenance,
-    readers: Vec<Input>,
-    min_override: Option<TxId>,
-    tmp: &std::path::Path,
-    gate: Gate,
-) -> Result<i64, String> {
-    let tmp_dir = m.tmp_dir.clone();
-    let codec = m.codec;
-    let out_path = tmp.to_path_buf();
-    tokio::task::spawn_blocking(move || -> Result<_, String> {
-        fsutil::create_dir_all_durable(&tmp_dir).map_err(|e| e.to_string())?;
-        let decoders = readers
-            .into_iter()
-            .map(|r| Decoder::new(Stoppable::new(r, gate.token().clone())))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?;
-        let file = fsutil::create_fresh(&out_path).map_err(|e| e.to_string())?;
-        let opts = CompactOptions {
-            codec,
-            min_txid: min_override,
-            timestamp: None,
-        };
-        let result = compactor::compact(decoders, file, opts).map_err(|e| e.to_string());
-        let summary = match result {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = std::fs::remove_file(&out_path);
-                return Err(e);
-            }
-        };
-        std::fs::File::open(&out_path)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| e.to_string())?;
-        gate.unless_stopped(|| summary.header.timestamp)
-            .ok_or_else(|| {
-                let _ = std::fs::remove_file(&out_path);
-                "the build was stopped".to_string()
-            })
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r)
 }
 
 #[cfg(test)]

@@ -111,6 +111,7 @@ impl Replica {
             self.index.insert(f);
         }
         self.remote = tip.max(self.remote);
+        self.staged_above = self.staged_above.max(tip);
         self.stats
             .remote_txid
             .store(self.remote.0, Ordering::Relaxed);
@@ -324,6 +325,12 @@ impl Replica {
             restorable = plan_tip(&files);
         }
         self.recheck = false;
+        // Files past our position are not ours (another writer's, or a lagging listing's
+        // view of a chain we no longer continue).
+        let listed_tip = files.iter().map(|f| f.max_txid).max().unwrap_or_default();
+        if listed_tip > self.remote {
+            self.staged_above = self.staged_above.max(listed_tip);
+        }
         let every = self.maint.replica_check;
         self.next_check = (!every.is_zero()).then(|| Instant::now() + every);
         self.index = RemoteIndex::default();

@@ -72,8 +72,14 @@ impl Replica {
                 }
                 self.swept = Some(self.index.tip());
             }
-            let planned =
-                maintenance::plan(job, &self.maint, &self.client, &self.index, self.verified);
+            let planned = maintenance::plan(
+                job,
+                &self.maint,
+                &self.client,
+                &self.index,
+                self.verified,
+                self.staged_above,
+            );
             let work = match planned {
                 Ok(Some(work)) => work,
                 Ok(None) => continue,
@@ -243,7 +249,15 @@ impl Replica {
                     .expect("the verify semaphore is never closed"),
             };
             let job = Job::Verify;
-            match maintenance::plan(job, &self.maint, &self.client, &self.index, None) {
+            let planned = maintenance::plan(
+                job,
+                &self.maint,
+                &self.client,
+                &self.index,
+                None,
+                self.staged_above,
+            );
+            match planned {
                 Ok(Some(work)) => {
                     let (m, counters) = (&self.maint, &self.stats.counters);
                     let done = maintenance::run(work, m, &self.client, &self.staging, counters);

@@ -107,6 +107,11 @@ pub struct Replica {
     unrestorable: Option<String>,
     /// The last verify that passed; None: none since the start or a failure.
     verified: Option<Verified>,
+    /// The newest TXID of the files found on the replica rather than stored by this run (the
+    /// start's listing, a divergence's, a listing past our position): another writer may have
+    /// stored them with TXIDs staging also holds, so compactions read them from the replica
+    /// ([`crate::replicate::maintenance::Work::Compact`]).
+    staged_above: TxId,
     /// The replica's newest TXID at the last sweep for temporary files (None: none yet).
     swept: Option<TxId>,
     /// A seed is owed to heal a failed verify: stored after the round's uploads.
@@ -186,6 +191,7 @@ impl Replica {
             heal_unverified: false,
             uploading: TxId(0),
             verified: None,
+            staged_above: TxId(0),
             swept: None,
             l1_failures: 0,
             maint_failing: Vec::new(),
@@ -265,6 +271,7 @@ impl Replica {
         for f in &files {
             self.index.insert(f.clone());
         }
+        self.staged_above = self.staged_above.max(tip_txid);
         // The newest file of the lowest level that holds the tip: the same file a per-level
         // scan from level 0 upwards would pick.
         if let Some(f) = files
