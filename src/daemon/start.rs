@@ -136,10 +136,9 @@ impl StoreCore {
             leased.push((rc, client, counters, lease, deferred));
         }
         let staging_dir = meta.join("ltx").join("0");
-        let names: Vec<String> = dbc.replicas.iter().map(|rc| rc.name.clone()).collect();
         let opened = off_runtime({
             let (db, meta) = (dbc.path.clone(), meta.clone());
-            move || open_local(&db, &meta, &names)
+            move || open_local(&db, &meta)
         })
         .await
         .and_then(|opened| opened);
@@ -298,13 +297,18 @@ async fn off_runtime<T: Send + 'static>(
 
 /// Opens the database's staging and drops what a previous run left half-made: seed
 /// snapshots (never uploaded whole, rebuilt on demand) and the replicas' build directories
-/// (partial outputs of a crashed compaction, never uploaded). Also tells whether the database
-/// is on a network file system.
-fn open_local(db: &Path, meta: &Path, replicas: &[String]) -> std::io::Result<(Staging, bool)> {
+/// (partial outputs of a crashed compaction, never uploaded), those of replicas no longer
+/// configured too. The database's claim is held, so no other run builds there. Also tells
+/// whether the database is on a network file system.
+fn open_local(db: &Path, meta: &Path) -> std::io::Result<(Staging, bool)> {
     let staging = Staging::open(meta.join("ltx").join("0"))?;
     let _ = std::fs::remove_dir_all(meta.join("seed"));
-    for name in replicas {
-        let _ = std::fs::remove_dir_all(meta.join("tmp").join(name));
+    // Directories only: anything else there is not ours to remove.
+    for entry in std::fs::read_dir(meta.join("tmp")).into_iter().flatten() {
+        let Ok(entry) = entry else { continue };
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
     let network_fs = crate::util::fsutil::on_network_fs(crate::util::fsutil::parent_dir(db));
     Ok((staging, network_fs))

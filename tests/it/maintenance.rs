@@ -432,6 +432,50 @@ async fn commits_ship_while_a_verify_runs() {
     assert_same_content(&db, &out, "restored after verifies ran beside uploads");
 }
 
+/// A start empties the build directories a previous run left (a crash mid-compaction), of
+/// the replicas still configured and of those removed from the config since, and leaves
+/// anything else in the build area alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_empties_the_build_directories_of_current_and_removed_replicas() {
+    let dir = TestDir::new("maint-build-dirs");
+    let db = dir.join("app.db");
+    let replica = dir.join("replica");
+    let mut writer = Writer::open(&db, common::seed("maint-build-dirs"));
+    writer.commit_txn();
+    let tmp = dir.join(".app.db-replicad/tmp");
+    let left = [
+        tmp.join("file/1-0000000000000001-0000000000000002.ltx.tmp-1"),
+        tmp.join("removed/1-0000000000000001-0000000000000009.ltx.tmp-2"),
+    ];
+    for f in &left {
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, vec![7u8; 4096]).unwrap();
+    }
+    let not_ours = tmp.join("notes.txt");
+    std::fs::write(&not_ours, "kept").unwrap();
+    let config = Config::single(
+        db.clone(),
+        &[replica.display().to_string()],
+        fast(Codec::Lz4),
+    )
+    .unwrap();
+    let store = Store::open(&config).await.unwrap();
+    assert_eq!(store.dbs()[0].replicas[0].0, "file", "the replica's name");
+    // (A compaction of this run may make `file` again.)
+    for f in &left {
+        assert!(!f.exists(), "{} left", f.display());
+    }
+    assert!(
+        !tmp.join("removed").exists(),
+        "the removed replica's directory"
+    );
+    assert!(
+        not_ours.exists(),
+        "a file that is not a build directory is kept"
+    );
+    stopped_and_restored_equal(store, &dir, &db, &replica, "after emptying the builds").await;
+}
+
 /// A level-1 compaction that keeps failing does not make local staging keep every segment
 /// until the disk is full: after a few failures staging drops what the replica holds, and
 /// the replica still restores to the source.
