@@ -254,14 +254,15 @@ impl Drop for RemoveOnDrop {
 /// Removes a file whose name nothing will take again (a unique temporary name), on the
 /// blocking pool when called on a runtime thread: unlinking a file of gigabytes, or one on a
 /// network mount, can take seconds. Should the runtime stop first, the file stays in a
-/// directory the next start empties.
+/// directory the next start empties. While the thread unwinds a panic it removes the file at
+/// once: `spawn_blocking` panics when no thread can be started, and a second panic aborts.
 pub fn remove_file_off_reactor(path: PathBuf) {
     let remove = move || {
         let _ = std::fs::remove_file(&path);
     };
     match tokio::runtime::Handle::try_current() {
-        Ok(rt) => drop(rt.spawn_blocking(remove)),
-        Err(_) => remove(),
+        Ok(rt) if !std::thread::panicking() => drop(rt.spawn_blocking(remove)),
+        _ => remove(),
     }
 }
 

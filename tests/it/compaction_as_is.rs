@@ -108,6 +108,24 @@ async fn compact_l0(
     }
 }
 
+/// A segment another writer might store at `txid`: one page, page 2 filled with `byte`, over
+/// a database like the one `like` (a staged header of ours) describes.
+fn one_page_segment(like: &ltx::Header, txid: u64, byte: u8) -> Vec<u8> {
+    let header = ltx::Header {
+        flags: ltx::HEADER_FLAG_NO_CHECKSUM,
+        page_size: like.page_size,
+        commit: like.commit,
+        min_txid: TxId(txid),
+        max_txid: TxId(txid),
+        timestamp: like.timestamp,
+        ..ltx::Header::default()
+    };
+    let mut enc = ltx::encoder::Encoder::new(Vec::new(), header, Codec::Lz4).unwrap();
+    enc.encode_page(2, &vec![byte; like.page_size as usize])
+        .unwrap();
+    enc.finish(0).unwrap().0
+}
+
 /// With level 0 deleted, the replica restores (with replicad) to `db`'s content.
 fn restores_without_level_0(dir: &TestDir, db: &Path, replica: &Path, what: &str) {
     std::fs::remove_dir_all(replica.join("ltx/0")).unwrap();
@@ -282,22 +300,12 @@ async fn an_object_another_writer_stored_is_compacted_from_the_replica() {
     };
     let (first, ours) = (header_of(1), header_of(2));
     assert_eq!(ours.page_size, 4096);
-    // A TXID 2 of one page, page 2 filled with `byte`, over the database of TXID 1 (so that
-    // the merge with it is a whole snapshot).
-    let segment = |byte: u8| {
-        let header = ltx::Header {
-            flags: ltx::HEADER_FLAG_NO_CHECKSUM,
-            page_size: ours.page_size,
-            commit: first.commit,
-            min_txid: TxId(2),
-            max_txid: TxId(2),
-            timestamp: ours.timestamp,
-            ..ltx::Header::default()
-        };
-        let mut enc = ltx::encoder::Encoder::new(Vec::new(), header, Codec::Lz4).unwrap();
-        enc.encode_page(2, &[byte; 4096]).unwrap();
-        enc.finish(0).unwrap().0
+    // A TXID 2 over the database of TXID 1 (so that the merge with it is a whole snapshot).
+    let like = ltx::Header {
+        timestamp: ours.timestamp,
+        ..first
     };
+    let segment = |byte: u8| one_page_segment(&like, 2, byte);
     let foreign = segment(0xab);
     let stored = object(&replica, 0, 2);
     std::fs::remove_file(&stored).unwrap();
@@ -408,4 +416,60 @@ async fn files_listed_at_the_start_are_compacted_from_the_replica() {
     );
     d.stop_ok();
     restores_without_level_0(&dir, &db, &replica, "compacted after a restart");
+}
+
+/// A level-0 file that another writer stored while this run was idle, found by the periodic
+/// listing: compactions read every level-0 file up to it from the replica (staging may hold
+/// other segments at those TXIDs once this run commits again).
+#[test]
+fn a_file_another_writer_stored_meanwhile_is_compacted_from_the_replica() {
+    let dir = TestDir::new("as-is-meanwhile");
+    let db = dir.join("app.db");
+    let replica = dir.join("replica");
+    let mut writer = Writer::open(&db, common::seed("as-is-meanwhile"));
+    writer.commit_txn();
+    let config = dir.join("replicad.yml");
+    // Level 1 comes 5 s after the start: after the listing that finds the file.
+    std::fs::write(
+        &config,
+        format!(
+            "monitor-interval: 40ms\nmin-sync-interval: 40ms\nheartbeat-interval: 100ms\n\
+             replica-check-interval: 300ms\nlevels:\n  - interval: 5s\nsnapshot:\n  interval: 1h\n\
+             dbs:\n  - path: {}\n    replica:\n      path: {}\n",
+            db.display(),
+            replica.display()
+        ),
+    )
+    .unwrap();
+    let d = common::spawn_replicate(dir.path(), &["--config", config.to_str().unwrap()]);
+    for txid in 1..=3 {
+        if txid > 1 {
+            writer.commit_txn();
+        }
+        assert!(
+            common::wait_for_txid(&replica, txid, common::WAIT),
+            "TXID {txid} on the replica; log:\n{}",
+            d.log_text()
+        );
+    }
+    let staging = Staging::open(dir.join(".app.db-replicad/ltx/0")).unwrap();
+    let ours = staging.header(TxId(3)).unwrap();
+    std::fs::write(object(&replica, 0, 4), one_page_segment(&ours, 4, 0xab)).unwrap();
+    let first_l1 = || {
+        d.log_text()
+            .lines()
+            .find(|l| l.contains("compacted") && l.contains(" level=1 "))
+            .map(str::to_string)
+    };
+    common::wait_for(
+        "a level-1 compaction",
+        || d.log_text(),
+        || first_l1().is_some(),
+    );
+    let line = first_l1().expect("waited for");
+    assert!(
+        line.contains("max=0000000000000004") && line.contains("from_replica=4"),
+        "TXIDs 1 to 4 were read from the replica: {line}"
+    );
+    d.stop_ok();
 }

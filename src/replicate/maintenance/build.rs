@@ -27,7 +27,7 @@ type Input = Box<dyn Read + Send>;
 pub const MAX_BUILDS: usize = 8;
 
 /// Local staging as the source of the level-0 inputs it stands for: the segments this run
-/// stored, above `above` ([`Work::Compact::staged_above`]).
+/// stored, above `above` ([`super::Work::Compact::staged_above`]).
 #[derive(Clone)]
 pub(super) struct Staged {
     staging: Staging,

@@ -10,11 +10,11 @@
 //!   stored: only a segment that still verifies is stored twice.
 //! - Level-0 inputs are read from local staging when present (staging keeps level-0 segments
 //!   until level 1 covers them, unless L1 compaction keeps failing), so an L1 compaction
-//!   costs no GET; missing ones are read from the replica. Staging stands only for files this
-//!   run stored ([`Work::Compact::staged_above`]): a file that was on the replica before
-//!   (listed at the start, after a divergence, or past our position) may be another writer's
-//!   with our TXID, and is read from the replica, so that a compaction never changes what a
-//!   restore of the replica gives.
+//!   costs no GET; missing ones are read from the replica. Staging stands only for level-0
+//!   files this run stored ([`Work::Compact::staged_above`]): one found on the replica (at
+//!   the start, at a divergence, in a later listing) may be another writer's at one of our
+//!   TXIDs, and is read from the replica, with every level-0 file below it. (A file of ours
+//!   replaced in place under its name is caught by its size only, and an encrypted one not.)
 //! - Planning reads only the in-memory index: an idle replica makes no request. (The sweep
 //!   for temporary files lists the replica after the start, then hourly only while the
 //!   replica gets new files or the last sweep left some: see `Replica::start_next`.)
@@ -24,7 +24,8 @@
 //!   job runs at a time per replica, and the replica waits for it before anything that
 //!   replaces its index (a wipe, a divergence, a seed).
 //! - A dropped job stops its blocking part too: builds and verifies read through a
-//!   [`Stoppable`](crate::util::stop::Stoppable) whose token the job holds, and remove their partial output.
+//!   [`Stoppable`](crate::util::stop::Stoppable) whose token the job holds, and remove their
+//!   partial output.
 //! - Builds and verifies take turns across the Store ([`Turns`]): at most [`MAX_BUILDS`]
 //!   builds and [`MAX_VERIFIES`] verify at once, verifies handed out in the order replicas
 //!   asked, so every database gets its verify.

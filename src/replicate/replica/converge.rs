@@ -106,12 +106,15 @@ impl Replica {
         let files = listed.map_err(RoundError::Storage)?;
         let tip = files.iter().map(|f| f.max_txid).max().unwrap_or_default();
         tracing::error!(db = %self.db, replica = %self.name, %txid, listed_tip = %tip, "another writer stored this TXID on the replica; continuing after its files with a seed snapshot");
+        // The file that refused our put is the other writer's, listed or not (a lagging
+        // listing may not show it yet).
+        self.found_on_replica(&files);
+        self.found_tip = self.found_tip.max(txid);
         self.index = RemoteIndex::default();
         for f in files {
             self.index.insert(f);
         }
         self.remote = tip.max(self.remote);
-        self.staged_above = self.staged_above.max(tip);
         self.stats
             .remote_txid
             .store(self.remote.0, Ordering::Relaxed);
@@ -325,12 +328,8 @@ impl Replica {
             restorable = plan_tip(&files);
         }
         self.recheck = false;
-        // Files past our position are not ours (another writer's, or a lagging listing's
-        // view of a chain we no longer continue).
-        let listed_tip = files.iter().map(|f| f.max_txid).max().unwrap_or_default();
-        if listed_tip > self.remote {
-            self.staged_above = self.staged_above.max(listed_tip);
-        }
+        // Files another writer stored past our position, or in place of ours after a wipe.
+        self.found_on_replica(&files);
         let every = self.maint.replica_check;
         self.next_check = (!every.is_zero()).then(|| Instant::now() + every);
         self.index = RemoteIndex::default();

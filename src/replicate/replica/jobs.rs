@@ -78,7 +78,7 @@ impl Replica {
                 &self.client,
                 &self.index,
                 self.verified,
-                self.staged_above,
+                self.found_tip,
             );
             let work = match planned {
                 Ok(Some(work)) => work,
@@ -255,7 +255,7 @@ impl Replica {
                 &self.client,
                 &self.index,
                 None,
-                self.staged_above,
+                self.found_tip,
             );
             match planned {
                 Ok(Some(work)) => {

@@ -107,11 +107,11 @@ pub struct Replica {
     unrestorable: Option<String>,
     /// The last verify that passed; None: none since the start or a failure.
     verified: Option<Verified>,
-    /// The newest TXID of the files found on the replica rather than stored by this run (the
-    /// start's listing, a divergence's, a listing past our position): another writer may have
-    /// stored them with TXIDs staging also holds, so compactions read them from the replica
+    /// The newest TXID of the level-0 files found on the replica rather than stored by this
+    /// run ([`Replica::found_on_replica`]): another writer may have stored them at TXIDs
+    /// staging also holds, so compactions read every level-0 file up to it from the replica
     /// ([`crate::replicate::maintenance::Work::Compact`]).
-    staged_above: TxId,
+    found_tip: TxId,
     /// The replica's newest TXID at the last sweep for temporary files (None: none yet).
     swept: Option<TxId>,
     /// A seed is owed to heal a failed verify: stored after the round's uploads.
@@ -191,7 +191,7 @@ impl Replica {
             heal_unverified: false,
             uploading: TxId(0),
             verified: None,
-            staged_above: TxId(0),
+            found_tip: TxId(0),
             swept: None,
             l1_failures: 0,
             maint_failing: Vec::new(),
@@ -268,10 +268,10 @@ impl Replica {
         if broken {
             tracing::warn!(db = %self.db, replica = %self.name, tip = %tip_txid, "the replica's files do not restore up to its newest one; it gets a seed snapshot");
         }
+        self.found_on_replica(&files);
         for f in &files {
             self.index.insert(f.clone());
         }
-        self.staged_above = self.staged_above.max(tip_txid);
         // The newest file of the lowest level that holds the tip: the same file a per-level
         // scan from level 0 upwards would pick.
         if let Some(f) = files
@@ -373,6 +373,27 @@ impl Replica {
                 reason: e.to_string(),
             })?;
         Ok(ltx::Header::decode(&b).ok())
+    }
+
+    /// Notes the level-0 files of a listing that this run did not store (not in the index,
+    /// which holds every file it stored): staging does not stand for them, nor for any
+    /// level-0 file below the newest of them. Called before the listing becomes the index.
+    fn found_on_replica(&mut self, files: &[LtxFileInfo]) {
+        let known = self.index.level(0);
+        let found = files
+            .iter()
+            .filter(|f| f.level == 0)
+            .filter(|f| {
+                known
+                    .binary_search_by_key(&(f.min_txid, f.max_txid), |k| (k.min_txid, k.max_txid))
+                    .is_err()
+            })
+            .map(|f| f.max_txid)
+            .max();
+        if let Some(txid) = found.filter(|&t| t > self.found_tip) {
+            tracing::debug!(db = %self.db, replica = %self.name, %txid, "level-0 files found on the replica up to this TXID: compactions read them from it");
+            self.found_tip = txid;
+        }
     }
 
     /// Acknowledges what staging may drop: segments on the replica and, when levels are
