@@ -25,8 +25,10 @@ pub(super) fn apply_blocking(
     let last = plan
         .last()
         .ok_or_else(|| RestoreError::Inconsistent("empty restore plan".into()))?;
+    // Each new directory's entry fsynced in its parent: the restored file's own fsyncs do not
+    // keep a directory made for it (a restore onto a new disk) through a power loss.
     if let Some(dir) = opts.to.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::create_dir_all(dir).map_err(RestoreError::io("create directory", dir))?;
+        fsutil::create_dir_all_durable(dir).map_err(RestoreError::io("create directory", dir))?;
     }
     // Claimed until it is placed: another restore to this path is refused, not mixed in.
     let (tmp, claimed) = fsutil::claim_tmp(&opts.to).map_err(|e| match e.kind() {

@@ -134,7 +134,7 @@ pub fn integrity_check(
 /// A read-only connection to the file whose statements are interrupted once `stop` is
 /// cancelled.
 fn open(path: &Path, stop: &CancellationToken) -> Result<Connection, RestoreError> {
-    let uri = format!("file:{}?immutable=1", path.display());
+    let uri = immutable_uri(path);
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI;
     let mut conn = Connection::open_with_flags(&uri, flags)
         .map_err(|e| RestoreError::Integrity(format!("cannot open: {e}")))?;
@@ -142,6 +142,23 @@ fn open(path: &Path, stop: &CancellationToken) -> Result<Connection, RestoreErro
     conn.progress_handler(STOP_CHECK_STEPS, Some(move || stop.is_cancelled()))
         .map_err(|e| RestoreError::Integrity(format!("cannot watch for a stop: {e}")))?;
     Ok(conn)
+}
+
+/// SQLite's URI of `path`, opened immutable. Its bytes are percent-encoded but for the
+/// unreserved ones and `/`: a `?` or `#` in a directory's name ended the path SQLite opened,
+/// and a `%` changed it.
+fn immutable_uri(path: &Path) -> String {
+    use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
+    use std::os::unix::ffi::OsStrExt;
+    const KEPT: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'/')
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    let bytes = path.as_os_str().as_bytes();
+    let encoded: String = percent_encoding::percent_encode(bytes, KEPT).collect();
+    format!("file:{encoded}?immutable=1")
 }
 
 /// SQLite's whole check on one connection.

@@ -39,7 +39,8 @@
 //!   never pages of two states. A stop meanwhile releases it; the next run re-applies from
 //!   `<db>-txid`.
 //! - A shutdown never interrupts step 2..4: it is noticed while listing, downloading or
-//!   sleeping, and between files.
+//!   sleeping, and between files. One during the first run's restore stops it (nothing is
+//!   placed at `<db>`) and the run fails (exit 1), as a plain restore stopped does.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -226,12 +227,28 @@ fn start_mode(opts: &FollowOptions) -> Result<Start, RestoreError> {
     Ok(Start::Resume(txid))
 }
 
-/// The initial restore of the newest state into `staged`; returns its TXID.
+/// Says that the initial restore (`restored`, if there was one) is done: only once the
+/// database is in place under its name, locked and its TXID noted, so that a tool waiting for
+/// this line finds a database to read.
+fn restored_and_following(opts: &FollowOptions, restored: Option<restore::RestoreReport>) {
+    if let Some(report) = restored {
+        tracing::info!(
+            db = %opts.to.display(),
+            txid = %report.txid,
+            files = report.files.len(),
+            pages = report.pages,
+            replica = %report.replica,
+            "restored; following"
+        );
+    }
+}
+
+/// The initial restore of the newest state into `staged`; returns its TXID and report.
 async fn initial_restore(
     client: &AnyClient,
     opts: &FollowOptions,
     staged: &Path,
-) -> Result<TxId, RestoreError> {
+) -> Result<(TxId, restore::RestoreReport), RestoreError> {
     let plan = restore::plan(client, Target::Latest).await?;
     let txid = plan
         .last()
@@ -247,15 +264,7 @@ async fn initial_restore(
         threads: None,
     };
     let report = restore::apply(client, plan, &ropts).await?;
-    tracing::info!(
-        db = %opts.to.display(),
-        txid = %report.txid,
-        files = report.files.len(),
-        pages = report.pages,
-        replica = %report.replica,
-        "restored; following"
-    );
-    Ok(txid)
+    Ok((txid, report))
 }
 
 /// A database kept up to date from a replica.
@@ -282,12 +291,17 @@ impl Follower {
     pub async fn open(client: &AnyClient, opts: &FollowOptions) -> Result<Follower, RestoreError> {
         let mode = start_mode(opts)?;
         let staged = restoring_path(&opts.to);
-        let txid = match mode {
-            Start::Resume(t) => t,
-            Start::Restore => initial_restore(client, opts, &staged).await?,
+        let (txid, restored) = match mode {
+            Start::Resume(t) => (t, None),
+            Start::Restore => {
+                let (t, report) = initial_restore(client, opts, &staged).await?;
+                (t, Some(report))
+            }
         };
         let staged = (mode == Start::Restore).then_some(staged);
-        Follower::attach(client, opts, mode, txid, staged).await
+        let follower = Follower::attach(client, opts, mode, txid, staged).await?;
+        restored_and_following(opts, restored);
+        Ok(follower)
     }
 
     /// Locks the database (restored into `staged`, then moved into place; or resumed at
@@ -614,11 +628,16 @@ async fn follow(
     let mut streak = ErrorStreak::default();
     let mode = start_mode(opts)?;
     let staged = restoring_path(&opts.to);
-    let txid = match mode {
-        Start::Resume(t) => t,
+    let (txid, restored) = match mode {
+        Start::Resume(t) => (t, None),
         Start::Restore => loop {
-            match initial_restore(client, opts, &staged).await {
-                Ok(t) => break t,
+            let restored = tokio::select! {
+                r = initial_restore(client, opts, &staged) => r,
+                // Dropped: its threads stop and remove their output; the next run starts over.
+                _ = stop.cancelled() => return Err(RestoreError::Cancelled),
+            };
+            match restored {
+                Ok((t, report)) => break (t, Some(report)),
                 Err(e @ RestoreError::Exists(_)) => return Err(e),
                 Err(e) => streak.fail("initial restore", &e),
             }
@@ -629,6 +648,7 @@ async fn follow(
     };
     let staged = (mode == Start::Restore).then_some(staged);
     let mut follower = Follower::attach(client, opts, mode, txid, staged).await?;
+    restored_and_following(opts, restored);
     streak.ok();
     while !stop.is_cancelled() {
         match follower.poll(stop).await {

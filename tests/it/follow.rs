@@ -573,3 +573,58 @@ fn a_wal_beside_a_new_followers_output_is_refused_first() {
     assert!(log.contains("app.db-wal already exists"), "{log}");
     assert!(!t.follower.exists());
 }
+
+/// A SIGINT during the first run's restore stops it at once (exit 1, nothing at `--to`),
+/// where the follower used to finish the restore first: here an endpoint that accepts the
+/// connection and never answers held it for the S3 client's 60 s read timeout and more.
+#[test]
+fn a_stop_during_the_first_restore_ends_it_at_once() {
+    let dir = TestDir::new("follow-stop-first");
+    let out = dir.join("follower.db");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (accepted, connected) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+            let _ = accepted.send(());
+        }
+    });
+    let url = format!("s3://bkt/app?endpoint=http://127.0.0.1:{port}&region=us-east-1");
+    let log = dir.join("follow.log");
+    let out_file = File::create(&log).unwrap();
+    let mut child = Command::new(bin())
+        .args(["restore", "--follow", "--to"])
+        .arg(&out)
+        .arg(&url)
+        .env("AWS_ACCESS_KEY_ID", "id")
+        .env("AWS_SECRET_ACCESS_KEY", "secret")
+        .env_remove("AWS_CA_BUNDLE")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(out_file.try_clone().unwrap())
+        .stderr(out_file)
+        .spawn()
+        .unwrap();
+    connected
+        .recv_timeout(WAIT)
+        .expect("the follower connected to the endpoint");
+    sleep(Duration::from_millis(200));
+    let signalled = Instant::now();
+    sigint(&child);
+    let status = wait_timeout(&mut child, Duration::from_secs(15));
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    let Some(status) = status else {
+        kill9(&mut child);
+        panic!("still restoring 15 s after SIGINT:\n{text}");
+    };
+    assert_eq!(status.code(), Some(1), "{text}");
+    assert!(text.contains("cancelled"), "{text}");
+    assert!(
+        signalled.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        signalled.elapsed()
+    );
+    assert!(!out.exists(), "nothing placed at --to");
+}

@@ -517,3 +517,21 @@ fn a_stop_interrupts_the_check() {
         "the indexed table and its index are scanned: {tasks:?}"
     );
 }
+
+/// A path whose names hold `?`, `#`, `%` and a space is checked at that path, not at the
+/// part before the `?` or `#` (which SQLite took for the end of the path) nor at a decoded one.
+#[test]
+fn a_path_with_uri_characters_is_checked_where_it_is() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let odd = dir.path().join("app#2 ?x=%41");
+    std::fs::create_dir(&odd).expect("the odd directory");
+    let p = db(
+        &odd,
+        "data.db",
+        "CREATE TABLE t(a); INSERT INTO t VALUES (1);",
+    );
+    assert!(immutable_uri(&p).ends_with("/app%232%20%3Fx%3D%2541/data.db?immutable=1"));
+    let stop = CancellationToken::new();
+    integrity_check(&p, 2, &stop).expect("the database at that path checks");
+    assert_eq!(pragma(&p, "SELECT count(*) || '' FROM t"), ["1"]);
+}
