@@ -70,6 +70,22 @@ pub fn calc_plan(
         });
     }
     if let Some(next_min) = beyond {
+        // Not a hole in the history: a file past the target holds the TXIDs after `current`
+        // (a compaction whose first level-0 files retention removed).
+        let bridged = files.iter().any(|f| {
+            f.min_txid.0 <= current.saturating_add(1)
+                && f.max_txid.0 > current
+                && f.max_txid > limit
+        });
+        if let (Some(t), true, false) = (target_txid, bridged, plan.is_empty()) {
+            return Err(RestoreError::NotAvailable {
+                target: format!("TXID {t}"),
+                reason: format!(
+                    "no file chain ends exactly at it (the nearest restorable TXID below is \
+                     {current}); older TXIDs are only kept at compaction boundaries"
+                ),
+            });
+        }
         return Err(RestoreError::Gap {
             from: TxId(current.saturating_add(1)),
             to: TxId(next_min.0 - 1),
@@ -108,7 +124,7 @@ pub async fn plan(client: &AnyClient, target: Target) -> Result<Vec<LtxFileInfo>
         Target::TxId(t) => calc_plan(&files, Some(t)),
         Target::Before(ts) => {
             let cutoff = ts.timestamp_millis();
-            let mut kept = Vec::with_capacity(files.len());
+            let (mut kept, mut later) = (Vec::with_capacity(files.len()), Vec::new());
             let mut oldest: Option<i64> = None;
             for f in files.drain(..) {
                 let h = client.read_header(&f).await?;
@@ -117,6 +133,8 @@ pub async fn plan(client: &AnyClient, target: Target) -> Result<Vec<LtxFileInfo>
                 }
                 if h.timestamp < cutoff {
                     kept.push(f);
+                } else {
+                    later.push(f);
                 }
             }
             if kept.is_empty() {
@@ -130,7 +148,31 @@ pub async fn plan(client: &AnyClient, target: Target) -> Result<Vec<LtxFileInfo>
                     reason: format!("the oldest restorable time is just after {oldest}"),
                 });
             }
-            calc_plan(&kept, None)
+            calc_plan_before(&kept, &later)
         }
+    }
+}
+
+/// Plans the newest state before a time from the files written before it (`kept`) and after
+/// (`later`). A time inside a compaction whose first level-0 files retention removed keeps
+/// the level-0 files after them but not the compaction: the kept chain stops at a gap that
+/// only the later file bridges, and the newest state before the time that the replica holds
+/// is where the chain stops. A gap nothing bridges is a hole in the history, and an error.
+pub(crate) fn calc_plan_before(
+    kept: &[LtxFileInfo],
+    later: &[LtxFileInfo],
+) -> Result<Vec<LtxFileInfo>, RestoreError> {
+    match calc_plan(kept, None) {
+        Err(RestoreError::Gap { from, .. })
+            if from.0 > 1
+                && later
+                    .iter()
+                    .any(|f| f.min_txid <= from && f.max_txid >= from) =>
+        {
+            let reached = TxId(from.0 - 1);
+            tracing::info!(txid = %reached, "the time falls inside a compaction whose first files retention removed: restoring the newest state before it that the replica holds");
+            calc_plan(kept, Some(reached))
+        }
+        planned => planned,
     }
 }

@@ -44,6 +44,58 @@ fn plan_prefers_the_snapshot_then_the_furthest_reach() {
     ));
 }
 
+/// Level-0 retention removed the first level-0 files of the level-1 file 4..10 (4 to 6) and
+/// kept 7..10: a TXID or a time inside that level-1 file is not a gap in the history. A TXID
+/// there names the nearest restorable one below; a time there restores it (3); a real hole
+/// is still a gap.
+#[test]
+fn a_target_inside_a_compaction_whose_first_files_were_retired_is_no_gap() {
+    let files = [
+        file(9, 1, 3),
+        file(1, 4, 10),
+        file(0, 7, 7),
+        file(0, 8, 8),
+        file(0, 9, 9),
+        file(0, 10, 10),
+    ];
+    match calc_plan(&files, Some(TxId(8))) {
+        Err(RestoreError::NotAvailable { reason, .. }) => {
+            assert!(
+                reason.contains("nearest restorable TXID below is 3"),
+                "{reason}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    let ranges = |plan: Vec<LtxFileInfo>| -> Vec<(u64, u64)> {
+        plan.iter().map(|f| (f.min_txid.0, f.max_txid.0)).collect()
+    };
+    assert_eq!(
+        ranges(calc_plan(&files, Some(TxId(10))).unwrap()),
+        [(1, 3), (4, 10)]
+    );
+    // A time between the commits of TXIDs 8 and 9.
+    let (kept, later) = (&files[..4], &files[4..]);
+    let kept: Vec<_> = [&files[0]].into_iter().chain(&kept[2..]).cloned().collect();
+    let later: Vec<_> = [&files[1]].into_iter().chain(later).cloned().collect();
+    assert_eq!(
+        ranges(plan::calc_plan_before(&kept, &later).unwrap()),
+        [(1, 3)]
+    );
+    // Nothing bridges 4..6: a hole.
+    assert!(matches!(
+        plan::calc_plan_before(&kept, &[file(0, 9, 9)]),
+        Err(RestoreError::Gap { .. })
+    ));
+    assert!(matches!(
+        calc_plan(
+            &[file(9, 1, 3), file(0, 7, 7), file(0, 8, 8)],
+            Some(TxId(8))
+        ),
+        Err(RestoreError::Gap { .. })
+    ));
+}
+
 /// Without `force`, placing the restored file replaces nothing that appeared at the output
 /// while the restore ran (its check at the start is minutes old): neither a database nor a
 /// WAL or journal beside it, which SQLite would replay over the output.
