@@ -190,6 +190,9 @@ pub(super) async fn monitor(
             }
             _ = any_changed(&mut acks), if parked.is_some() => {
                 if let Some(min) = prune_due(&acks, pruned) {
+                    // Marked as a tick's work is: staging on a mount that stops answering
+                    // holds this task here, and commits are not captured meanwhile.
+                    let _working = stats.health.begin(Instant::now());
                     prune(db.staging_pruner(), min, &mut pruned).await;
                 }
                 continue;
@@ -212,7 +215,9 @@ pub(super) async fn monitor(
         if !forced {
             next = grid.after(now);
         }
-        let skip = if forced || !wanted.is_empty() {
+        // A failed sync is retried on its backoff even while the files stay as they were (a
+        // dormant database's forced sync that failed would stay reported until a write).
+        let skip = if forced || !wanted.is_empty() || failing.is_some() {
             false
         } else if db.on_network_fs() {
             // A call there may block without end: never on the runtime's threads.
