@@ -31,6 +31,8 @@ mod compaction_as_is;
 mod compactor;
 /// The control socket and `replicad sync`.
 mod control;
+/// A staged segment damaged before its upload is passed with a seed.
+mod damaged_staging;
 /// The deployment files (Dockerfile, systemd, Kubernetes) and what they promise.
 mod deploy;
 /// Directory discovery: databases found, added and removed at run time.

@@ -48,6 +48,27 @@ impl Replica {
         Ok(())
     }
 
+    /// Notes the level-0 files of a listing that this run did not store (not in the index,
+    /// which holds every file it stored): staging does not stand for them, nor for any
+    /// level-0 file below the newest of them. Called before the listing becomes the index.
+    pub(super) fn found_on_replica(&mut self, files: &[LtxFileInfo]) {
+        let known = self.index.level(0);
+        let found = files
+            .iter()
+            .filter(|f| f.level == 0)
+            .filter(|f| {
+                known
+                    .binary_search_by_key(&(f.min_txid, f.max_txid), |k| (k.min_txid, k.max_txid))
+                    .is_err()
+            })
+            .map(|f| f.max_txid)
+            .max();
+        if let Some(txid) = found.filter(|&t| t > self.found_tip) {
+            tracing::debug!(db = %self.db, replica = %self.name, %txid, "level-0 files found on the replica up to this TXID: compactions read them from it");
+            self.found_tip = txid;
+        }
+    }
+
     /// The page size of the newest staged segment (0 when none).
     pub(super) async fn page_size(&self) -> u32 {
         self.staging

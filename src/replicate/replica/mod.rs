@@ -375,27 +375,6 @@ impl Replica {
         Ok(ltx::Header::decode(&b).ok())
     }
 
-    /// Notes the level-0 files of a listing that this run did not store (not in the index,
-    /// which holds every file it stored): staging does not stand for them, nor for any
-    /// level-0 file below the newest of them. Called before the listing becomes the index.
-    fn found_on_replica(&mut self, files: &[LtxFileInfo]) {
-        let known = self.index.level(0);
-        let found = files
-            .iter()
-            .filter(|f| f.level == 0)
-            .filter(|f| {
-                known
-                    .binary_search_by_key(&(f.min_txid, f.max_txid), |k| (k.min_txid, k.max_txid))
-                    .is_err()
-            })
-            .map(|f| f.max_txid)
-            .max();
-        if let Some(txid) = found.filter(|&t| t > self.found_tip) {
-            tracing::debug!(db = %self.db, replica = %self.name, %txid, "level-0 files found on the replica up to this TXID: compactions read them from it");
-            self.found_tip = txid;
-        }
-    }
-
     /// Acknowledges what staging may drop: segments on the replica and, when levels are
     /// configured, covered by level 1 (so L1 compaction reads them locally, without a GET),
     /// unless level-1 compaction keeps failing.
@@ -456,6 +435,12 @@ impl Replica {
                 (Ok(h), _) => h,
                 (Err(e), true) => {
                     tracing::debug!(db = %self.db, replica = %self.name, %txid, error = %e, "next segment not in staging");
+                    return Err(RoundError::NeedsSeed(self.seed_reason()));
+                }
+                // Damaged, not unreadable (staging publishes whole files only): no retry
+                // reads it whole again, so the chain continues after it from a seed.
+                (Err(e), false) if is_damage(&e) => {
+                    tracing::error!(db = %self.db, replica = %self.name, %txid, error = %e, "staged segment damaged: continuing the replica after it with a seed snapshot");
                     return Err(RoundError::NeedsSeed(self.seed_reason()));
                 }
                 (Err(e), false) => {
@@ -792,4 +777,13 @@ enum RoundError {
     /// A deferred replica waits for the database's first position.
     #[error("waiting for the database's first sync")]
     NotYet,
+}
+
+/// Whether reading a staged segment's header failed on its bytes (not an LTX header, or cut
+/// short) rather than on the file system.
+fn is_damage(e: &ltx::LtxError) -> bool {
+    match e {
+        ltx::LtxError::Io(io) => io.kind() == std::io::ErrorKind::UnexpectedEof,
+        _ => true,
+    }
 }
