@@ -599,9 +599,11 @@ async fn sleep_or_stop(d: Duration, stop: &CancellationToken) -> bool {
 }
 
 /// Follows until `shutdown` completes: restores (retrying until the replica can be restored)
-/// or resumes, then polls every interval. Fails only on what no retry fixes: an existing
-/// database without `<db>-txid`, or a local database that cannot be followed. An initial
-/// restore or an apply in progress is finished before returning.
+/// or resumes, then polls every interval. Fails on what no retry fixes (an existing database
+/// without `<db>-txid`, or a local database that cannot be followed), and with
+/// [`RestoreError::Cancelled`] when `shutdown` comes before the first restore is in place
+/// (that restore is stopped and its output removed). An apply in progress is finished
+/// before returning.
 pub async fn run(
     client: &AnyClient,
     opts: &FollowOptions,
@@ -632,9 +634,15 @@ async fn follow(
         Start::Resume(t) => (t, None),
         Start::Restore => loop {
             let restored = tokio::select! {
-                r = initial_restore(client, opts, &staged) => r,
-                // Dropped: its threads stop and remove their output; the next run starts over.
-                _ = stop.cancelled() => return Err(RestoreError::Cancelled),
+                r = initial_restore(client, opts, &staged) => Some(r),
+                _ = stop.cancelled() => None,
+            };
+            let Some(restored) = restored else {
+                // Dropped with the select: its threads stopped (a publish under way was waited
+                // for), so a copy it had placed at `<db>.restoring` is its last write.
+                let staged = staged.clone();
+                let _ = tokio::task::spawn_blocking(move || fs::remove_file(staged)).await;
+                return Err(RestoreError::Cancelled);
             };
             match restored {
                 Ok((t, report)) => break (t, Some(report)),
@@ -642,7 +650,7 @@ async fn follow(
                 Err(e) => streak.fail("initial restore", &e),
             }
             if sleep_or_stop(opts.interval, stop).await {
-                return Ok(());
+                return Err(RestoreError::Cancelled);
             }
         },
     };

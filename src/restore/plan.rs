@@ -70,11 +70,13 @@ pub fn calc_plan(
         });
     }
     if let Some(next_min) = beyond {
-        // Not a hole in the history: a file past the target holds the TXIDs after `current`
-        // (a compaction whose first level-0 files retention removed).
+        // Not a hole in the history: a compaction past the target holds every TXID of the
+        // gap (one whose first level-0 files retention removed). A snapshot would not say so.
+        let to = next_min.0 - 1;
         let bridged = files.iter().any(|f| {
-            f.min_txid.0 <= current.saturating_add(1)
-                && f.max_txid.0 > current
+            is_compaction(f)
+                && f.min_txid.0 <= current.saturating_add(1)
+                && f.max_txid.0 >= to
                 && f.max_txid > limit
         });
         if let (Some(t), true, false) = (target_txid, bridged, plan.is_empty()) {
@@ -153,21 +155,27 @@ pub async fn plan(client: &AnyClient, target: Target) -> Result<Vec<LtxFileInfo>
     }
 }
 
+/// A file of levels 1..8: a merge of the TXIDs it spans, unlike a snapshot (`1-<txid>`),
+/// which says nothing about a gap below its end.
+fn is_compaction(f: &LtxFileInfo) -> bool {
+    f.level > 0 && f.level < SNAPSHOT_LEVEL
+}
+
 /// Plans the newest state before a time from the files written before it (`kept`) and after
 /// (`later`). A time inside a compaction whose first level-0 files retention removed keeps
 /// the level-0 files after them but not the compaction: the kept chain stops at a gap that
 /// only the later file bridges, and the newest state before the time that the replica holds
-/// is where the chain stops. A gap nothing bridges is a hole in the history, and an error.
+/// is where the chain stops. A gap no compaction spans is a hole in the history, and an error.
 pub(crate) fn calc_plan_before(
     kept: &[LtxFileInfo],
     later: &[LtxFileInfo],
 ) -> Result<Vec<LtxFileInfo>, RestoreError> {
     match calc_plan(kept, None) {
-        Err(RestoreError::Gap { from, .. })
+        Err(RestoreError::Gap { from, to })
             if from.0 > 1
                 && later
                     .iter()
-                    .any(|f| f.min_txid <= from && f.max_txid >= from) =>
+                    .any(|f| is_compaction(f) && f.min_txid <= from && f.max_txid >= to) =>
         {
             let reached = TxId(from.0 - 1);
             tracing::info!(txid = %reached, "the time falls inside a compaction whose first files retention removed: restoring the newest state before it that the replica holds");

@@ -429,19 +429,23 @@ fn a_file_another_writer_stored_meanwhile_is_compacted_from_the_replica() {
     let mut writer = Writer::open(&db, common::seed("as-is-meanwhile"));
     writer.commit_txn();
     let config = dir.join("replicad.yml");
-    // Level 1 comes 5 s after the start: after the listing that finds the file.
+    // Level 1 comes 10 s after the start: after the listing that finds the file (checked
+    // below, so that a slow machine fails with a clear message rather than a wrong count).
     std::fs::write(
         &config,
         format!(
             "monitor-interval: 40ms\nmin-sync-interval: 40ms\nheartbeat-interval: 100ms\n\
-             replica-check-interval: 300ms\nlevels:\n  - interval: 5s\nsnapshot:\n  interval: 1h\n\
+             replica-check-interval: 300ms\nlevels:\n  - interval: 10s\nsnapshot:\n  interval: 1h\n\
              dbs:\n  - path: {}\n    replica:\n      path: {}\n",
             db.display(),
             replica.display()
         ),
     )
     .unwrap();
-    let d = common::spawn_replicate(dir.path(), &["--config", config.to_str().unwrap()]);
+    let d = common::spawn_replicate(
+        dir.path(),
+        &["--log-level", "debug", "--config", config.to_str().unwrap()],
+    );
     for txid in 1..=3 {
         if txid > 1 {
             writer.commit_txn();
@@ -455,12 +459,26 @@ fn a_file_another_writer_stored_meanwhile_is_compacted_from_the_replica() {
     let staging = Staging::open(dir.join(".app.db-replicad/ltx/0")).unwrap();
     let ours = staging.header(TxId(3)).unwrap();
     std::fs::write(object(&replica, 0, 4), one_page_segment(&ours, 4, 0xab)).unwrap();
+    common::wait_for(
+        "the listing that finds it",
+        || d.log_text(),
+        || {
+            d.log_text().lines().any(|l| {
+                l.contains("compactions read them from it") && l.contains("txid=0000000000000004")
+            })
+        },
+    );
     let first_l1 = || {
         d.log_text()
             .lines()
             .find(|l| l.contains("compacted") && l.contains(" level=1 "))
             .map(str::to_string)
     };
+    assert!(
+        first_l1().is_none(),
+        "level 1 ran before the listing found the file (a slow machine): {:?}",
+        first_l1()
+    );
     common::wait_for(
         "a level-1 compaction",
         || d.log_text(),
