@@ -376,6 +376,24 @@ async fn an_object_another_writer_stored_is_compacted_from_the_replica() {
     }
 }
 
+/// The daemon's first "compacted" log line of level 1, if any.
+fn first_l1(d: &common::Daemon) -> Option<String> {
+    d.log_text()
+        .lines()
+        .find(|l| l.contains("compacted") && l.contains(" level=1 "))
+        .map(str::to_string)
+}
+
+/// Waits for the daemon's first level-1 compaction; returns its log line.
+fn wait_for_first_l1(d: &common::Daemon) -> String {
+    common::wait_for(
+        "a level-1 compaction",
+        || d.log_text(),
+        || first_l1(d).is_some(),
+    );
+    first_l1(d).expect("waited for")
+}
+
 /// The files a start lists were on the replica before this run, so its first level-1
 /// compaction reads them from the replica (`from_replica` in its log line) although staging
 /// still holds segments of those TXIDs and sizes; the replica then restores to the source.
@@ -398,18 +416,7 @@ async fn files_listed_at_the_start_are_compacted_from_the_replica() {
     )
     .unwrap();
     let d = common::spawn_replicate(dir.path(), &["--config", config.to_str().unwrap()]);
-    let first_l1 = || {
-        d.log_text()
-            .lines()
-            .find(|l| l.contains("compacted") && l.contains(" level=1 "))
-            .map(str::to_string)
-    };
-    common::wait_for(
-        "a level-1 compaction",
-        || d.log_text(),
-        || first_l1().is_some(),
-    );
-    let line = first_l1().expect("waited for");
+    let line = wait_for_first_l1(&d);
     assert!(
         line.contains("from_replica=2"),
         "TXIDs 1 and 2 were read from the replica: {line}"
@@ -468,23 +475,12 @@ fn a_file_another_writer_stored_meanwhile_is_compacted_from_the_replica() {
             })
         },
     );
-    let first_l1 = || {
-        d.log_text()
-            .lines()
-            .find(|l| l.contains("compacted") && l.contains(" level=1 "))
-            .map(str::to_string)
-    };
     assert!(
-        first_l1().is_none(),
+        first_l1(&d).is_none(),
         "level 1 ran before the listing found the file (a slow machine): {:?}",
-        first_l1()
+        first_l1(&d)
     );
-    common::wait_for(
-        "a level-1 compaction",
-        || d.log_text(),
-        || first_l1().is_some(),
-    );
-    let line = first_l1().expect("waited for");
+    let line = wait_for_first_l1(&d);
     assert!(
         line.contains("max=0000000000000004") && line.contains("from_replica=4"),
         "TXIDs 1 to 4 were read from the replica: {line}"
