@@ -640,8 +640,7 @@ async fn follow(
             let Some(restored) = restored else {
                 // Dropped with the select: its threads stopped (a publish under way was waited
                 // for), so a copy it had placed at `<db>.restoring` is its last write.
-                let staged = staged.clone();
-                let _ = tokio::task::spawn_blocking(move || fs::remove_file(staged)).await;
+                fsutil::RemoveOnDrop(staged.clone()).remove().await;
                 return Err(RestoreError::Cancelled);
             };
             match restored {

@@ -70,16 +70,13 @@ pub fn calc_plan(
         });
     }
     if let Some(next_min) = beyond {
-        // Not a hole in the history: a compaction past the target holds every TXID of the
-        // gap (one whose first level-0 files retention removed). A snapshot would not say so.
-        let to = next_min.0 - 1;
-        let bridged = files.iter().any(|f| {
-            is_compaction(f)
-                && f.min_txid.0 <= current.saturating_add(1)
-                && f.max_txid.0 >= to
-                && f.max_txid > limit
-        });
-        if let (Some(t), true, false) = (target_txid, bridged, plan.is_empty()) {
+        let (from, to) = (TxId(current.saturating_add(1)), TxId(next_min.0 - 1));
+        // Not a hole: a compaction past the target (the chain would have taken one before
+        // it) holds the whole gap.
+        if let Some(t) = target_txid
+            && !plan.is_empty()
+            && compaction_spans(files, from, to)
+        {
             return Err(RestoreError::NotAvailable {
                 target: format!("TXID {t}"),
                 reason: format!(
@@ -88,10 +85,7 @@ pub fn calc_plan(
                 ),
             });
         }
-        return Err(RestoreError::Gap {
-            from: TxId(current.saturating_add(1)),
-            to: TxId(next_min.0 - 1),
-        });
+        return Err(RestoreError::Gap { from, to });
     }
     let newest = files.iter().map(|f| f.max_txid).max();
     match (target_txid, plan.last()) {
@@ -155,10 +149,13 @@ pub async fn plan(client: &AnyClient, target: Target) -> Result<Vec<LtxFileInfo>
     }
 }
 
-/// A file of levels 1..8: a merge of the TXIDs it spans, unlike a snapshot (`1-<txid>`),
-/// which says nothing about a gap below its end.
-fn is_compaction(f: &LtxFileInfo) -> bool {
-    f.level > 0 && f.level < SNAPSHOT_LEVEL
+/// Whether a file of `files` holds every TXID of the gap `from..=to`: a compaction (levels
+/// 1..8, a merge of the TXIDs it spans) whose first level-0 files retention removed. A
+/// snapshot (`1-<txid>`) says nothing about a gap below its end.
+fn compaction_spans(files: &[LtxFileInfo], from: TxId, to: TxId) -> bool {
+    files
+        .iter()
+        .any(|f| f.level > 0 && f.level < SNAPSHOT_LEVEL && f.min_txid <= from && f.max_txid >= to)
 }
 
 /// Plans the newest state before a time from the files written before it (`kept`) and after
@@ -171,12 +168,7 @@ pub(crate) fn calc_plan_before(
     later: &[LtxFileInfo],
 ) -> Result<Vec<LtxFileInfo>, RestoreError> {
     match calc_plan(kept, None) {
-        Err(RestoreError::Gap { from, to })
-            if from.0 > 1
-                && later
-                    .iter()
-                    .any(|f| is_compaction(f) && f.min_txid <= from && f.max_txid >= to) =>
-        {
+        Err(RestoreError::Gap { from, to }) if from.0 > 1 && compaction_spans(later, from, to) => {
             let reached = TxId(from.0 - 1);
             tracing::info!(txid = %reached, "the time falls inside a compaction whose first files retention removed: restoring the newest state before it that the replica holds");
             calc_plan(kept, Some(reached))

@@ -75,9 +75,8 @@ fn a_target_inside_a_compaction_whose_first_files_were_retired_is_no_gap() {
         [(1, 3), (4, 10)]
     );
     // A time between the commits of TXIDs 8 and 9.
-    let (kept, later) = (&files[..4], &files[4..]);
-    let kept: Vec<_> = [&files[0]].into_iter().chain(&kept[2..]).cloned().collect();
-    let later: Vec<_> = [&files[1]].into_iter().chain(later).cloned().collect();
+    let kept = [file(9, 1, 3), file(0, 7, 7), file(0, 8, 8)];
+    let later = [file(1, 4, 10), file(0, 9, 9), file(0, 10, 10)];
     assert_eq!(
         ranges(plan::calc_plan_before(&kept, &later).unwrap()),
         [(1, 3)]

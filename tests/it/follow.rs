@@ -592,31 +592,24 @@ fn a_stop_during_the_first_restore_ends_it_at_once() {
         }
     });
     let url = format!("s3://bkt/app?endpoint=http://127.0.0.1:{port}&region=us-east-1");
-    let log = dir.join("follow.log");
-    let out_file = File::create(&log).unwrap();
-    let mut child = Command::new(bin())
-        .args(["restore", "--follow", "--to"])
+    let mut cmd = Command::new(bin());
+    cmd.args(["restore", "--follow", "--to"])
         .arg(&out)
         .arg(&url)
         .env("AWS_ACCESS_KEY_ID", "id")
         .env("AWS_SECRET_ACCESS_KEY", "secret")
-        .env_remove("AWS_CA_BUNDLE")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(out_file.try_clone().unwrap())
-        .stderr(out_file)
-        .spawn()
-        .unwrap();
+        .env_remove("AWS_CA_BUNDLE");
+    let mut f = spawn_logged(dir.path(), cmd);
     connected
         .recv_timeout(WAIT)
         .expect("the follower connected to the endpoint");
     sleep(Duration::from_millis(200));
     let signalled = Instant::now();
-    sigint(&child);
-    let status = wait_timeout(&mut child, Duration::from_secs(15));
-    let text = fs::read_to_string(&log).unwrap_or_default();
+    sigint(&f.child);
+    let status = wait_timeout(&mut f.child, Duration::from_secs(15));
+    let text = f.log_text();
     let Some(status) = status else {
-        kill9(&mut child);
+        kill9(&mut f.child);
         panic!("still restoring 15 s after SIGINT:\n{text}");
     };
     assert_eq!(status.code(), Some(1), "{text}");

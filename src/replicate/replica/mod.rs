@@ -437,9 +437,10 @@ impl Replica {
                     tracing::debug!(db = %self.db, replica = %self.name, %txid, error = %e, "next segment not in staging");
                     return Err(RoundError::NeedsSeed(self.seed_reason()));
                 }
-                // Damaged, not unreadable (staging publishes whole files only): no retry
-                // reads it whole again, so the chain continues after it from a seed.
-                (Err(e), false) if is_damage(&e) => {
+                // Damaged (not an LTX header, or cut short), not unreadable: staging publishes
+                // whole files only, so no retry reads it whole again; the chain continues
+                // after it from a seed.
+                (Err(e), false) if !matches!(e, ltx::LtxError::Io(_)) => {
                     tracing::error!(db = %self.db, replica = %self.name, %txid, error = %e, "staged segment damaged: continuing the replica after it with a seed snapshot");
                     return Err(RoundError::NeedsSeed(self.seed_reason()));
                 }
@@ -777,13 +778,4 @@ enum RoundError {
     /// A deferred replica waits for the database's first position.
     #[error("waiting for the database's first sync")]
     NotYet,
-}
-
-/// Whether reading a staged segment's header failed on its bytes (not an LTX header, or cut
-/// short) rather than on the file system.
-fn is_damage(e: &ltx::LtxError) -> bool {
-    match e {
-        ltx::LtxError::Io(io) => io.kind() == std::io::ErrorKind::UnexpectedEof,
-        _ => true,
-    }
 }

@@ -44,7 +44,7 @@ pub fn spawn_replicate_unshared(dir: &Path, args: &[&str]) -> Daemon {
 }
 
 /// Runs `cmd` with stdout and stderr to `<dir>/logs/replicad-N.log`.
-fn spawn_logged(dir: &Path, mut cmd: Command) -> Daemon {
+pub fn spawn_logged(dir: &Path, mut cmd: Command) -> Daemon {
     let logs = dir.join("logs");
     fs::create_dir_all(&logs).unwrap();
     let n = fs::read_dir(&logs).unwrap().count();
