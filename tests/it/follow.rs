@@ -119,6 +119,13 @@ impl Setup {
         assert_eq!(self.follower_txid(), txid, "follower passed the replica");
     }
 
+    /// Waits for `line` in the follower's log: the `-txid` file moves before the line that
+    /// says so is written.
+    fn wait_log(&self, f: &Daemon, line: &str) {
+        let ok = wait_until(WAIT, || f.log_text().contains(line));
+        assert!(ok, "no {line:?} in the log; {}", self.context());
+    }
+
     fn context(&self) -> String {
         format!("{}\n{}", listing(&self.replica), self.dir.logs())
     }
@@ -246,7 +253,7 @@ fn follower_resumes_from_its_txid_file() {
     stop_replicate(rep);
     let mut f = t.follow(&t.replica);
     t.wait_follower(&mut f, max_replica_txid(&t.replica));
-    assert!(f.log_text().contains("restored; following"));
+    t.wait_log(&f, "restored; following");
     stop_follower(f, &t);
     let ino = inode(&t.follower);
     let first = t.follower_txid();
@@ -273,8 +280,8 @@ fn follower_resumes_from_its_txid_file() {
 
     let mut f = t.follow(&t.replica);
     t.wait_follower(&mut f, target);
+    t.wait_log(&f, "resuming follow");
     let log = f.log_text();
-    assert!(log.contains("resuming follow"), "no resume logged:\n{log}");
     assert!(
         !log.contains("restored; following"),
         "restarted with a full restore:\n{log}"
@@ -549,11 +556,7 @@ fn a_restore_over_a_followed_database_ends_its_follow_position() {
     stop_replicate(rep);
     let mut f = t.follow_with(&t.replica, &["--force"]);
     t.wait_follower(&mut f, max_replica_txid(&t.replica));
-    assert!(
-        f.log_text().contains("restored; following"),
-        "{}",
-        t.context()
-    );
+    t.wait_log(&f, "restored; following");
     assert_same_content(&t.src, &t.follower, "followed again");
     stop_follower(f, &t);
 }
