@@ -56,7 +56,7 @@ mod late;
 /// The first 16 bytes of every SQLite 3 database file.
 pub const HEADER: &[u8; 16] = b"SQLite format 3\0";
 
-/// The name, under a directory, that the test gate ([`super::monitor::SYNC_GATE_ENV`]) is
+/// The name, under a directory, that the test gate ([`crate::util::test_gate::SYNC_GATE_ENV`]) is
 /// checked against for the directory's scan: it holds the scan as it holds a database there.
 const SCAN_GATE: &str = ".scan";
 
@@ -352,7 +352,7 @@ impl Discovery {
         let me = Arc::new(self);
         let d = me.clone();
         let mut scan = tokio::task::spawn_blocking(move || {
-            super::monitor::wait_at_test_gate(&d.cfg.dir.join(SCAN_GATE));
+            crate::util::test_gate::wait_at_test_gate(&d.cfg.dir.join(SCAN_GATE));
             d.scan(&crate::replicate::db::is_held)
         });
         let dir = me.cfg.dir.clone();

@@ -421,19 +421,25 @@ impl StoreCore {
         &self.inner.ingest
     }
 
-    /// The watch of dormant databases ticking every `interval`; its task starts with it.
-    fn dormant_watch(&self, interval: Duration) -> Arc<DormantWatch> {
+    /// The watch of dormant databases ticking every `interval`; its thread starts with it.
+    /// None when that thread cannot start: the monitors then check their dormant databases
+    /// themselves (a task wake-up each per tick), and the next database tries again.
+    fn dormant_watch(&self, interval: Duration) -> Option<Arc<DormantWatch>> {
         let core = &*self.inner;
         let mut watches = core.dormant.lock().unwrap_or_else(|e| e.into_inner());
-        watches
-            .entry(interval)
-            .or_insert_with(|| {
-                let watch = DormantWatch::new(interval);
-                core.tracker
-                    .spawn(watch.clone().run(core.ingest.child_token()));
-                watch
-            })
-            .clone()
+        if let Some(watch) = watches.get(&interval) {
+            return Some(watch.clone());
+        }
+        let watch = DormantWatch::new(interval);
+        match watch.start(core.ingest.child_token()) {
+            Ok(ender) => core.tracker.spawn(ender),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the dormant databases' thread: their monitors check them");
+                return None;
+            }
+        };
+        watches.insert(interval, watch.clone());
+        Some(watch)
     }
 }
 

@@ -39,6 +39,7 @@ use crate::replicate::dormant::{DormantWatch, Parked};
 use crate::replicate::tick::TickGrid;
 use crate::replicate::walwatch::{WalWatch, WalWatcher};
 use crate::util::retry::Backoff;
+use crate::util::test_gate::wait_at_test_gate;
 
 /// How long after the first write event a tick starts: the frames of one commit are written in
 /// a burst, and a tick that reads them all ships one segment instead of two.
@@ -49,13 +50,6 @@ const COALESCE: Duration = Duration::from_millis(2);
 /// so that a long import is not scanned again fifty times a second.
 const PARTIAL_PAUSE: Duration = Duration::from_millis(20);
 const PARTIAL_PAUSE_MAX: Duration = Duration::from_secs(1);
-
-/// Path of a file; while it exists, each full sync of a database in the same directory, and
-/// its idle check when on a network file system, blocks before it starts; so does its start.
-/// Stands in for a call
-/// blocked on a hung file system or a dying disk in tests of
-/// [`crate::replicate::health::SLOW_WORK`].
-pub const SYNC_GATE_ENV: &str = "REPLICAD_TEST_SYNC_GATE";
 
 /// When the events of a database's WAL may bring its next tick forward.
 struct Events {
@@ -405,20 +399,6 @@ async fn any_changed(acks: &mut [watch::Receiver<TxId>]) {
         })
     });
     futures_util::future::select_all(waits).await;
-}
-
-/// Waits while the file named by [`SYNC_GATE_ENV`] exists, if it is beside the database `db`
-/// (tests only; the variable is read once): in each sync, and in the start's first touch of
-/// the database's file system.
-pub(super) fn wait_at_test_gate(db: &std::path::Path) {
-    static GATE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    if let Some(gate) = GATE.get_or_init(|| std::env::var_os(SYNC_GATE_ENV).map(Into::into))
-        && gate.parent() == db.parent()
-    {
-        while gate.exists() {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
 }
 
 /// Moves the Db to the blocking pool for `f` and back; None when `f` panicked, which `health`

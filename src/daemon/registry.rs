@@ -220,10 +220,10 @@ pub async fn log_slow_work(registry: DbRegistry, stop: tokio_util::sync::Cancell
         let dbs = registry.snapshot();
         let mut now: HashSet<PathBuf> = HashSet::new();
         for d in dbs.iter() {
-            if let Some(ran) = d.stats.health.slow_for() {
+            if let Some(work) = d.stats.health.slow_work() {
                 if !slow.contains(&d.path) {
-                    tracing::error!(db = %d.path.display(), seconds = ran.as_secs(),
-                        "a sync or check of this database has been running for {} s: it is NOT protected until it ends", ran.as_secs());
+                    tracing::error!(db = %d.path.display(), seconds = work.ran.as_secs(),
+                        "{}: it is NOT protected until it ends", work.describe());
                 }
                 now.insert(d.path.clone());
             }

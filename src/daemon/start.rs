@@ -70,7 +70,7 @@ impl StoreCore {
         let claimed = off_runtime({
             let (db, meta) = (dbc.path.clone(), meta.clone());
             move || {
-                super::monitor::wait_at_test_gate(&db);
+                crate::util::test_gate::wait_at_test_gate(&db);
                 match crate::util::fsutil::parent_dir(&db).is_dir() {
                     true => StagingLock::acquire(&meta).map(Some),
                     false => Ok(None),
@@ -252,7 +252,8 @@ impl StoreCore {
             dbc.settings.monitor_interval,
             trigger,
             (!dbc.settings.dormant_after.is_zero())
-                .then(|| self.dormant_watch(dbc.settings.monitor_interval)),
+                .then(|| self.dormant_watch(dbc.settings.monitor_interval))
+                .flatten(),
             (
                 Some(core.wal_watcher.clone()),
                 dbc.settings.min_sync_interval,

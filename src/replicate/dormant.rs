@@ -3,8 +3,14 @@
 //! A dormant database ([`crate::replicate::db`]) needs one `statx` per tick and nothing else. Run from
 //! each database's own monitor, at 10,000 databases that check costs 10,000 task wake-ups,
 //! timer re-arms and polls a second, several times the `statx` itself. So a dormant monitor
-//! parks here instead: one task per monitor interval walks the slot that is due, runs each
+//! parks here instead: one thread per monitor interval walks the slot that is due, runs each
 //! parked database's check, and wakes only the monitors whose files changed.
+//!
+//! The pass runs on a thread of its own, not the async runtime's: a disk hung under one
+//! `statx` holds that thread alone, where it held a runtime thread and stranded the tasks
+//! queued on it (`/healthz` among them, on two cores). While a pass runs, its mark
+//! ([`crate::replicate::health::WorkMark`]) counts as the work of every parked database, so
+//! a pass held for [`crate::replicate::health::SLOW_WORK`] reports each of them.
 //!
 //! Invariants:
 //! - A parked database is checked at the grid times its monitor would have ticked at (its
@@ -15,15 +21,18 @@
 //! - A slot's list is locked only to take or give back entries, never during the checks.
 //! - [`DormantWatch::parked`] counts an entry from its park to the pass that drops it, so a
 //!   pass holding a slot's entries out of their list does not hide them.
+//! - A parked database's health shares the pass's mark from its park until its monitor drops
+//!   its [`Parked`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::replicate::db::DormantProbe;
+use crate::replicate::db::{DbStats, DormantProbe};
+use crate::replicate::health::WorkMark;
 use crate::replicate::tick::{TICK_SLOTS, TickGrid};
 
 /// The parked dormant databases of one monitor interval, by slot.
@@ -32,8 +41,19 @@ pub struct DormantWatch {
     slots: Vec<Mutex<Vec<Entry>>>,
     /// Entries parked and not yet dropped by a pass.
     parked: AtomicUsize,
-    /// A database parked: the task recomputes which slots it must wake for.
-    parked_one: Notify,
+    /// What the thread waits for besides its next pass; never held during a pass.
+    signal: Mutex<Signal>,
+    signalled: Condvar,
+    /// Set while a pass runs.
+    pass: Arc<WorkMark>,
+}
+
+#[derive(Default)]
+struct Signal {
+    /// A database parked: the thread recomputes which slots it must wake for.
+    parked: bool,
+    /// The Store stopped ingesting: the thread ends.
+    stop: bool,
 }
 
 struct Entry {
@@ -45,6 +65,7 @@ struct Entry {
 /// leaves the watch.
 pub struct Parked {
     wake: Arc<Notify>,
+    stats: Arc<DbStats>,
 }
 
 impl Parked {
@@ -54,27 +75,37 @@ impl Parked {
     }
 }
 
+impl Drop for Parked {
+    fn drop(&mut self) {
+        self.stats.health.share(None);
+    }
+}
+
 impl DormantWatch {
-    /// An empty watch for monitors ticking every `interval`; [`DormantWatch::run`] checks it.
+    /// An empty watch for monitors ticking every `interval`; [`DormantWatch::start`] checks it.
     pub fn new(interval: Duration) -> Arc<DormantWatch> {
         Arc::new(DormantWatch {
             interval,
             slots: (0..TICK_SLOTS).map(|_| Mutex::new(Vec::new())).collect(),
             parked: AtomicUsize::new(0),
-            parked_one: Notify::new(),
+            signal: Mutex::new(Signal::default()),
+            signalled: Condvar::new(),
+            pass: Arc::default(),
         })
     }
 
     /// Parks a dormant database whose monitor ticks on slot `slot` of the interval.
     pub fn park(&self, slot: u32, probe: DormantProbe) -> Parked {
         let wake = Arc::new(Notify::new());
+        let stats = probe.stats();
+        stats.health.share(Some(self.pass.clone()));
         self.parked.fetch_add(1, Ordering::Relaxed);
         self.slot(slot).push(Entry {
             probe,
             wake: wake.clone(),
         });
-        self.parked_one.notify_one();
-        Parked { wake }
+        self.signal(|s| s.parked = true);
+        Parked { wake, stats }
     }
 
     /// Databases parked now (left ones not yet forgotten included).
@@ -82,35 +113,66 @@ impl DormantWatch {
         self.parked.load(Ordering::Relaxed)
     }
 
-    /// Checks each slot that holds parked databases at its grid times, until `stop`. With
-    /// none parked it sleeps until one is: a process with few databases pays nothing.
-    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+    /// Starts the thread that checks each slot holding parked databases at its grid times,
+    /// and the task that ends it once `stop` is cancelled (or the runtime drops the task).
+    /// With none parked the thread sleeps until one is: a process with few databases pays
+    /// nothing. Nothing waits for the thread's end: a pass held by a hung disk must not hold
+    /// up a shutdown.
+    pub fn start(
+        self: &Arc<Self>,
+        stop: CancellationToken,
+    ) -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+        let watch = self.clone();
+        std::thread::Builder::new()
+            .name("replicad-dormant".into())
+            .spawn(move || watch.run())?;
+        let ender = Ender(self.clone());
+        Ok(async move {
+            stop.cancelled().await;
+            drop(ender);
+        })
+    }
+
+    fn run(&self) {
         let grids: Vec<TickGrid> = (0..TICK_SLOTS)
             .map(|s| TickGrid::on_slot(self.interval, s))
             .collect();
         loop {
-            let now = tokio::time::Instant::now();
+            let now = tokio::time::Instant::from_std(Instant::now());
             let due = grids
                 .iter()
                 .filter(|g| !self.slot(g.slot()).is_empty())
-                .map(|g| (g.slot(), g.after(now)))
+                .map(|g| (g.slot(), g.after(now).into_std()))
                 .min_by_key(|&(_, at)| at);
+            let mut signal = self.signal.lock().unwrap_or_else(|e| e.into_inner());
+            if signal.stop {
+                return;
+            }
+            // Parked since `due` was computed: maybe on an earlier slot, look again.
+            if std::mem::take(&mut signal.parked) {
+                continue;
+            }
             let Some((slot, at)) = due else {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = self.parked_one.notified() => continue,
-                }
+                drop(self.signalled.wait(signal));
+                continue;
             };
-            tokio::select! {
-                // A due slot is checked even if a park arrived at the same moment.
-                biased;
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep_until(at) => {}
-                // Maybe on an earlier slot: look again.
-                _ = self.parked_one.notified() => continue,
+            let left = at.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                drop(self.signalled.wait_timeout(signal, left));
+                // Woken early (a park, a spurious wake): the slot stays due at the same time.
+                if Instant::now() < at {
+                    continue;
+                }
+            } else {
+                drop(signal);
             }
             self.check(slot);
         }
+    }
+
+    fn signal(&self, set: impl FnOnce(&mut Signal)) {
+        set(&mut self.signal.lock().unwrap_or_else(|e| e.into_inner()));
+        self.signalled.notify_one();
     }
 
     /// One pass over a slot: wakes the changed, forgets the left, keeps the rest.
@@ -119,6 +181,7 @@ impl DormantWatch {
         if entries.is_empty() {
             return;
         }
+        let _pass = self.pass.begin(Instant::now());
         let before = entries.len();
         entries.retain(|e| {
             // Only our clone left: the monitor is gone.
@@ -144,6 +207,16 @@ impl DormantWatch {
         // A poisoned list is still a list of whole entries: a panic cannot leave one half-made.
         let i = usize::try_from(slot).unwrap_or(0) % self.slots.len();
         self.slots[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Ends the watch's thread when dropped: at `stop`, or when the runtime drops the task
+/// holding it without a stop (a Store dropped in a test).
+struct Ender(Arc<DormantWatch>);
+
+impl Drop for Ender {
+    fn drop(&mut self) {
+        self.0.signal(|s| s.stop = true);
     }
 }
 
@@ -211,5 +284,63 @@ mod tests {
             kept.changed().now_or_never().is_some(),
             "the changed database was not woken"
         );
+    }
+
+    /// A pass held past SLOW_WORK (a disk hung under one `statx`) reports every database
+    /// parked, until it ends or the database leaves.
+    #[test]
+    fn a_held_pass_reports_every_parked_database() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let watch = DormantWatch::new(Duration::from_millis(20));
+        let (_, a) = probe(&dir);
+        let (_, b) = probe(&dir);
+        let (sa, sb) = (a.stats(), b.stats());
+        let pa = watch.park(0, a);
+        let _pb = watch.park(3, b);
+        let Some(long_ago) = Instant::now().checked_sub(Duration::from_secs(11)) else {
+            return;
+        };
+        let held = watch.pass.begin(long_ago);
+        for s in [&sa, &sb] {
+            let p = s
+                .health
+                .problem()
+                .expect("a held pass is every parked database's");
+            assert!(
+                p.reason
+                    .contains("dormant databases have been held for 11 s"),
+                "{p:?}"
+            );
+        }
+        drop(pa);
+        assert!(sa.health.is_ok(), "a database that left the watch");
+        assert!(!sb.health.is_ok());
+        drop(held);
+        assert!(sb.health.is_ok(), "the pass ended");
+    }
+
+    /// The thread wakes a changed database at its slot's time, and ends at the stop.
+    #[tokio::test]
+    async fn the_thread_wakes_the_changed_and_ends_at_the_stop() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (path, probe) = probe(&dir);
+        let watch = DormantWatch::new(Duration::from_millis(20));
+        let stop = CancellationToken::new();
+        let ender = tokio::spawn(watch.start(stop.clone()).expect("a thread starts"));
+        let parked = watch.park(7, probe);
+        std::fs::write(&path, b"a longer file").expect("the temporary directory is writable");
+        tokio::time::timeout(Duration::from_secs(10), parked.changed())
+            .await
+            .expect("the changed database was woken");
+        stop.cancel();
+        ender.await.expect("the task ends");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&watch) > 1 {
+            assert!(
+                Instant::now() < deadline,
+                "the thread still runs after the stop"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }

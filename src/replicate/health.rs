@@ -10,7 +10,9 @@
 //! first, so no reader ever sees "fine" for a database or replica that is not. An owner that
 //! cannot report because it is blocked (a tick stuck in the kernel on a hung file system)
 //! marks the work it begins ([`HealthCell::begin`]): work that has run for [`SLOW_WORK`] is
-//! a problem every reader computes, with no help from the blocked owner.
+//! a problem every reader computes, with no help from the blocked owner. A dormant database,
+//! whose idle check the dormant databases' pass runs, shares that pass's mark
+//! ([`HealthCell::share`]) while it is parked there.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,16 +62,71 @@ impl Problem {
 #[derive(Debug, Default)]
 pub struct HealthCell {
     problem: Mutex<Option<Problem>>,
-    /// When the owner's current work began: ms after [`origin`], plus 1 (0: no work).
-    busy: AtomicU64,
+    /// The owner's current work.
+    busy: WorkMark,
+    /// Work done for the owner by another thread (the dormant pass), while it lasts.
+    shared: Mutex<Option<Arc<WorkMark>>>,
 }
 
-/// The mark of work in progress on a cell ([`HealthCell::begin`]); cleared when dropped.
-pub struct Working<'a>(&'a HealthCell);
+/// When some work began: ms after [`origin`], plus 1 (0: no work).
+#[derive(Debug, Default)]
+pub struct WorkMark(AtomicU64);
+
+/// The mark of work in progress ([`WorkMark::begin`]); cleared when dropped.
+pub struct Working<'a>(&'a WorkMark);
 
 impl Drop for Working<'_> {
     fn drop(&mut self) {
-        self.0.busy.store(0, Ordering::Relaxed);
+        self.0.0.store(0, Ordering::Relaxed);
+    }
+}
+
+impl WorkMark {
+    /// Marks work that began at `at` (an `Instant` the caller read anyway, so that marking
+    /// costs no clock read) until the returned mark is dropped.
+    pub fn begin(&self, at: Instant) -> Working<'_> {
+        let ms = at.saturating_duration_since(origin()).as_millis();
+        self.0.store(
+            u64::try_from(ms).unwrap_or(u64::MAX - 1) + 1,
+            Ordering::Relaxed,
+        );
+        Working(self)
+    }
+
+    /// How long the marked work has run, if some is.
+    fn ran(&self) -> Option<Duration> {
+        let mark = self.0.load(Ordering::Relaxed);
+        let began = origin().checked_add(Duration::from_millis(mark.checked_sub(1)?))?;
+        Some(Instant::now().saturating_duration_since(began))
+    }
+}
+
+/// Work that has run for [`SLOW_WORK`] or more ([`HealthCell::slow_work`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlowWork {
+    /// How long it has run.
+    pub ran: Duration,
+    /// It is the dormant databases' pass, not the owner's own work.
+    pub shared: bool,
+}
+
+impl SlowWork {
+    /// What runs, for people.
+    pub fn describe(&self) -> String {
+        let s = self.ran.as_secs();
+        if self.shared {
+            format!(
+                "the idle checks of the dormant databases have been held for {s} s (a hung file \
+                 system or disk under one of them); a change to this database is not seen \
+                 until they end, unless its file-change watch wakes it"
+            )
+        } else {
+            format!(
+                "a sync or check of this database has been running for {s} s; commits since \
+                 it began are not captured until it ends (a full copy of a large database, or \
+                 a hung file system or disk)"
+            )
+        }
     }
 }
 
@@ -115,12 +172,13 @@ impl HealthCell {
     /// Marks work that began at `at` (a tick: an `Instant` it read anyway, so that marking
     /// costs no clock read) until the returned mark is dropped.
     pub fn begin(&self, at: Instant) -> Working<'_> {
-        let ms = at.saturating_duration_since(origin()).as_millis();
-        self.busy.store(
-            u64::try_from(ms).unwrap_or(u64::MAX - 1) + 1,
-            Ordering::Relaxed,
-        );
-        Working(self)
+        self.busy.begin(at)
+    }
+
+    /// Counts `mark` (work another thread does for the owner) as the owner's own work, until
+    /// called again with `None`.
+    pub fn share(&self, mark: Option<Arc<WorkMark>>) {
+        *self.shared.lock().unwrap_or_else(|e| e.into_inner()) = mark;
     }
 
     /// The current problem, if any: the one recorded, else work that has run for
@@ -134,24 +192,24 @@ impl HealthCell {
         recorded.or_else(|| self.slow())
     }
 
-    /// How long the owner's current work has run, once that is [`SLOW_WORK`] or more.
-    pub fn slow_for(&self) -> Option<Duration> {
-        let mark = self.busy.load(Ordering::Relaxed);
-        let began = origin().checked_add(Duration::from_millis(mark.checked_sub(1)?))?;
-        let ran = Instant::now().saturating_duration_since(began);
-        (ran >= SLOW_WORK).then_some(ran)
+    /// The owner's current work (its own, else the shared), once it has run for
+    /// [`SLOW_WORK`] or more.
+    pub fn slow_work(&self) -> Option<SlowWork> {
+        let own = self.busy.ran().map(|ran| SlowWork { ran, shared: false });
+        let shared = || {
+            let mark = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            let ran = mark.as_deref()?.ran()?;
+            Some(SlowWork { ran, shared: true })
+        };
+        own.filter(|w| w.ran >= SLOW_WORK)
+            .or_else(|| shared().filter(|w| w.ran >= SLOW_WORK))
     }
 
     fn slow(&self) -> Option<Problem> {
-        let ran = self.slow_for()?;
-        let ago = i64::try_from(ran.as_millis()).unwrap_or(i64::MAX);
+        let work = self.slow_work()?;
+        let ago = i64::try_from(work.ran.as_millis()).unwrap_or(i64::MAX);
         Some(Problem {
-            reason: format!(
-                "not protected: a sync or check of this database has been running for {} s; \
-                 commits since it began are not captured until it ends (a full copy of a \
-                 large database, or a hung file system or disk)",
-                ran.as_secs()
-            ),
+            reason: format!("not protected: {}", work.describe()),
             since_ms: crate::util::clock::now_ms().saturating_sub(ago),
             steady_ms: crate::util::clock::steady_ms().saturating_sub(ago),
             stopped: false,

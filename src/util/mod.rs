@@ -7,3 +7,4 @@ pub mod malloc;
 pub mod phase;
 pub mod retry;
 pub mod stop;
+pub mod test_gate;

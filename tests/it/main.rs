@@ -41,6 +41,8 @@ mod discovery;
 mod discovery_hung;
 /// Dormancy: idle databases close their connection and wake on change.
 mod dormancy;
+/// A disk hung under the dormant databases' idle pass.
+mod dormant_hang;
 /// Page-cache eviction of written ranges.
 mod evict_range;
 /// `--exec` children, signal forwarding, exit codes, systemd notifications.

@@ -77,11 +77,17 @@ pub struct DormantProbe {
 impl DormantProbe {
     /// The files are as they were at dormancy; counts a skipped tick when they are.
     pub fn unchanged(&self) -> bool {
+        crate::util::test_gate::wait_at_test_gate(&self.path);
         let same = self.stamps.unchanged(&self.path, &self.wal_path);
         if same {
             self.stats.sync_skipped.fetch_add(1, Ordering::Relaxed);
         }
         same
+    }
+
+    /// The database's stats, whose health counts the probe's checks.
+    pub fn stats(&self) -> Arc<DbStats> {
+        self.stats.clone()
     }
 }
 
