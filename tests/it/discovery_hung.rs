@@ -179,7 +179,11 @@ fn a_hung_start_deleted_and_created_again_holds_up_no_other_database() {
     h.delete_c();
     h.open_gate();
     wait_until(&h.d, "both starts of c.db ended", || {
-        h.d.log_text().matches("removed while it started").count() >= 2
+        // Each start's end; the removals' own lines came before the gate opened.
+        let log = h.d.log_text();
+        log.matches("removed while it started: not replicated")
+            .count()
+            >= 2
     });
     // Neither start ran: their removal said so, not that a replication was stopped.
     let log = h.d.log_text();
@@ -208,7 +212,8 @@ fn a_hung_start_deleted_meanwhile_leaves_no_report_behind() {
     h.open_gate();
     wait_until(&h.d, "c.db's start ended", || {
         let log = h.d.log_text();
-        log.contains("removed while it started") || log.contains("its start failed")
+        // The start's end, not the removal's line, which came before the gate opened.
+        log.contains("removed while it started: not replicated") || log.contains("its start failed")
     });
     let (code, body) = h.readyz();
     assert_eq!(code, 200, "{body}");
