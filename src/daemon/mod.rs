@@ -434,7 +434,11 @@ impl StoreCore {
         match watch.start(core.ingest.child_token()) {
             Ok(ender) => core.tracker.spawn(ender),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot start the dormant databases' thread: their monitors check them");
+                static TOLD: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !TOLD.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "cannot start the dormant databases' thread: their monitors check them");
+                }
                 return None;
             }
         };

@@ -233,6 +233,8 @@ pub(super) async fn monitor(
             }
             trigger.done(tick);
             if let Some(watch) = &watch {
+                // Left first: dropping an old place after the new park would end its report.
+                drop(parked.take());
                 parked = db
                     .dormant_probe()
                     .map(|probe| watch.park(grid.slot(), probe));

@@ -96,9 +96,14 @@ impl DormantWatch {
 
     /// Parks a dormant database whose monitor ticks on slot `slot` of the interval.
     pub fn park(&self, slot: u32, probe: DormantProbe) -> Parked {
+        self.park_at(slot, probe, Instant::now())
+    }
+
+    /// [`DormantWatch::park`], at `at`: a pass held before then is its work from then on.
+    fn park_at(&self, slot: u32, probe: DormantProbe, at: Instant) -> Parked {
         let wake = Arc::new(Notify::new());
         let stats = probe.stats();
-        stats.health.share(Some(self.pass.clone()));
+        stats.health.share(Some((self.pass.clone(), at)));
         self.parked.fetch_add(1, Ordering::Relaxed);
         self.slot(slot).push(Entry {
             probe,
@@ -294,24 +299,32 @@ mod tests {
         let watch = DormantWatch::new(Duration::from_millis(20));
         let (_, a) = probe(&dir);
         let (_, b) = probe(&dir);
-        let (sa, sb) = (a.stats(), b.stats());
-        let pa = watch.park(0, a);
-        let _pb = watch.park(3, b);
-        let Some(long_ago) = Instant::now().checked_sub(Duration::from_secs(11)) else {
+        let (_, c) = probe(&dir);
+        let (sa, sb, sc) = (a.stats(), b.stats(), c.stats());
+        let Some(long_ago) = Instant::now().checked_sub(Duration::from_secs(12)) else {
             return;
         };
-        let held = watch.pass.begin(long_ago);
+        let pa = watch.park_at(0, a, long_ago);
+        let _pb = watch.park_at(3, b, long_ago);
+        let held = watch.pass.begin(long_ago + Duration::from_secs(1));
+        // Parked into a pass already held: protected until it parked.
+        let _pc = watch.park(5, c);
         for s in [&sa, &sb] {
             let p = s
                 .health
                 .problem()
                 .expect("a held pass is every parked database's");
             assert!(
-                p.reason
-                    .contains("dormant databases have been held for 11 s"),
+                p.reason.contains("dormant databases have been held for"),
                 "{p:?}"
             );
+            let ran = s.health.slow_work().map(|w| w.ran);
+            assert!(
+                ran < Some(Duration::from_secs(12)),
+                "counted from the pass: {ran:?}"
+            );
         }
+        assert!(sc.health.is_ok(), "counted from its park");
         drop(pa);
         assert!(sa.health.is_ok(), "a database that left the watch");
         assert!(!sb.health.is_ok());

@@ -64,13 +64,17 @@ pub struct HealthCell {
     problem: Mutex<Option<Problem>>,
     /// The owner's current work.
     busy: WorkMark,
-    /// Work done for the owner by another thread (the dormant pass), while it lasts.
-    shared: Mutex<Option<Arc<WorkMark>>>,
+    /// Work done for the owner by another thread (the dormant pass) and when the owner began
+    /// to count on it, while it does.
+    shared: Mutex<Option<(Arc<WorkMark>, Instant)>>,
 }
 
-/// When some work began: ms after [`origin`], plus 1 (0: no work).
+/// When some work began, if some runs.
 #[derive(Debug, Default)]
-pub struct WorkMark(AtomicU64);
+pub struct WorkMark(
+    /// Ms after [`origin`], plus 1 (0: no work).
+    AtomicU64,
+);
 
 /// The mark of work in progress ([`WorkMark::begin`]); cleared when dropped.
 pub struct Working<'a>(&'a WorkMark);
@@ -175,9 +179,9 @@ impl HealthCell {
         self.busy.begin(at)
     }
 
-    /// Counts `mark` (work another thread does for the owner) as the owner's own work, until
-    /// called again with `None`.
-    pub fn share(&self, mark: Option<Arc<WorkMark>>) {
+    /// Counts `mark` (work another thread does for the owner) as the owner's own work from
+    /// the given time (when the owner began to count on it), until called again with `None`.
+    pub fn share(&self, mark: Option<(Arc<WorkMark>, Instant)>) {
         *self.shared.lock().unwrap_or_else(|e| e.into_inner()) = mark;
     }
 
@@ -197,8 +201,11 @@ impl HealthCell {
     pub fn slow_work(&self) -> Option<SlowWork> {
         let own = self.busy.ran().map(|ran| SlowWork { ran, shared: false });
         let shared = || {
-            let mark = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-            let ran = mark.as_deref()?.ran()?;
+            let shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            let (mark, since) = shared.as_ref()?;
+            // A pass held before the owner joined it counts from the join: the owner was
+            // protected until then.
+            let ran = mark.ran()?.min(since.elapsed());
             Some(SlowWork { ran, shared: true })
         };
         own.filter(|w| w.ran >= SLOW_WORK)
