@@ -56,8 +56,9 @@ mod late;
 /// The first 16 bytes of every SQLite 3 database file.
 pub const HEADER: &[u8; 16] = b"SQLite format 3\0";
 
-/// The name, under a directory, that the test gate ([`crate::util::test_gate::SYNC_GATE_ENV`]) is
-/// checked against for the directory's scan: it holds the scan as it holds a database there.
+/// The name, under a directory, that the test gate
+/// ([`crate::util::test_gate::SYNC_GATE_ENV`]) is checked against for the directory's scan: it
+/// holds the scan as it holds a database there.
 const SCAN_GATE: &str = ".scan";
 
 /// How often a watched directory is rescanned in full, in case an event was missed.
