@@ -452,15 +452,11 @@ fn replicate_binary_serves_healthz_and_metrics() {
         (200, "ok\n".into())
     );
     // Ready once the monitor has counted the sync, which may come after the upload's counts.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !get_blocking(port, "/readyz").is_ok_and(|r| r.0 == 200) {
-        assert!(
-            Instant::now() < deadline,
-            "never ready; log:\n{}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    crate::common::wait_for(
+        "ready",
+        || d.log_text(),
+        || get_blocking(port, "/readyz").is_ok_and(|r| r.0 == 200),
+    );
     d.stop_ok();
     assert!(
         get_blocking(port, "/healthz").is_err(),

@@ -451,16 +451,7 @@ async fn bad_input_is_named_on_each_backend() {
             "down.log",
         );
         let reach = format!("cannot reach http://127.0.0.1:{closed}");
-        let log = || std::fs::read_to_string(dir.join("down.log")).unwrap_or_default();
-        let deadline = std::time::Instant::now() + common::WAIT;
-        while !log().contains(&reach) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{name}: the log names the unreachable endpoint:\n{}",
-                log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        common::wait_log(&dir.join("down.log"), &reach).await;
         assert!(
             d.try_wait().unwrap().is_none(),
             "{name}: the daemon exited with its replica down"

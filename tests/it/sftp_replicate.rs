@@ -490,7 +490,7 @@ async fn sftp_bad_input_is_named() {
         &["replicate", "--config", common::s(&cfg)],
         "down.log",
     );
-    wait_log(
+    common::wait_log(
         &dir.join("down.log"),
         &format!("cannot reach 127.0.0.1:{closed}"),
     )
@@ -503,23 +503,6 @@ async fn sftp_bad_input_is_named() {
     common::sigterm(&d);
     let st = common::wait_timeout(&mut d, Duration::from_secs(60)).expect("stop");
     assert_eq!(st.code(), Some(1), "exit code with an unprotected database");
-}
-
-/// Waits (at most 30 s) until `log` contains `what`; returns the log.
-async fn wait_log(log: &Path, what: &str) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.contains(what) {
-            return text;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} never said {what:?}:\n{text}",
-            log.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Password login (the `password` key, no key file): a replica is written and read back; a

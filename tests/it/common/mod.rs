@@ -677,3 +677,20 @@ pub fn behind_faults(
         AnyClient::Faulty(Box::new(FaultyClient::new(client, f.clone())))
     })
 }
+
+/// Waits (at most 30 s) until `log` contains `what`; returns the log.
+pub async fn wait_log(log: &Path, what: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(what) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never said {what:?}:\n{text}",
+            log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
