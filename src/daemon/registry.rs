@@ -22,7 +22,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::watch;
 
 use crate::replicate::db::{DbPos, DbStats};
-use crate::replicate::health::SLOW_WORK;
+use crate::replicate::health::{SLOW_WORK, SlowWork};
 use crate::replicate::replica::ReplicaStats;
 
 /// What the outside world can see of one database.
@@ -209,7 +209,7 @@ pub fn unprotected(dbs: &[DbHandle]) -> Vec<String> {
 /// ends (INFO), looking every half [`SLOW_WORK`] until `stop`: a monitor blocked in the kernel
 /// cannot log it itself. One wake-up per interval for the whole Store, idle or not.
 pub async fn log_slow_work(registry: DbRegistry, stop: tokio_util::sync::CancellationToken) {
-    let mut slow: HashSet<PathBuf> = HashSet::new();
+    let mut report = SlowReport::default();
     let mut every = tokio::time::interval(SLOW_WORK / 2);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -218,21 +218,141 @@ pub async fn log_slow_work(registry: DbRegistry, stop: tokio_util::sync::Cancell
             _ = every.tick() => {}
         }
         let dbs = registry.snapshot();
-        let mut now: HashSet<PathBuf> = HashSet::new();
-        for d in dbs.iter() {
-            if let Some(work) = d.stats.health.slow_work() {
-                if !slow.contains(&d.path) {
-                    tracing::error!(db = %d.path.display(), seconds = work.ran.as_secs(),
-                        "{}: it is NOT protected until it ends", work.describe());
+        let slow = dbs
+            .iter()
+            .filter_map(|d| Some((d.path.clone(), d.stats.health.slow_work()?)));
+        for line in report.update(slow) {
+            line.log();
+        }
+    }
+}
+
+/// The most databases one line of [`log_slow_work`] names; `/status` lists them all.
+const NAMED: usize = 8;
+
+/// What [`log_slow_work`] has reported and not yet seen end. A database's own slow work is
+/// its own line; the held pass of the dormant databases is one line for all it holds (10,000
+/// parked databases must not make 10,000 ERROR lines of one hung disk).
+#[derive(Default)]
+struct SlowReport {
+    own: HashSet<PathBuf>,
+    shared: HashSet<PathBuf>,
+}
+
+/// One line of [`log_slow_work`].
+#[derive(Debug, PartialEq)]
+enum SlowLine {
+    Own(PathBuf, SlowWork),
+    OwnEnded(PathBuf),
+    /// Parked databases held by the dormant pass; `more` when others were already reported.
+    Shared {
+        dbs: Vec<PathBuf>,
+        work: SlowWork,
+        more: bool,
+    },
+    SharedEnded(Vec<PathBuf>),
+}
+
+impl SlowReport {
+    /// The lines for the slow work seen now (each database at most once).
+    fn update(&mut self, now: impl IntoIterator<Item = (PathBuf, SlowWork)>) -> Vec<SlowLine> {
+        let mut lines = Vec::new();
+        let (mut own, mut shared) = (HashSet::new(), HashSet::new());
+        let mut joined: Vec<PathBuf> = Vec::new();
+        let mut longest: Option<SlowWork> = None;
+        for (db, work) in now {
+            if work.shared {
+                if !self.shared.contains(&db) {
+                    joined.push(db.clone());
+                    longest = longest.filter(|l| l.ran >= work.ran).or(Some(work));
                 }
-                now.insert(d.path.clone());
+                shared.insert(db);
+            } else {
+                if !self.own.contains(&db) {
+                    lines.push(SlowLine::Own(db.clone(), work));
+                }
+                own.insert(db);
             }
         }
-        for ended in slow.difference(&now) {
-            tracing::info!(db = %ended.display(), "the slow sync or check ended");
+        for db in self.own.difference(&own) {
+            lines.push(SlowLine::OwnEnded(db.clone()));
         }
-        slow = now;
+        let mut ended: Vec<PathBuf> = self.shared.difference(&shared).cloned().collect();
+        if !ended.is_empty() {
+            ended.sort();
+            lines.push(SlowLine::SharedEnded(ended));
+        }
+        if let Some(work) = longest {
+            joined.sort();
+            lines.push(SlowLine::Shared {
+                dbs: joined,
+                work,
+                more: !self.shared.is_empty(),
+            });
+        }
+        (self.own, self.shared) = (own, shared);
+        lines
     }
+}
+
+impl SlowLine {
+    fn log(&self) {
+        match self {
+            SlowLine::Own(db, work) => tracing::error!(db = %db.display(),
+                seconds = work.ran.as_secs(), "{}: it is NOT protected until it ends",
+                work.describe()),
+            SlowLine::OwnEnded(db) => {
+                tracing::info!(db = %db.display(), "the slow sync or check ended")
+            }
+            SlowLine::Shared {
+                dbs,
+                work,
+                more: false,
+            } => tracing::error!(
+                databases = dbs.len(),
+                seconds = work.ran.as_secs(),
+                "the idle checks of the dormant databases have been held for {} s (a hung file \
+                 system or disk under one of them): {} dormant database(s) are NOT protected \
+                 until they end, a change to one seen only if its file-change watch wakes it: {}",
+                work.ran.as_secs(),
+                dbs.len(),
+                named(dbs)
+            ),
+            SlowLine::Shared {
+                dbs,
+                work,
+                more: true,
+            } => tracing::error!(
+                databases = dbs.len(),
+                seconds = work.ran.as_secs(),
+                "{} more dormant database(s) have waited {} s on the held idle checks of the \
+                 dormant databases and are NOT protected until they end: {}",
+                dbs.len(),
+                work.ran.as_secs(),
+                named(dbs)
+            ),
+            SlowLine::SharedEnded(dbs) => tracing::info!(
+                databases = dbs.len(),
+                "the held idle checks no longer hold {} dormant database(s) (the pass ended, \
+                 or they woke): {}",
+                dbs.len(),
+                named(dbs)
+            ),
+        }
+    }
+}
+
+/// The first [`NAMED`] of `dbs`, and how many more.
+fn named(dbs: &[PathBuf]) -> String {
+    let mut out: Vec<String> = dbs
+        .iter()
+        .take(NAMED)
+        .map(|d| d.display().to_string())
+        .collect();
+    if dbs.len() > NAMED {
+        out.push(format!("and {} more (see /status)", dbs.len() - NAMED));
+    }
+    out.join(", ")
 }
 
 #[cfg(test)]
@@ -297,6 +417,72 @@ mod tests {
         reg.unstarted(Path::new("/b"), "not replicated".into());
         assert!(reg.remove(Path::new("/b")).is_some());
         assert_eq!(paths(&reg.snapshot()), [Path::new("/a")]);
+    }
+
+    fn work(secs: u64, shared: bool) -> SlowWork {
+        SlowWork {
+            ran: std::time::Duration::from_secs(secs),
+            shared,
+        }
+    }
+
+    fn ended(lines: &[SlowLine]) -> usize {
+        match lines {
+            [SlowLine::SharedEnded(dbs)] => dbs.len(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_held_dormant_pass_is_one_line_for_all_it_holds() {
+        let mut r = SlowReport::default();
+        let parked: Vec<(PathBuf, SlowWork)> = (0..10_000)
+            .map(|i| (PathBuf::from(format!("/d/{i:05}")), work(11, true)))
+            .collect();
+        let lines = r.update(parked.clone());
+        let [SlowLine::Shared { dbs, work: w, more }] = &lines[..] else {
+            panic!("{lines:?}");
+        };
+        assert_eq!((dbs.len(), w.ran.as_secs(), *more), (10_000, 11, false));
+        assert_eq!(dbs[0], Path::new("/d/00000"), "named in order");
+        assert!(r.update(parked.clone()).is_empty(), "reported once");
+
+        // A database that parked later joins the held pass; another's own sync is slow.
+        let mut next = parked.clone();
+        next.push(("/d/late".into(), work(10, true)));
+        next.push(("/own".into(), work(12, false)));
+        assert_eq!(
+            r.update(next),
+            [
+                SlowLine::Own("/own".into(), work(12, false)),
+                SlowLine::Shared {
+                    dbs: vec!["/d/late".into()],
+                    work: work(10, true),
+                    more: true
+                }
+            ]
+        );
+        // The pass ends: one line for all it held; the own sync goes on, then ends.
+        assert_eq!(ended(&r.update([("/own".into(), work(17, false))])), 10_001);
+        assert_eq!(r.update([]), [SlowLine::OwnEnded("/own".into())]);
+        // A pass held again is a new report.
+        let lines = r.update(parked[..2].to_vec());
+        assert!(
+            matches!(&lines[..], [SlowLine::Shared { more: false, .. }]),
+            "{lines:?}"
+        );
+        // A woken database leaves the report by itself.
+        assert_eq!(ended(&r.update(parked[..1].to_vec())), 1);
+    }
+
+    #[test]
+    fn a_line_names_the_first_databases_and_counts_the_rest() {
+        let dbs: Vec<PathBuf> = (0..10).map(|i| PathBuf::from(format!("/{i}"))).collect();
+        assert_eq!(named(&dbs[..2]), "/0, /1");
+        assert_eq!(
+            named(&dbs),
+            "/0, /1, /2, /3, /4, /5, /6, /7, and 2 more (see /status)"
+        );
     }
 
     #[test]

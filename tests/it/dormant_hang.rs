@@ -1,6 +1,7 @@
 //! A disk hung under the dormant databases' idle pass: the pass runs on a thread of its own,
 //! so every endpoint still answers (on one runtime thread here), and every database parked in
-//! it is reported once the pass has been held for 10 s, until it ends.
+//! it is reported once the pass has been held for 10 s, until it ends, in one log line for
+//! them all.
 
 use crate::common;
 use crate::never_unprotected::{
@@ -75,9 +76,15 @@ fn a_disk_hung_under_the_dormant_pass_reports_its_databases_and_the_endpoints_an
             "{metrics}"
         );
     }
+    // One ERROR line for the pass, naming both.
     wait_until(&dir, "the ERROR line", || {
-        d.log_text()
-            .contains("dormant databases have been held for")
+        d.log_text().lines().any(|l| {
+            l.contains("ERROR")
+                && l.contains("dormant databases have been held for")
+                && l.contains("2 dormant database(s) are NOT protected")
+                && l.contains(&*db.to_string_lossy())
+                && l.contains(&*other.to_string_lossy())
+        })
     });
     // A commit's file event still wakes a parked database, which ships it.
     insert(&o, 10, "meanwhile");
@@ -85,6 +92,20 @@ fn a_disk_hung_under_the_dormant_pass_reports_its_databases_and_the_endpoints_an
 
     fs::remove_file(&gate).unwrap();
     wait_until(&dir, "ready again", || get(port, "/readyz").0 == 200);
+    wait_until(&dir, "the end of the report", || {
+        d.log_text().lines().any(|l| {
+            l.contains("the held idle checks no longer hold") && l.contains(&*db.to_string_lossy())
+        })
+    });
+    let log = d.log_text();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("dormant databases have been held for"));
+    assert_eq!(
+        lines.count(),
+        1,
+        "one line for the pass, not one per database: {log}"
+    );
     d.stop_ok();
     restored_equals(&dir, &a, &db, "after-the-hang.db");
     restored_equals(&dir, &b, &other, "the-other.db");
