@@ -100,7 +100,14 @@ fn init_tracing(level: &str, format: LogFormat) {
         ",aws_config=off,aws_smithy_runtime=off,reqsign_core=off"
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level}{sdk_quiet}")));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level}{sdk_quiet}")))
+        // At trace the request signer logs every header as it is, an SSE-C key among them:
+        // never, whatever RUST_LOG asks.
+        .add_directive(
+            "aws_sigv4=debug"
+                .parse()
+                .expect("a constant directive that parses"),
+        );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -343,7 +343,8 @@ fn spawn_child(argv: &[String]) -> Result<Child, anyhow::Error> {
     let child = cmd
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot start the exec command {program:?}: {e}"))?;
-    tracing::info!(pid = child.id(), command = ?argv, "exec: child started");
+    // The program alone: its arguments may hold a token the config expanded.
+    tracing::info!(pid = child.id(), program = %program, args = args.len(), "exec: child started");
     Ok(child)
 }
 

@@ -162,7 +162,8 @@ pub enum LogFormat {
 
 /// Splits an `exec` command line with shell-words rules (no shell); refuses an empty one.
 pub fn split_exec(cmd: &str) -> Result<Vec<String>, String> {
-    let argv = shell_words::split(cmd).map_err(|e| format!("invalid command {cmd:?}: {e}"))?;
+    // The command is not shown: its arguments may hold a token the config expanded.
+    let argv = shell_words::split(cmd).map_err(|e| format!("invalid command ({e})"))?;
     if argv.is_empty() {
         return Err("the command is empty".into());
     }

@@ -457,13 +457,17 @@ impl AnyClient {
         }
         if let Some(rest) = url.strip_prefix("file://") {
             if !rest.starts_with('/') {
-                return Err(format!("file URL {url:?} must be absolute (file:///path)"));
+                return Err(format!(
+                    "file URL {} must be absolute (file:///path)",
+                    crate::storage::s3::redact_url(url)
+                ));
             }
             return Ok(AnyClient::File(FileClient::new(PathBuf::from(rest))));
         }
         if let Some((scheme, _)) = url.split_once("://") {
             return Err(format!(
-                "unsupported replica URL scheme {scheme:?} in {url:?}"
+                "unsupported replica URL scheme {scheme:?} in {}",
+                crate::storage::s3::redact_url(url)
             ));
         }
         if url.is_empty() {

@@ -93,6 +93,8 @@ mod restore_golden;
 mod retention_calendar;
 /// Replication to a real S3 server on loopback, outages included.
 mod s3_replicate;
+/// Secrets in bad input and at trace: refused or logged without them.
+mod secrets;
 /// SFTP replicas end to end, against a real sshd.
 mod sftp_replicate;
 /// One writer per replica: leases, takeovers, and the race between two daemons.

@@ -502,3 +502,27 @@ fn env_expansion_of_secrets() {
         "{e}"
     );
 }
+
+#[test]
+fn a_shown_url_hides_its_credentials_and_query_values() {
+    use crate::storage::s3::redact_url;
+    for (url, shown) in [
+        ("s3://b/p", "s3://b/p"),
+        ("http://127.0.0.1:9000", "http://127.0.0.1:9000"),
+        ("s3://K:S@b/p", "s3://<redacted>@b/p"),
+        // A password that holds `?`, `/` or `@`; an Azure key (base64) holds `/`.
+        ("sftp://u:p?w@h/x", "sftp://<redacted>@h/x"),
+        ("sftp://u:p@w/@h/x", "sftp://<redacted>@h/x"),
+        ("abs://a:k/e/y==@c/p", "abs://<redacted>@c/p"),
+        (
+            "abs://c/p?sv=1&sig=S&flag",
+            "abs://c/p?sv=<redacted>&sig=<redacted>&flag",
+        ),
+        (
+            "s3://b/p?endpoint=http://h:9&region=r",
+            "s3://b/p?endpoint=<redacted>&region=<redacted>",
+        ),
+    ] {
+        assert_eq!(redact_url(url), shown, "{url}");
+    }
+}

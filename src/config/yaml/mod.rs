@@ -332,14 +332,14 @@ impl Ctx {
         let rendered = e.to_string();
         let message = match self.last_error.into_inner() {
             Some(mine) if rendered.contains(&mine) => mine,
-            _ => match e.location() {
+            _ => without_quoted_strings(&match e.location() {
                 Some(l) => rendered.replacen(
                     &format!(" at line {} column {}", l.line(), l.column()),
                     "",
                     1,
                 ),
                 None => rendered,
-            },
+            }),
         };
         ConfigError::Invalid {
             origin: origin.to_string(),
@@ -403,6 +403,48 @@ impl fmt::Display for Scalar<'_> {
             Scalar::Null => f.write_str("null"),
         }
     }
+}
+
+impl Scalar<'_> {
+    /// What kind of value it is, for a message that must not show it (a URL with a password,
+    /// a key).
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Scalar::Str(_) => "a string",
+            Scalar::Int(_) | Scalar::Float(_) => "a number",
+            Scalar::Bool(_) => "a boolean",
+            Scalar::Null => "nothing",
+        }
+    }
+}
+
+/// serde's own message with the strings it quotes (`invalid type: string "s3://KEY:..."`)
+/// left out: a value where a map was expected may be a replica URL with its password, or a
+/// key.
+fn without_quoted_strings(rendered: &str) -> String {
+    let mut out = String::with_capacity(rendered.len());
+    let mut rest = rendered;
+    while let Some(at) = rest.find("string \"") {
+        out.push_str(&rest[..at]);
+        out.push_str("a string");
+        let quoted = &rest[at + "string \"".len()..];
+        // The closing quote: the first one no backslash escapes.
+        let mut escaped = false;
+        let end = quoted.char_indices().find_map(|(i, c)| match c {
+            '\\' if !escaped => {
+                escaped = true;
+                None
+            }
+            '"' if !escaped => Some(i + 1),
+            _ => {
+                escaped = false;
+                None
+            }
+        });
+        rest = end.map_or("", |e| &quoted[e..]);
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A non-empty string (integers are taken as their digits, e.g. `name: 2`).

@@ -25,6 +25,17 @@ impl<'de> DeserializeSeed<'de> for ReplicasSeed<'_> {
     }
 }
 
+impl ReplicasSeed<'_> {
+    fn scalar<E: de::Error>(self, s: Scalar<'_>) -> Result<Vec<RawReplica>, E> {
+        // Not shown: a replica URL may hold its password.
+        Err(self.ctx.fail(format!(
+            "`replicas` takes a list of maps (`- url: ...`), found {} (in dbs[{}])",
+            s.kind(),
+            self.db
+        )))
+    }
+}
+
 impl<'de> Visitor<'de> for ReplicasSeed<'_> {
     type Value = Vec<RawReplica>;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -36,6 +47,7 @@ impl<'de> Visitor<'de> for ReplicasSeed<'_> {
             self.db
         )))
     }
+    visit_scalars!(scalar);
     fn visit_unit<E: de::Error>(self) -> Result<Vec<RawReplica>, E> {
         Err(self.ctx.fail(format!(
             "`replicas` is empty in dbs[{}]: configure at least one replica",
@@ -215,7 +227,8 @@ impl AgeSeed<'_> {
     }
 
     pub(crate) fn scalar<E: de::Error>(self, s: Scalar<'_>) -> Result<AgeKeys, E> {
-        self.not_a_map(s)
+        // Not shown: it may be the identity itself.
+        self.not_a_map(s.kind())
     }
 }
 
@@ -352,11 +365,23 @@ impl<'de> DeserializeSeed<'de> for ReplicaSeed<'_> {
     }
 }
 
+impl ReplicaSeed<'_> {
+    fn scalar<E: de::Error>(self, s: Scalar<'_>) -> Result<RawReplica, E> {
+        // Not shown: a replica URL may hold its password.
+        Err(self.ctx.fail(format!(
+            "a replica is a map with `url` or `path` (`url: ...`), found {} ({})",
+            s.kind(),
+            self.place
+        )))
+    }
+}
+
 impl<'de> Visitor<'de> for ReplicaSeed<'_> {
     type Value = RawReplica;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a replica: a map with `url` or `path`")
     }
+    visit_scalars!(scalar);
     fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<RawReplica, A::Error> {
         Err(self.ctx.fail(match self.place.strip_suffix(".replica") {
             Some(db) => format!("`replica` takes one map; use `replicas` for a list ({db})"),

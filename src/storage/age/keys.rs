@@ -63,11 +63,22 @@ impl AgeKeys {
         }
         for (i, entry) in identities.iter().enumerate() {
             let entry = entry.trim();
-            if entry.starts_with("AGE-SECRET-KEY-") {
-                let id = entry.parse::<x25519::Identity>().map_err(|_| {
-                    format!("identities[{i}]: inline identity is not a valid age secret key")
-                })?;
+            let is_file = || Path::new(entry).is_file();
+            if entry.to_ascii_uppercase().contains("AGE-SECRET-KEY-") && !is_file() {
+                // Not shown in any error: an identity written in lower case, or a whole
+                // age-keygen file pasted in, is still a secret.
+                let Ok(id) = entry.parse::<x25519::Identity>() else {
+                    return Err(format!(
+                        "identities[{i}]: an inline identity is one line `AGE-SECRET-KEY-1...` \
+                         (not shown), and this is not a valid one"
+                    ));
+                };
                 keys.push_identity(format!("inline identity {i}"), id);
+            } else if entry.contains(char::is_whitespace) && !is_file() {
+                return Err(format!(
+                    "identities[{i}]: neither an age identity nor a readable identity file \
+                     (not shown: it may hold a key)"
+                ));
             } else if entry.starts_with("age1") {
                 return Err(format!(
                     "identities[{i}]: {entry} is a recipient (public key), not an identity: put it under recipients"

@@ -114,12 +114,26 @@ impl ObjectConfig {
         } else if let Some(rest) = url.strip_prefix("abs://") {
             (Service::Azure, rest)
         } else {
-            return Err(format!("not a gs://, abs:// or webdav:// URL: {url:?}"));
+            return Err(format!(
+                "not a gs://, abs:// or webdav:// URL: {}",
+                redact(url)
+            ));
         };
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
         };
+        // An account key holds `/` (base64): credentials end at the last `@`, not the first `/`.
+        if service == Service::Azure
+            && rest
+                .rsplit_once('@')
+                .is_some_and(|(user, _)| user.contains(':'))
+        {
+            return Err(format!(
+                "credentials in a replica URL are refused: {}",
+                redact(url)
+            ));
+        }
         let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
         let mut cfg = match service {
             Service::Gcs | Service::Webdav => {
@@ -135,7 +149,8 @@ impl ObjectConfig {
                 let Some((account, container)) = host.split_once('@') else {
                     return Err(format!(
                         "an abs:// URL names the account and the container: \
-                         abs://ACCOUNT@CONTAINER/PATH, got {url:?}"
+                         abs://ACCOUNT@CONTAINER/PATH, got {}",
+                        redact(url)
                     ));
                 };
                 if account.contains(':') {
@@ -246,7 +261,7 @@ impl ObjectConfig {
     /// The endpoint requests go to, for messages.
     pub fn endpoint_label(&self) -> String {
         match (&self.endpoint, self.service) {
-            (Some(ep), _) => ep.clone(),
+            (Some(ep), _) => redact(ep),
             (None, Service::Gcs) => "storage.googleapis.com".into(),
             (None, Service::Azure) => format!(
                 "{}.blob.core.windows.net",

@@ -174,15 +174,27 @@ pub fn reject_skip_verify(on: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// A URL as it may be shown: any `user:password@` part is replaced.
+/// A URL as it may be shown: any `user:password@` part is replaced, and so is each value of
+/// its query (an Azure SAS signature, a token), which keeps its parameter names.
 pub fn redact_url(s: &str) -> String {
-    // Up to the last `@` before any query: a password may itself hold `/` or `@`.
-    let end_of_query = s.find('?').unwrap_or(s.len());
-    match (s.find("://"), s[..end_of_query].rfind('@')) {
-        (Some(end), Some(at)) if at > end => {
-            format!("{}<redacted>{}", &s[..end + 3], &s[at..])
-        }
+    // Up to the last `@` anywhere: a password may itself hold `/`, `?` or `@`, and hiding a
+    // little too much of a message costs nothing.
+    let shown = match (s.find("://"), s.rfind('@')) {
+        (Some(end), Some(at)) if at > end => format!("{}<redacted>{}", &s[..end + 3], &s[at..]),
         _ => s.to_string(),
+    };
+    match shown.split_once('?') {
+        Some((base, query)) => {
+            let names: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, v)) if !v.is_empty() => format!("{k}=<redacted>"),
+                    _ => kv.to_string(),
+                })
+                .collect();
+            format!("{base}?{}", names.join("&"))
+        }
+        None => shown,
     }
 }
 
