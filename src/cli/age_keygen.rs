@@ -1,8 +1,10 @@
 //! `replicad age-keygen`: a new age identity in age-keygen's file format, so no other tool
 //! is needed to set up an encrypted replica.
 //!
-//! Invariant: an existing file is never overwritten, and the identity file is created with
-//! mode 0600 (never readable by others, not even briefly).
+//! Invariants: an existing file is never overwritten; the identity file is created with
+//! mode 0600 (never readable by others, not even briefly); and it appears whole or not at
+//! all (written under a temporary name, fsynced, then linked to its name): a key cut short
+//! by a full disk would look like a key, and a second run would refuse to replace it.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -13,6 +15,7 @@ use clap::Args;
 
 use super::CliError;
 use crate::storage::age::keys::generate_identity;
+use crate::util::fsutil;
 
 /// Arguments of `replicad age-keygen`.
 #[derive(Debug, Args)]
@@ -31,23 +34,34 @@ pub async fn run(args: AgeKeygenArgs) -> Result<(), CliError> {
             .map_err(|e| anyhow!("write the identity to stdout: {e}"))?;
         return Ok(());
     };
-    let mut file = std::fs::OpenOptions::new()
+    let exists = || {
+        CliError::Usage(format!(
+            "{} already exists; refusing to overwrite an identity file (choose another path)",
+            path.display()
+        ))
+    };
+    // A dangling symlink counts: the key would be written where it points.
+    if path.symlink_metadata().is_ok() {
+        return Err(exists());
+    }
+    let tmp = fsutil::unique_tmp_path(&path);
+    let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&path)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => CliError::Usage(format!(
-                "{} already exists; refusing to overwrite an identity file (choose another path)",
-                path.display()
-            )),
-            _ => CliError::Runtime(anyhow!("create {}: {e}", path.display())),
-        })?;
-    file.write_all(text.as_bytes())
-        .and_then(|()| file.sync_all())
-        .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
-    crate::util::fsutil::fsync_dir(crate::util::fsutil::parent_dir(&path))
-        .map_err(|e| anyhow!("sync the directory of {}: {e}", path.display()))?;
+        .open(&tmp)
+        .and_then(|mut file| {
+            file.write_all(text.as_bytes())?;
+            file.sync_all()
+        })
+        .and_then(|()| fsutil::publish_new(&tmp, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(match e.kind() {
+            std::io::ErrorKind::AlreadyExists => exists(),
+            _ => CliError::Runtime(anyhow!("write {}: {e}", path.display())),
+        });
+    }
     eprintln!("Public key: {public}");
     Ok(())
 }

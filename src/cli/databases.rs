@@ -51,13 +51,13 @@ pub async fn run(args: DatabasesArgs) -> Result<(), CliError> {
                 serde_json::json!({"path": d.path, "replicas": replicas})
             })
             .collect();
-        println!("{}", serde_json::Value::Array(rows));
+        out!("{}", serde_json::Value::Array(rows));
         return Ok(());
     }
-    println!("{:<40} {:<12} url", "path", "replica");
+    out!("{:<40} {:<12} url", "path", "replica");
     for d in &config.dbs {
         for r in &d.replicas {
-            println!("{:<40} {:<12} {}", d.path.display(), r.name, r.url);
+            out!("{:<40} {:<12} {}", d.path.display(), r.name, r.url);
         }
     }
     Ok(())

@@ -62,15 +62,19 @@ pub async fn run(args: LtxArgs) -> Result<(), CliError> {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(rows));
+        out!("{}", serde_json::Value::Array(rows));
         return Ok(());
     }
-    println!(
+    out!(
         "{:<6} {:<17} {:<17} {:>12}  {:<24}  stored",
-        "level", "min_txid", "max_txid", "size", "timestamp"
+        "level",
+        "min_txid",
+        "max_txid",
+        "size",
+        "timestamp"
     );
     for (f, ts) in files.iter().zip(&stamps) {
-        println!(
+        out!(
             "{:<6} {:<17} {:<17} {:>12}  {:<24}  {}{}",
             f.level,
             f.min_txid.to_string(),

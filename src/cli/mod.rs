@@ -1,6 +1,15 @@
 //! The command line: argument parsing and the mapping of failures to exit codes
 //! (0 ok, 1 runtime failure, 2 usage or configuration error).
 
+/// `println!` for the commands' output: a stdout that fails returns a runtime error from the
+/// enclosing function (where `println!` panics and exits 101), and a reader that left (`|
+/// head`) is no failure: the work is done, and was read as far as wanted.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::print_line(format_args!($($arg)*))?
+    };
+}
+
 mod age_keygen;
 mod databases;
 pub mod drill;
@@ -59,6 +68,17 @@ pub enum Command {
     Sync(sync::SyncArgs),
     /// Generate an age identity (key pair) for encrypted replicas, in age-keygen's format.
     AgeKeygen(age_keygen::AgeKeygenArgs),
+}
+
+/// Writes one line of a command's output (see `out!`).
+pub(crate) fn print_line(line: std::fmt::Arguments<'_>) -> Result<(), CliError> {
+    use std::io::Write;
+    match writeln!(std::io::stdout().lock(), "{line}") {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::anyhow!("write to stdout: {e}").into())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A failure, classified by exit code.

@@ -167,7 +167,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
             .map_err(CliError::Runtime);
     }
     if args.if_db_not_exists && !args.dry_run && to.exists() {
-        println!("database {} already exists, skipping restore", to.display());
+        out!("database {} already exists, skipping restore", to.display());
         return Ok(());
     }
     let plan = match restore::plan(&client, target).await {
@@ -182,7 +182,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
                     root.display()
                 )));
             }
-            println!(
+            out!(
                 "no backups found on {}, skipping restore",
                 client.location()
             );
@@ -191,7 +191,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         Err(e) => return Err(anyhow!(e).into()),
     };
     if args.dry_run {
-        print_plan(&plan, args.json);
+        print_plan(&plan, args.json)?;
         return Ok(());
     }
     let opts = RestoreOptions {
@@ -236,12 +236,12 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         (r, _) => r.map_err(|e| anyhow!(e))?,
     };
     if args.json {
-        println!(
+        out!(
             "{}",
             serde_json::to_string(&report).map_err(|e| anyhow!(e))?
         );
     } else {
-        println!(
+        out!(
             "restored {} to TXID {} from {} ({} file{}, {} bytes, {} pages of {} bytes, integrity_check {}{}) in {} ms",
             report.db_path.display(),
             report.txid,
@@ -263,28 +263,35 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn print_plan(plan: &[crate::storage::LtxFileInfo], json: bool) {
+fn print_plan(plan: &[crate::storage::LtxFileInfo], json: bool) -> Result<(), CliError> {
     let files: Vec<restore::PlannedFile> = plan.iter().map(Into::into).collect();
     if json {
         let total: u64 = files.iter().map(|f| f.size).sum();
         let txid = files.last().map(|f| f.max_txid.clone()).unwrap_or_default();
         let v = serde_json::json!({ "txid": txid, "files": files, "bytes": total });
-        println!("{v}");
-        return;
+        out!("{v}");
+        return Ok(());
     }
-    println!(
+    out!(
         "{:<6} {:<17} {:<17} {:>12}",
-        "level", "min_txid", "max_txid", "size"
+        "level",
+        "min_txid",
+        "max_txid",
+        "size"
     );
     for f in &files {
-        println!(
+        out!(
             "{:<6} {:<17} {:<17} {:>12}",
-            f.level, f.min_txid, f.max_txid, f.size
+            f.level,
+            f.min_txid,
+            f.max_txid,
+            f.size
         );
     }
     let total: u64 = files.iter().map(|f| f.size).sum();
     let plural = if files.len() == 1 { "" } else { "s" };
-    println!("{} file{plural}, {total} bytes", files.len());
+    out!("{} file{plural}, {total} bytes", files.len());
+    Ok(())
 }
 
 /// [`crate::restore::follow::run`] until SIGINT or SIGTERM (signals are the CLI's business).

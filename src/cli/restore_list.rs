@@ -61,10 +61,10 @@ pub async fn run(
             "replica": client.location(), "snapshots": snapshots, "spans": spans,
             "txids": points.count(),
         });
-        println!("{v}");
+        out!("{v}");
         return Ok(());
     }
-    println!(
+    out!(
         "restore points of {}: {} snapshot{}, {} TXIDs in {} run{}",
         client.location(),
         points.snapshots.len(),
@@ -73,9 +73,9 @@ pub async fn run(
         points.spans.len(),
         if points.spans.len() == 1 { "" } else { "s" },
     );
-    println!("snapshots (each restores on its own: --txid TXID):");
+    out!("snapshots (each restores on its own: --txid TXID):");
     if points.snapshots.is_empty() {
-        println!("  none yet (one is written every snapshot.interval)");
+        out!("  none yet (one is written every snapshot.interval)");
     }
     for s in &points.snapshots {
         let rules = rules_of(s);
@@ -84,17 +84,17 @@ pub async fn run(
         } else {
             format!("  kept as {}", rules.join(", "))
         };
-        println!("  {}  stored {}{rules}", s.max_txid, at(s.created_at));
+        out!("  {}  stored {}{rules}", s.max_txid, at(s.created_at));
     }
-    println!(
+    out!(
         "TXIDs a restore reaches (--txid TXID for an exact point; the times are when the \
          storage stored each file):"
     );
     for s in &points.spans {
         if s.from == s.to {
-            println!("  {}  stored {}", s.from, at(s.from_stored));
+            out!("  {}  stored {}", s.from, at(s.from_stored));
         } else {
-            println!(
+            out!(
                 "  {} .. {}  ({} TXIDs)  stored {} .. {}",
                 s.from,
                 s.to,

@@ -149,9 +149,9 @@ pub async fn run(args: SnapshotArgs) -> Result<(), CliError> {
             "integrity_check": report.integrity_check,
             "duration_ms": duration_ms,
         });
-        println!("{v}");
+        out!("{v}");
     } else {
-        println!(
+        out!(
             "snapshot of {} at TXID {} written to {} ({} pages of {} bytes, {db_size} bytes{}, integrity_check {}{}) in {duration_ms} ms",
             report.replica,
             report.txid,

@@ -59,7 +59,7 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     let value: serde_json::Value = serde_json::from_str(&body)
         .with_context(|| format!("replicad at {addr} answered /status with invalid JSON"))?;
     if args.json {
-        println!("{value}");
+        out!("{value}");
     } else {
         print!("{}", table(&value));
     }

@@ -199,11 +199,11 @@ pub async fn run(args: VerifyArgs) -> Result<(), CliError> {
             "error": error,
             "duration_ms": duration_ms,
         });
-        println!("{v}");
+        out!("{v}");
     } else {
-        println!("{verdict}");
+        out!("{verdict}");
         if let Some(line) = live_line {
-            println!("{line}");
+            out!("{line}");
         }
     }
     if ok {

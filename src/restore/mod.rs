@@ -530,8 +530,51 @@ pub(crate) fn place(staged: &Path, to: &Path, force: bool) -> Result<(), Restore
             _ => RestoreError::io("publish", to)(e),
         });
     }
-    remove_wal_files(to)?;
-    fsutil::publish(staged, to).map_err(RestoreError::io("publish", to))
+    replace_with_sidecars(staged, to)
+}
+
+/// Publishes `staged` over `to` and drops `to`'s side files. The old WAL and hot journal hold
+/// commits the old file lacks: they are set aside, not removed, until the new file is in
+/// place, and put back if it cannot be (a restore that fails must leave the old database
+/// whole). The `-shm` only indexes the WAL, and SQLite rebuilds it.
+fn replace_with_sidecars(staged: &Path, to: &Path) -> Result<(), RestoreError> {
+    let mut aside: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let put_back = |aside: &[(PathBuf, PathBuf)]| {
+        for (p, tmp) in aside.iter().rev() {
+            let _ = fs::rename(tmp, p);
+        }
+    };
+    for suffix in ["-wal", "-journal"] {
+        let p = sidecar(to, suffix);
+        let tmp = fsutil::unique_tmp_path(&p);
+        match fs::rename(&p, &tmp) {
+            Ok(()) => aside.push((p, tmp)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                put_back(&aside);
+                return Err(RestoreError::io("set aside", &p)(e));
+            }
+        }
+    }
+    let shm = sidecar(to, "-shm");
+    let published = match fs::remove_file(&shm) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(RestoreError::io("remove", &shm)(e))
+        }
+        _ => fsutil::publish(staged, to).map_err(RestoreError::io("publish", to)),
+    };
+    match published {
+        Ok(()) => {
+            for (_, tmp) in &aside {
+                let _ = fs::remove_file(tmp);
+            }
+            Ok(())
+        }
+        Err(e) => {
+            put_back(&aside);
+            Err(e)
+        }
+    }
 }
 
 /// Refuses to replace a database a running `restore --follow` holds (its `flock`): the

@@ -133,6 +133,39 @@ fn place_without_force_replaces_nothing_that_appeared_meanwhile() {
     assert!(!sidecar(&to, "-journal").exists());
 }
 
+/// With `force`, a database that cannot be replaced (here a directory stands at its name, so
+/// the rename fails) keeps its WAL and journal: they hold commits its file lacks.
+#[test]
+fn place_with_force_that_fails_keeps_the_old_wal_and_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (staged, to) = (dir.path().join("staged"), dir.path().join("out.db"));
+    std::fs::write(&staged, b"restored").unwrap();
+    std::fs::create_dir(&to).unwrap();
+    std::fs::write(to.join("in-the-way"), b"").unwrap();
+    let (wal, journal) = (sidecar(&to, "-wal"), sidecar(&to, "-journal"));
+    std::fs::write(&wal, b"old commits").unwrap();
+    std::fs::write(&journal, b"old journal").unwrap();
+    let e = place(&staged, &to, true).unwrap_err();
+    assert!(e.to_string().contains("publish"), "{e}");
+    assert_eq!(std::fs::read(&wal).unwrap(), b"old commits");
+    assert_eq!(std::fs::read(&journal).unwrap(), b"old journal");
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 4, "nothing set aside is left: {names:?}");
+    // Once it can, the database is replaced and its side files go.
+    std::fs::remove_dir_all(&to).unwrap();
+    std::fs::write(sidecar(&to, "-shm"), b"index").unwrap();
+    place(&staged, &to, true).unwrap();
+    assert_eq!(std::fs::read(&to).unwrap(), b"restored");
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, [std::ffi::OsString::from("out.db")]);
+}
+
 /// With `force`, a database a running `restore --follow` holds is not replaced: the follower
 /// went on applying to the old file and wrote its `-txid` beside the new one.
 #[test]

@@ -385,6 +385,24 @@ fn age_keygen_writes_a_private_identity_and_refuses_to_overwrite() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("already exists"));
     assert_eq!(std::fs::read_to_string(&key).unwrap(), content);
+    // A write cut short (no room for a byte: `ulimit -f 0`) leaves no file, neither under
+    // the name, where a second run would refuse it as a key, nor under a temporary one.
+    let cut = dir.join("cut.txt");
+    let o = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "trap '' XFSZ; ulimit -f 0; exec \"$0\" age-keygen -o \"$1\"",
+        ])
+        .args([common::bin(), s(&cut)])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("cut.txt"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}: {}", text(&o));
     // Without -o: the identity on stdout.
     let o = replicad(None, &["age-keygen"]);
     assert!(o.status.success());

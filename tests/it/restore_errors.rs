@@ -496,3 +496,27 @@ fn a_replica_of_a_damaged_database_fails_the_integrity_check_and_writes_nothing(
         ["changed"]
     );
 }
+
+/// A reader that left before the report (`| head -0`, a closed pipe) does not make a finished
+/// restore exit 101 with a panic: the database is in place and the exit code says so.
+#[test]
+fn a_closed_stdout_does_not_fail_a_finished_restore() {
+    let f = Fixture::new();
+    let out = f.out();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_replicad"))
+        .args(["restore", "--to", out.to_str().unwrap(), &f.replica()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let conn = rusqlite::Connection::open(&out).unwrap();
+    let ok: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+}
