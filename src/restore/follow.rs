@@ -97,15 +97,21 @@ pub fn read_txid(path: &Path) -> Result<Option<TxId>, RestoreError> {
     }
 }
 
-/// Writes `<db>-txid` crash-safely: tmp, fsync, rename, fsync of the directory.
+/// Writes `<db>-txid` crash-safely: tmp, fsync, rename, fsync of the directory. The
+/// temporary name is new (never a file someone left there, nor a symlink's target) and goes
+/// on failure.
 pub fn write_txid(path: &Path, txid: TxId) -> io::Result<()> {
-    let tmp = fsutil::tmp_path(path);
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(format!("{txid}\n").as_bytes())?;
-        f.sync_all()?;
+    let tmp = fsutil::unique_tmp_path(path);
+    let written = File::create_new(&tmp)
+        .and_then(|mut f| {
+            f.write_all(format!("{txid}\n").as_bytes())?;
+            f.sync_all()
+        })
+        .and_then(|()| fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
     }
-    fs::rename(&tmp, path)?;
+    written?;
     fsutil::fsync_dir(fsutil::parent_dir(path))
 }
 
@@ -318,6 +324,7 @@ impl Follower {
             Some(staged) => {
                 let attached = attach_file(&staged)
                     .and_then(|a| restore::place(&staged, &to, force).map(|()| a));
+                crate::util::test_gate::wait_at_test_gate(&to);
                 if attached.is_err() {
                     let _ = fs::remove_file(&staged);
                 }
@@ -330,7 +337,16 @@ impl Follower {
         let txid_path = txid_path(&opts.to);
         match mode {
             Start::Restore => {
-                write_txid(&txid_path, txid).map_err(RestoreError::io("write", &txid_path))?
+                if let Err(e) = write_txid(&txid_path, txid) {
+                    // Placed without its position, the database would be refused by the next
+                    // run as another's: it goes while it is still the file this run placed.
+                    use std::os::unix::fs::MetadataExt;
+                    let ours = fs::metadata(&opts.to).ok().zip(db.metadata().ok());
+                    if ours.is_some_and(|(a, b)| (a.dev(), a.ino()) == (b.dev(), b.ino())) {
+                        let _ = fs::remove_file(&opts.to);
+                    }
+                    return Err(RestoreError::io("write", &txid_path)(e));
+                }
             }
             Start::Resume(_) => tracing::info!(
                 db = %opts.to.display(),

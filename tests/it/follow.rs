@@ -624,3 +624,48 @@ fn a_stop_during_the_first_restore_ends_it_at_once() {
     );
     assert!(!out.exists(), "nothing placed at --to");
 }
+
+/// A first restore whose `-txid` cannot be written (here a directory appears at its name
+/// after the database was placed, held there by the test gate) takes its database away
+/// again: left without its position, the next run refused it as another's ("already exists;
+/// pass --force"). Once the way is clear, a run starts as new.
+#[test]
+fn a_follow_position_that_cannot_be_written_leaves_no_database() {
+    let t = Setup::new("follow-no-txid");
+    let mut w = Writer::open(&t.src, seed("follow-no-txid"));
+    w.run(5);
+    let rep = t.replicate();
+    assert!(wait_for_txid(&t.replica, 1, WAIT), "{}", t.context());
+    rep.stop_ok();
+    let gate = t.dir.join("follower/gate");
+    fs::write(&gate, b"").unwrap();
+    let mut child = Command::new(bin())
+        .args(["restore", "--follow", "--to"])
+        .arg(&t.follower)
+        .arg(&t.replica)
+        .env("REPLICAD_TEST_SYNC_GATE", &gate)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(WAIT, || t.follower.exists()), "never placed");
+    let in_the_way = t.follower.with_extension("db-txid");
+    fs::create_dir_all(in_the_way.join("d")).unwrap();
+    fs::remove_file(&gate).unwrap();
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(!t.follower.exists(), "the database stayed: {stderr}");
+    let left: Vec<_> = fs::read_dir(t.dir.join("follower"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, [std::ffi::OsString::from("app.db-txid")], "{stderr}");
+
+    fs::remove_dir_all(&in_the_way).unwrap();
+    let mut f = t.follow(&t.replica);
+    t.wait_follower(&mut f, max_replica_txid(&t.replica));
+    stop_follower(f, &t);
+    assert_same_content(&t.src, &t.follower, "after the way was cleared");
+}
