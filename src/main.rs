@@ -10,6 +10,9 @@
 
 use std::io::IsTerminal;
 
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use replicad::cli::{self, Cli, Command};
@@ -100,14 +103,12 @@ fn init_tracing(level: &str, format: LogFormat) {
         ",aws_config=off,aws_smithy_runtime=off,reqsign_core=off"
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level}{sdk_quiet}")))
-        // At trace the request signer logs every header as it is, an SSE-C key among them:
-        // never, whatever RUST_LOG asks.
-        .add_directive(
-            "aws_sigv4=debug"
-                .parse()
-                .expect("a constant directive that parses"),
-        );
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level}{sdk_quiet}")));
+    // At trace the request signer logs every header as it is, an SSE-C key among them: never,
+    // whatever RUST_LOG asks (a filter of its own, which no directive, however narrow, undoes).
+    let no_signer_trace = tracing_subscriber::filter::filter_fn(|m| {
+        !(*m.level() == tracing::Level::TRACE && m.target().starts_with("aws_sigv4"))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -115,7 +116,14 @@ fn init_tracing(level: &str, format: LogFormat) {
         LogFormat::Text => builder
             // Colour only on a terminal: logs in files and journals stay plain text.
             .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .finish()
+            .with(no_signer_trace)
             .init(),
-        LogFormat::Json => builder.json().with_ansi(false).init(),
+        LogFormat::Json => builder
+            .json()
+            .with_ansi(false)
+            .finish()
+            .with(no_signer_trace)
+            .init(),
     }
 }

@@ -81,6 +81,17 @@ pub(crate) fn print_line(line: std::fmt::Arguments<'_>) -> Result<(), CliError> 
     }
 }
 
+/// Writes a command's output as it is (see `out!`).
+pub(crate) fn print_text(text: &str) -> Result<(), CliError> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::anyhow!("write to stdout: {e}").into())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// A failure, classified by exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {

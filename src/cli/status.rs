@@ -61,7 +61,7 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     if args.json {
         out!("{value}");
     } else {
-        print!("{}", table(&value));
+        super::print_text(&table(&value))?;
     }
     Ok(())
 }

@@ -64,7 +64,7 @@ pub async fn run(args: SyncArgs) -> Result<(), CliError> {
     let (code, body) = post(&socket, &path, limit).await?;
     match code {
         200 => {
-            print!("{body}");
+            super::print_text(&body)?;
             Ok(())
         }
         504 => Err(CliError::Runtime(anyhow!(

@@ -631,7 +631,10 @@ impl ReplicaKind {
             ReplicaKind::File => {
                 let path = match url.strip_prefix("file://") {
                     Some(rest) if !rest.starts_with('/') => {
-                        return Err(format!("file URL {url:?} must be absolute (file:///path)"));
+                        return Err(format!(
+                            "file URL {} must be absolute (file:///path)",
+                            crate::config::url::redact_userinfo(url)
+                        ));
                     }
                     Some(rest) => rest,
                     None => url,

@@ -320,34 +320,38 @@ impl Follower {
         staged: Option<PathBuf>,
     ) -> Result<Follower, RestoreError> {
         let (to, force) = (opts.to.clone(), opts.force);
+        let txid_path = txid_path(&opts.to);
+        let position = txid_path.clone();
         let (db, page_size) = tokio::task::spawn_blocking(move || match staged {
             Some(staged) => {
                 let attached = attach_file(&staged)
                     .and_then(|a| restore::place(&staged, &to, force).map(|()| a));
+                let (db, page_size) = match attached {
+                    Ok(a) => a,
+                    Err(e) => {
+                        let _ = fs::remove_file(&staged);
+                        return Err(e);
+                    }
+                };
                 crate::util::test_gate::wait_at_test_gate(&to);
-                if attached.is_err() {
-                    let _ = fs::remove_file(&staged);
+                if let Err(e) = write_txid(&position, txid) {
+                    // Placed without its position, the database would be refused by the next
+                    // run as another's: it goes while it is still the file this run placed.
+                    use std::os::unix::fs::MetadataExt;
+                    let ours = fs::metadata(&to).ok().zip(db.metadata().ok());
+                    if ours.is_some_and(|(a, b)| (a.dev(), a.ino()) == (b.dev(), b.ino())) {
+                        let _ = fs::remove_file(&to);
+                    }
+                    return Err(RestoreError::io("write", &position)(e));
                 }
-                attached
+                Ok((db, page_size))
             }
             None => attach_file(&to),
         })
         .await
         .map_err(|e| RestoreError::Inconsistent(format!("follow task failed: {e}")))??;
-        let txid_path = txid_path(&opts.to);
         match mode {
-            Start::Restore => {
-                if let Err(e) = write_txid(&txid_path, txid) {
-                    // Placed without its position, the database would be refused by the next
-                    // run as another's: it goes while it is still the file this run placed.
-                    use std::os::unix::fs::MetadataExt;
-                    let ours = fs::metadata(&opts.to).ok().zip(db.metadata().ok());
-                    if ours.is_some_and(|(a, b)| (a.dev(), a.ino()) == (b.dev(), b.ino())) {
-                        let _ = fs::remove_file(&opts.to);
-                    }
-                    return Err(RestoreError::io("write", &txid_path)(e));
-                }
-            }
+            Start::Restore => {}
             Start::Resume(_) => tracing::info!(
                 db = %opts.to.display(),
                 txid = %txid,

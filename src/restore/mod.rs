@@ -478,8 +478,6 @@ async fn fetch_chunk(
 
 /// The files beside a database that SQLite reads with it: a WAL it replays, a hot rollback
 /// journal it rolls back, and the WAL's index.
-const SIDE_FILES: [&str; 3] = ["-wal", "-journal", "-shm"];
-
 /// Refuses an existing output, or a WAL or rollback journal beside it (SQLite would replay
 /// either over the restored database when it first opens it), unless `force`.
 pub fn check_output(to: &Path, force: bool) -> Result<(), RestoreError> {
@@ -494,20 +492,6 @@ pub fn check_output(to: &Path, force: bool) -> Result<(), RestoreError> {
         // A dangling symlink counts: the rename would replace it.
         if p.symlink_metadata().is_ok() {
             return Err(RestoreError::Exists(p));
-        }
-    }
-    Ok(())
-}
-
-/// Removes `db`'s `-wal`, `-journal` and `-shm`, if any: a database file replaced under them
-/// must not meet its predecessor's WAL or hot journal.
-pub fn remove_wal_files(db: &Path) -> Result<(), RestoreError> {
-    for suffix in SIDE_FILES {
-        let p = sidecar(db, suffix);
-        match fs::remove_file(&p) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(RestoreError::io("remove", &p)(e)),
         }
     }
     Ok(())
@@ -535,13 +519,22 @@ pub(crate) fn place(staged: &Path, to: &Path, force: bool) -> Result<(), Restore
 
 /// Publishes `staged` over `to` and drops `to`'s side files. The old WAL and hot journal hold
 /// commits the old file lacks: they are set aside, not removed, until the new file is in
-/// place, and put back if it cannot be (a restore that fails must leave the old database
-/// whole). The `-shm` only indexes the WAL, and SQLite rebuilds it.
+/// place, and put back only if it could not be placed (a restore that fails must leave the
+/// old database whole; once the rename is done they must never meet the new file). The
+/// `-shm` only indexes the WAL, and SQLite rebuilds it.
 fn replace_with_sidecars(staged: &Path, to: &Path) -> Result<(), RestoreError> {
     let mut aside: Vec<(PathBuf, PathBuf)> = Vec::new();
-    let put_back = |aside: &[(PathBuf, PathBuf)]| {
-        for (p, tmp) in aside.iter().rev() {
-            let _ = fs::rename(tmp, p);
+    // The error of a failed step, naming what could not be put back.
+    let undo = |aside: &[(PathBuf, PathBuf)], e: RestoreError| {
+        let stuck: Vec<String> = aside
+            .iter()
+            .rev()
+            .filter(|(p, tmp)| fs::rename(tmp, p).is_err())
+            .map(|(p, tmp)| format!("{} (put it back from {})", p.display(), tmp.display()))
+            .collect();
+        match stuck.is_empty() {
+            true => e,
+            false => RestoreError::Inconsistent(format!("{e}; NOT put back: {}", stuck.join(", "))),
         }
     };
     for suffix in ["-wal", "-journal"] {
@@ -550,31 +543,26 @@ fn replace_with_sidecars(staged: &Path, to: &Path) -> Result<(), RestoreError> {
         match fs::rename(&p, &tmp) {
             Ok(()) => aside.push((p, tmp)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                put_back(&aside);
-                return Err(RestoreError::io("set aside", &p)(e));
-            }
+            Err(e) => return Err(undo(&aside, RestoreError::io("set aside", &p)(e))),
         }
     }
     let shm = sidecar(to, "-shm");
-    let published = match fs::remove_file(&shm) {
+    let placed = match fs::remove_file(&shm) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(RestoreError::io("remove", &shm)(e))
         }
-        _ => fsutil::publish(staged, to).map_err(RestoreError::io("publish", to)),
+        _ => fs::File::open(staged)
+            .and_then(|f| f.sync_all())
+            .and_then(|()| fs::rename(staged, to))
+            .map_err(RestoreError::io("publish", to)),
     };
-    match published {
-        Ok(()) => {
-            for (_, tmp) in &aside {
-                let _ = fs::remove_file(tmp);
-            }
-            Ok(())
-        }
-        Err(e) => {
-            put_back(&aside);
-            Err(e)
-        }
+    if let Err(e) = placed {
+        return Err(undo(&aside, e));
     }
+    for (_, tmp) in &aside {
+        let _ = fs::remove_file(tmp);
+    }
+    fsutil::fsync_dir(fsutil::parent_dir(to)).map_err(RestoreError::io("sync the directory of", to))
 }
 
 /// Refuses to replace a database a running `restore --follow` holds (its `flock`): the

@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::s3::S3Server;
-use crate::common::{TestDir, age_keygen, bin, s, spawn_replicate};
+use crate::common::{TestDir, age_keygen, bin, s, spawn_replicate_env};
 
 fn printed(o: &Output) -> String {
     format!(
@@ -137,6 +137,23 @@ fn a_config_value_in_the_wrong_place_is_not_echoed() {
             "identities[0]",
         ),
         (age(&pasted), key[20..60].to_string(), "identities[0]"),
+        // An identity where a recipient goes.
+        (
+            format!(
+                "replica:\n      path: {}\n      age:\n        recipients: [{lower}]\n",
+                s(&dir.join("replica"))
+            ),
+            lower[20..60].to_string(),
+            "recipients[0]",
+        ),
+        // Credentials without a scheme where the server's URL goes.
+        (
+            "replica:\n      type: webdav\n      webdav-url: alice:WDSECRET@host\n      \
+             path: db\n"
+                .into(),
+            "WDSECRET".into(),
+            "webdav-url <redacted>@host",
+        ),
     ] {
         fs::write(
             &cfg,
@@ -210,36 +227,58 @@ async fn trace_logs_hold_no_sse_customer_key() {
         .unwrap()
         .execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(x); INSERT INTO t VALUES (1);")
         .unwrap();
-    let cfg = dir.join("replicad.yml");
     // 32 bytes, base64.
     let sse = "U1NFQ1NFQ1JFVEtFWV9JU19ISURERU5fMTIzNDU2Nzg=";
-    fs::write(
-        &cfg,
-        format!(
-            "dbs:\n  - path: {}\n    replica:\n      type: s3\n      bucket: {}\n      \
-             path: {}\n      endpoint: {}\n      region: {}\n      force-path-style: true\n      \
-             access-key-id: {}\n      secret-access-key: {}\n      sse-customer-key: {sse}\n",
-            db.display(),
-            server.bucket,
-            server.key("secret-trace"),
-            server.endpoint,
-            server.region,
-            server.access_key,
-            server.secret_key,
-        ),
-    )
-    .unwrap();
-    let d = spawn_replicate(dir.path(), &["--log-level", "trace", "--config", s(&cfg)]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    // An object written: its request was signed with the key in a header.
-    while !d.log_text().contains("PutObject") {
-        assert!(Instant::now() < deadline, "no PutObject: {}", d.log_text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let log = d.log_text();
-    d.stop();
-    for secret in [sse, server.secret_key.as_str()] {
-        assert!(!log.contains(secret), "{secret:?} logged: {log}");
+    // The level, and a RUST_LOG naming the signer's own module (a narrower directive).
+    for (n, env) in [
+        ("level", None),
+        ("rust-log", Some("info,aws_sigv4::http_request::sign=trace")),
+    ] {
+        let cfg = dir.join(&format!("{n}.yml"));
+        let prefix = server.key(&format!("secret-trace-{n}"));
+        fs::write(
+            &cfg,
+            format!(
+                "dbs:\n  - path: {}\n    replica:\n      type: s3\n      bucket: {}\n      \
+                 path: {prefix}\n      endpoint: {}\n      region: {}\n      \
+                 force-path-style: true\n      access-key-id: {}\n      \
+                 secret-access-key: {}\n      sse-customer-key: {sse}\n",
+                db.display(),
+                server.bucket,
+                server.endpoint,
+                server.region,
+                server.access_key,
+                server.secret_key,
+            ),
+        )
+        .unwrap();
+        let env: Vec<(&str, &str)> = env.map(|v| ("RUST_LOG", v)).into_iter().collect();
+        let d = spawn_replicate_env(
+            dir.path(),
+            &["--log-level", "trace", "--config", s(&cfg)],
+            &env,
+        );
+        // A segment stored: its request was signed, with the key in a header.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let stored = || async {
+            let keys = server.list_keys(&format!("secret-trace-{n}")).await;
+            keys.iter().any(|k| k.ends_with(".ltx"))
+        };
+        while !stored().await {
+            assert!(
+                Instant::now() < deadline,
+                "{n}: nothing stored: {}",
+                d.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let log = d.log_text();
+        d.stop();
+        if env.is_empty() {
+            assert!(log.contains("PutObject"), "{n}: {log}");
+        }
+        for secret in [sse, server.secret_key.as_str()] {
+            assert!(!log.contains(secret), "{n}: {secret:?} logged: {log}");
+        }
     }
 }

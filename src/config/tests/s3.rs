@@ -514,6 +514,7 @@ fn a_shown_url_hides_its_credentials_and_query_values() {
         ("sftp://u:p?w@h/x", "sftp://<redacted>@h/x"),
         ("sftp://u:p@w/@h/x", "sftp://<redacted>@h/x"),
         ("abs://a:k/e/y==@c/p", "abs://<redacted>@c/p"),
+        ("alice:secret@host/dav", "<redacted>@host/dav"),
         (
             "abs://c/p?sv=1&sig=S&flag",
             "abs://c/p?sv=<redacted>&sig=<redacted>&flag",

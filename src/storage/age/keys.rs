@@ -44,6 +44,12 @@ impl PartialEq for AgeKeys {
 
 impl Eq for AgeKeys {}
 
+/// An entry that holds an identity in any case (a key, or a whole age-keygen file pasted in),
+/// which no message may show, unless it names an existing file.
+fn looks_secret(entry: &str) -> bool {
+    entry.to_ascii_uppercase().contains("AGE-SECRET-KEY-") && !Path::new(entry).is_file()
+}
+
 impl AgeKeys {
     /// Loads the `age:` entries of a replica. Each entry is an inline key or a file path.
     /// Errors name the entry (`recipients[1]`, `identities[0]`) and never hold a secret.
@@ -53,7 +59,7 @@ impl AgeKeys {
             let entry = entry.trim();
             let parsed = if entry.starts_with("age1") {
                 parse_recipient(entry).map(|r| vec![r])
-            } else if entry.starts_with("AGE-SECRET-KEY-") {
+            } else if looks_secret(entry) {
                 Err("this is an identity (secret key), not a recipient: put it under identities, and its public key (replicad age-keygen prints it) under recipients".into())
             } else {
                 read_recipients_file(Path::new(entry))
@@ -63,8 +69,7 @@ impl AgeKeys {
         }
         for (i, entry) in identities.iter().enumerate() {
             let entry = entry.trim();
-            let is_file = || Path::new(entry).is_file();
-            if entry.to_ascii_uppercase().contains("AGE-SECRET-KEY-") && !is_file() {
+            if looks_secret(entry) {
                 // Not shown in any error: an identity written in lower case, or a whole
                 // age-keygen file pasted in, is still a secret.
                 let Ok(id) = entry.parse::<x25519::Identity>() else {
@@ -74,7 +79,7 @@ impl AgeKeys {
                     ));
                 };
                 keys.push_identity(format!("inline identity {i}"), id);
-            } else if entry.contains(char::is_whitespace) && !is_file() {
+            } else if entry.contains(char::is_whitespace) && !Path::new(entry).is_file() {
                 return Err(format!(
                     "identities[{i}]: neither an age identity nor a readable identity file \
                      (not shown: it may hold a key)"

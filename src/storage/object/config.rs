@@ -202,7 +202,8 @@ impl ObjectConfig {
                     }
                     Some(ep) if ep.starts_with("http://") || ep.starts_with("https://") => Ok(()),
                     Some(ep) => Err(format!(
-                        "webdav-url {ep:?} must start with http:// or https://"
+                        "webdav-url {} must start with http:// or https://",
+                        redact(ep)
                     )),
                     None => Err("a webdav replica needs `webdav-url` (the server, \
                                  https://HOST[:PORT][/PATH]) or a webdav[s]:// `url`"
@@ -225,7 +226,8 @@ impl ObjectConfig {
             && !(ep.starts_with("http://") || ep.starts_with("https://"))
         {
             return Err(format!(
-                "endpoint {ep:?} must start with http:// or https://"
+                "endpoint {} must start with http:// or https://",
+                redact(ep)
             ));
         }
         Ok(())

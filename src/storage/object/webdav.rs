@@ -26,8 +26,10 @@ impl Uploader {
     /// An uploader for `cfg` (a WebDAV config); nothing is contacted.
     pub(super) fn new(cfg: &ObjectConfig) -> Result<Uploader, String> {
         let endpoint = cfg.endpoint.as_deref().unwrap_or_default();
-        let mut base = url::Url::parse(endpoint)
-            .map_err(|e| format!("webdav-url {endpoint:?} is not a URL: {e}"))?;
+        let mut base = url::Url::parse(endpoint).map_err(|e| {
+            let shown = crate::storage::s3::redact_url(endpoint);
+            format!("webdav-url {shown} is not a URL: {e}")
+        })?;
         if !base.path().ends_with('/') {
             base.set_path(&format!("{}/", base.path()));
         }

@@ -179,8 +179,10 @@ pub fn reject_skip_verify(on: bool) -> Result<(), String> {
 pub fn redact_url(s: &str) -> String {
     // Up to the last `@` anywhere: a password may itself hold `/`, `?` or `@`, and hiding a
     // little too much of a message costs nothing.
-    let shown = match (s.find("://"), s.rfind('@')) {
-        (Some(end), Some(at)) if at > end => format!("{}<redacted>{}", &s[..end + 3], &s[at..]),
+    // Without a scheme (`user:secret@host` where a URL was expected), from the start.
+    let start = s.find("://").map_or(0, |end| end + 3);
+    let shown = match s.rfind('@') {
+        Some(at) if at >= start => format!("{}<redacted>{}", &s[..start], &s[at..]),
         _ => s.to_string(),
     };
     match shown.split_once('?') {
