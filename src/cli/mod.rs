@@ -2,8 +2,8 @@
 //! (0 ok, 1 runtime failure, 2 usage or configuration error).
 
 /// `println!` for the commands' output: a stdout that fails returns a runtime error from the
-/// enclosing function (where `println!` panics and exits 101), and a reader that left (`|
-/// head`) is no failure: the work is done, and was read as far as wanted.
+/// enclosing function (where `println!` panics and exits 101), and a reader that left
+/// (`| head`) is no failure: the work is done, and was read as far as wanted.
 macro_rules! out {
     ($($arg:tt)*) => {
         $crate::cli::print_line(format_args!($($arg)*))?

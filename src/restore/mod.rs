@@ -476,8 +476,6 @@ async fn fetch_chunk(
     Ok(())
 }
 
-/// The files beside a database that SQLite reads with it: a WAL it replays, a hot rollback
-/// journal it rolls back, and the WAL's index.
 /// Refuses an existing output, or a WAL or rollback journal beside it (SQLite would replay
 /// either over the restored database when it first opens it), unless `force`.
 pub fn check_output(to: &Path, force: bool) -> Result<(), RestoreError> {
