@@ -72,13 +72,7 @@ pub enum Command {
 
 /// Writes one line of a command's output (see `out!`).
 pub(crate) fn print_line(line: std::fmt::Arguments<'_>) -> Result<(), CliError> {
-    use std::io::Write;
-    match writeln!(std::io::stdout().lock(), "{line}") {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(anyhow::anyhow!("write to stdout: {e}").into())
-        }
-        _ => Ok(()),
-    }
+    print_text(&format!("{line}\n"))
 }
 
 /// Writes a command's output as it is (see `out!`).

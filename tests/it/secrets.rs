@@ -6,6 +6,7 @@ use std::fs;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::http::make_db;
 use crate::common::s3::S3Server;
 use crate::common::{TestDir, age_keygen, bin, s, spawn_replicate_env};
 
@@ -178,10 +179,7 @@ fn a_config_value_in_the_wrong_place_is_not_echoed() {
 fn an_exec_token_is_not_logged() {
     let dir = TestDir::new("secret-exec");
     let db = dir.join("app.db");
-    rusqlite::Connection::open(&db)
-        .unwrap()
-        .execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(x);")
-        .unwrap();
+    make_db(&db);
     let cfg = dir.join("replicad.yml");
     let write = |exec: &str| {
         fs::write(
@@ -223,10 +221,7 @@ async fn trace_logs_hold_no_sse_customer_key() {
     let server = S3Server::start().await;
     let dir = TestDir::new("secret-trace");
     let db = dir.join("app.db");
-    rusqlite::Connection::open(&db)
-        .unwrap()
-        .execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(x); INSERT INTO t VALUES (1);")
-        .unwrap();
+    make_db(&db);
     // 32 bytes, base64.
     let sse = "U1NFQ1NFQ1JFVEtFWV9JU19ISURERU5fMTIzNDU2Nzg=";
     // The level, and a RUST_LOG naming the signer's own module (a narrower directive).
