@@ -274,6 +274,51 @@ fn files_deleted_behind_an_idle_replica_are_found_by_its_periodic_listing() {
     d.stop_ok();
 }
 
+/// A maintenance job whose work was then done another way stops being reported: snapshots
+/// and level-1 compactions fail (their build directory is a file, and stays one), then the
+/// replica's files go behind an idle database's back and the periodic listing re-seeds it,
+/// which stores the snapshot at the tip and leaves nothing to compact. The report clears
+/// with no commit and no job run, where it stood until a snapshot next ran.
+#[test]
+fn a_failed_job_whose_work_a_seed_did_is_no_longer_reported() {
+    let dir = TestDir::new("moot");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 20, "first");
+    let port = free_port();
+    let extra = "replica-check-interval: 1s\nsnapshot: {interval: 300ms}\n";
+    let d = replicating_past_staging(&dir, &db, &a, &c, port, 20, extra);
+    let tmp = dir.join(".app.db-replicad/tmp");
+    fs::remove_dir_all(&tmp).unwrap();
+    fs::write(&tmp, b"in the way").unwrap();
+    let maint = || {
+        let (_, body) = get(port, "/status");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        v["databases"][0]["replicas"][0]["maintenance_error"].clone()
+    };
+    insert(&c, 5, "third");
+    wait_until(&dir, "the failing snapshot reported", || {
+        maint().as_str().is_some_and(|e| e.contains("Snapshot"))
+    });
+    wait_caught_up(&dir, port, &a);
+    fs::rename(a.join("ltx"), dir.join("gone-ltx")).unwrap();
+    let labels = format!("db=\"{}\",reason=\"wiped\",replica=\"r0\"", db.display());
+    wait_until(&dir, "the re-seed", || {
+        sample(
+            &get(port, "/metrics").1,
+            "replicad_replica_reseeds_total",
+            &labels,
+        )
+        .is_some_and(|n| n >= 1.0)
+    });
+    wait_until(&dir, "the report cleared", || maint().is_null());
+    assert!(tmp.is_file(), "no job could have run");
+    wait_caught_up(&dir, port, &a);
+    restored_equals(&dir, &a, &db, "after-seed.db");
+    d.stop_ok();
+}
+
 /// A sync that blocks without an error (a staging write on a dying disk, a hung file system,
 /// stood in for by the `REPLICAD_TEST_SYNC_GATE` file that holds it on the blocking pool)
 /// makes the database not protected in every signal, and the log, once it has run for 10 s,

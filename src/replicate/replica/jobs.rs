@@ -18,6 +18,7 @@ impl Replica {
         if self.job.is_some() {
             return;
         }
+        self.clear_moot_failures();
         for job in schedule.take_due(Instant::now()) {
             if !self.due.contains(&job) {
                 self.due.push_back(job);
@@ -42,6 +43,27 @@ impl Replica {
         self.start_next();
         // The others keep their order (the verify is not left: its turn was there).
         self.due = others;
+    }
+
+    /// Clears the failure of each failing job that now has nothing to do: what it failed to
+    /// do was done another way (a seed stored the snapshot at the tip, a wipe took the files
+    /// a compaction was to read), so its report would otherwise stand until the job next
+    /// runs, which may be never on an idle database. Plans need no request.
+    fn clear_moot_failures(&mut self) {
+        let failing = self.maint_failing.clone();
+        for job in failing {
+            let planned = maintenance::plan(
+                job,
+                &self.maint,
+                &self.client,
+                &self.index,
+                self.verified,
+                self.found_tip,
+            );
+            if let Ok(None) = planned {
+                self.maintenance_ran(job, None);
+            }
+        }
     }
 
     /// Starts the first job of `due` that has work to do (one at a time; see
