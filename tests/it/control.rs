@@ -58,7 +58,8 @@ fn sync_wait_replicates_the_latest_txid_through_the_socket() {
     std::fs::write(
         &config,
         format!(
-            "monitor-interval: 10s\nsocket:\n  enabled: true\n  path: {}\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
+            "addr: \"127.0.0.1:{}\"\nmonitor-interval: 10s\nsocket:\n  enabled: true\n  path: {}\ndbs:\n  - path: {}\n    replica:\n      path: {}\n",
+            common::http::free_port(),
             s(&sock),
             s(&db),
             s(&replica)
@@ -122,6 +123,26 @@ fn sync_wait_replicates_the_latest_txid_through_the_socket() {
         "{}",
         text(&o)
     );
+
+    // A reader that left (`| head`) is no failure; a stdout that fails (a full disk) is.
+    for cmd in [
+        &["sync", "--socket", s(&sock), s(&db)][..],
+        &["status", "--config", s(&config)],
+    ] {
+        let mut child = Command::new(bin())
+            .args(cmd)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{cmd:?}: {}", text(&o));
+        let full = std::fs::File::create("/dev/full").unwrap();
+        let o = Command::new(bin()).args(cmd).stdout(full).output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{cmd:?}: {}", text(&o));
+        assert!(!text(&o).contains("panicked"), "{cmd:?}: {}", text(&o));
+    }
 
     daemon.stop_ok();
     assert!(!sock.exists(), "socket file left behind after shutdown");
