@@ -46,6 +46,7 @@ use crate::replicate::counters::ReplicaMetrics;
 use crate::replicate::dormant::DormantWatch;
 use crate::replicate::health::SLOW_WORK;
 use crate::storage::AnyClient;
+use registry::still_working;
 pub use registry::{DbHandle, DbRegistry, SyncTrigger, unprotected};
 
 mod monitor;
@@ -59,6 +60,11 @@ const OPEN_CONCURRENCY: usize = 16;
 const STARTUP_LEASE_ATTEMPTS: u32 = 4;
 /// Attempts at a replica's first listing, likewise.
 const STARTUP_LIST_ATTEMPTS: u32 = 4;
+
+/// How long a shutdown waits for its tasks once it has stopped them (its timeout passed, or a
+/// second signal): all but file work on the blocking pool end at once, and file work that
+/// has not returned by then may never (a hung disk or mount), so the process exits without it.
+const AFTER_STOP: Duration = Duration::from_secs(5);
 
 /// The running replication of every configured database.
 pub struct Store {
@@ -613,11 +619,25 @@ impl Store {
                 false
             }
         };
+        let mut hung = Vec::new();
         if !drained {
             core.root.cancel();
-            core.tracker.wait().await;
+            if tokio::time::timeout(AFTER_STOP, core.tracker.wait())
+                .await
+                .is_err()
+            {
+                hung = still_working(&self.core.registry().snapshot());
+            }
         }
-        let left = unprotected(&self.core.registry().snapshot());
+        let mut left = unprotected(&self.core.registry().snapshot());
+        if !hung.is_empty() {
+            tracing::error!(
+                databases = hung.len(),
+                after = ?AFTER_STOP,
+                "file work still runs after the stop (a hung file system or disk?): exiting without waiting for it"
+            );
+            left.extend(hung);
+        }
         if left.is_empty() {
             tracing::info!(elapsed = ?started.elapsed(), "shutdown complete: every segment uploaded");
         } else {

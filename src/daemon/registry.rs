@@ -205,6 +205,23 @@ pub fn unprotected(dbs: &[DbHandle]) -> Vec<String> {
     out
 }
 
+/// One line per database whose own file work (a sync, an idle check) still runs, for a
+/// shutdown that leaves it behind; none for those [`unprotected`] already names.
+pub fn still_working(dbs: &[DbHandle]) -> Vec<String> {
+    dbs.iter()
+        .filter(|d| d.stats.health.problem().is_none())
+        .filter_map(|d| {
+            let ran = d.stats.health.working_for()?;
+            Some(format!(
+                "database {}: a sync or check had not returned after {} s when the process \
+                 exited: the commits it had not captured are uploaded by the next start",
+                d.path.display(),
+                ran.as_secs()
+            ))
+        })
+        .collect()
+}
+
 /// Logs the databases whose tick has run for [`SLOW_WORK`] (at ERROR, once each) and when it
 /// ends (INFO), looking every half [`SLOW_WORK`] until `stop`: a monitor blocked in the kernel
 /// cannot log it itself. One wake-up per interval for the whole Store, idle or not.

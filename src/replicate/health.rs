@@ -196,6 +196,11 @@ impl HealthCell {
         recorded.or_else(|| self.slow())
     }
 
+    /// How long the owner's own current work has run, if some runs (of any length).
+    pub fn working_for(&self) -> Option<Duration> {
+        self.busy.ran()
+    }
+
     /// The owner's current work (its own, else the shared), once it has run for
     /// [`SLOW_WORK`] or more.
     pub fn slow_work(&self) -> Option<SlowWork> {

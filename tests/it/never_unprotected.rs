@@ -274,6 +274,50 @@ fn files_deleted_behind_an_idle_replica_are_found_by_its_periodic_listing() {
     d.stop_ok();
 }
 
+/// A stop whose database's sync does not return (held by the test gate: a hung disk) exits
+/// anyway, `shutdown-sync-timeout` plus a few seconds after SIGTERM, with exit code 1 and
+/// the database named as not uploaded, where it waited for the sync without end; the next
+/// start uploads what it held.
+#[test]
+fn a_stop_does_not_wait_for_a_sync_that_never_returns() {
+    let dir = TestDir::new("hung-stop");
+    let db = dir.join("app.db");
+    let a = dir.join("a");
+    let c = new_db(&db);
+    insert(&c, 10, "first");
+    let gate = dir.join("gate");
+    let port = free_port();
+    let cfg = config(&dir, &db, &[&a], port, "shutdown-sync-timeout: 1s\n");
+    let d = spawn_replicate_env(
+        dir.path(),
+        &["--config", s(&cfg)],
+        &[("REPLICAD_TEST_SYNC_GATE", s(&gate))],
+    );
+    wait_caught_up(&dir, port, &a);
+    fs::write(&gate, b"").unwrap();
+    insert(&c, 10, "held");
+    // Nothing says a sync is held before it has run for 10 s; a tick comes every 50 ms. A
+    // sync not yet held would let the stop exit 0: the test fails then, it never passes.
+    sleep(Duration::from_secs(1));
+    let log = d.log.clone();
+    let st = d.stop();
+    let text = fs::read_to_string(&log).unwrap();
+    assert_eq!(st.code(), Some(1), "{text}");
+    assert!(text.contains("exiting without waiting for it"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "database {}: a sync or check had not returned",
+            db.display()
+        )),
+        "{text}"
+    );
+    fs::remove_file(&gate).unwrap();
+    let d = spawn_replicate(dir.path(), &["--config", s(&cfg)]);
+    wait_caught_up(&dir, port, &a);
+    d.stop_ok();
+    restored_equals(&dir, &a, &db, "after-the-hung-stop.db");
+}
+
 /// A maintenance job whose work was then done another way stops being reported: snapshots
 /// and level-1 compactions fail (their build directory is a file, and stays one), then the
 /// replica's files go behind an idle database's back and the periodic listing re-seeds it,
