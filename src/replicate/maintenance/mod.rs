@@ -456,7 +456,8 @@ async fn verify(
         key: client.location(),
         reason,
     };
-    fsutil::create_dir_all_durable(&m.tmp_dir).map_err(|e| failed(e.to_string()))?;
+    // The restore makes `tmp_dir` on the blocking pool (a mkdir and a directory fsync, here
+    // after every start, which empties it, would run on the runtime's threads).
     // Its own name: a dropped verify's restore may still be ending under the last one.
     let to = fsutil::unique_tmp_path(&m.tmp_dir.join("verify.db"));
     // Also when this job is dropped after its restore published the file.
