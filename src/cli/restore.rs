@@ -141,6 +141,12 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
             to.display()
         )));
     }
+    // Before the lock: a skip writes nothing, so a daemon that holds the database (a pod's
+    // init container while the old pod's sidecar still runs) is no reason to fail.
+    if args.if_db_not_exists && !args.dry_run && !args.follow && to.exists() {
+        out!("database {} already exists, skipping restore", to.display());
+        return Ok(());
+    }
     if !args.dry_run && !args.while_replicating && to.exists() {
         let meta = match meta_of_db {
             Some((path, Some(meta))) if path == to => meta,
@@ -165,10 +171,6 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         return follow_until_signal(&client, &opts)
             .await
             .map_err(CliError::Runtime);
-    }
-    if args.if_db_not_exists && !args.dry_run && to.exists() {
-        out!("database {} already exists, skipping restore", to.display());
-        return Ok(());
     }
     let plan = match restore::plan(&client, target).await {
         Ok(plan) => plan,

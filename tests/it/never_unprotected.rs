@@ -651,6 +651,15 @@ fn restore_refuses_to_write_over_a_database_a_daemon_holds() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("--while-replicating"), "{err}");
+    // A restore that would skip an existing database (an init container) writes nothing:
+    // the daemon holding it is no failure.
+    let o = Command::new(bin())
+        .args(["restore", "--if-db-not-exists", "--to", s(&db), s(&a)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    assert!(text.contains("already exists, skipping restore"), "{text}");
     // A second daemon on the same database is refused too (it would share the staging).
     let port2 = free_port();
     let b = dir.join("b");
