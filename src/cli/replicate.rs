@@ -63,7 +63,8 @@ pub struct ReplicateArgs {
 
 /// Parses durations in Litestream's (Go) syntax: `1s`, `500ms`, `1m30s`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (use a unit, e.g. 1s or 500ms)"))
+    crate::config::parse_duration(s)
+        .map_err(|e| format!("{s:?}: {e} (use a unit, e.g. 1s or 500ms)"))
 }
 
 impl ReplicateArgs {
@@ -322,7 +323,7 @@ fn warn_sparse_calendar(config: &Config) {
                  be that far apart and span about {} (snapshot.interval {} or less gives one \
                  per period)",
                 humantime::format_duration(s.snapshot_interval),
-                humantime::format_duration(s.snapshot_interval * n),
+                humantime::format_duration(s.snapshot_interval.saturating_mul(n)),
                 humantime::format_duration(period)
             );
         }

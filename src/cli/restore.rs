@@ -102,7 +102,7 @@ fn parse_parallelism(s: &str) -> Result<usize, String> {
 }
 
 fn parse_follow_interval(s: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(s) {
+    match crate::config::parse_duration(s) {
         Ok(d) if d.is_zero() => Err("the interval must be greater than zero".into()),
         Ok(d) => Ok(d),
         Err(e) => Err(format!("{s:?}: {e} (use a unit, e.g. 1s or 500ms)")),

@@ -29,7 +29,8 @@ pub struct SyncArgs {
     #[arg(long)]
     pub wait: bool,
     /// With --wait, give up after this many seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(..=crate::config::MAX_DURATION.as_secs()))]
     pub timeout: u64,
     /// Path of the daemon's control socket.
     #[arg(long, value_name = "PATH", conflicts_with = "config")]

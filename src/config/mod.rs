@@ -53,6 +53,32 @@ use crate::storage::s3::{
 };
 use crate::storage::sftp::{SftpClient, SftpConfig};
 
+/// The longest duration a setting takes: longer ones (`1000000years`) overflowed the clocks
+/// and dates they are added to, in tasks of the running daemon.
+/// 100 years as the syntax counts them (`100y`, of 365.25 days).
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
+
+/// Why a duration was refused ([`parse_duration`]).
+#[derive(Debug, thiserror::Error)]
+pub enum DurationError {
+    /// Not in the syntax (humantime's reason).
+    #[error("{0}")]
+    Syntax(String),
+    /// Past [`MAX_DURATION`].
+    #[error("longer than 100 years, the longest a setting takes")]
+    TooLong,
+}
+
+/// Parses a duration in humantime's syntax (`500ms`, `1h30m`, `7d`), at most
+/// [`MAX_DURATION`]; the error names neither the value nor the key (callers add them).
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+    let d = humantime::parse_duration(s).map_err(|e| DurationError::Syntax(e.to_string()))?;
+    if d > MAX_DURATION {
+        return Err(DurationError::TooLong);
+    }
+    Ok(d)
+}
+
 /// Default of `lease-ttl`: how long a replica's single-writer lease stays valid unrefreshed.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(600);
 /// Smallest accepted `lease-ttl`.

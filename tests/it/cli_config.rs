@@ -336,5 +336,27 @@ fn command_line_overrides_of_a_config_file_are_checked() {
         assert_eq!(status.and_then(|s| s.code()), Some(2), "{flag:?}: {err}");
         assert!(err.contains("must be greater than zero"), "{flag:?}: {err}");
     }
+    // Past 100 years a value overflowed the clocks it was added to: a panic in the daemon.
+    for (flag, value) in [
+        ("--monitor-interval", "500000000000years"),
+        ("--full-verify-interval", "101y"),
+    ] {
+        let o = Command::new(bin())
+            .args(["replicate", "--config", cfg.to_str().unwrap(), flag, value])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains("longer than 100 years"), "{flag}: {err}");
+    }
+    let o = Command::new(bin())
+        .args(["restore", "--follow", "--follow-interval", "200y", "--to"])
+        .arg(t.path().join("out.db"))
+        .arg(t.path().join("replica"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("longer than 100 years"), "{err}");
     assert!(!t.path().join("replica").exists(), "nothing replicated");
 }

@@ -168,4 +168,7 @@ fn sync_usage_errors_exit_2() {
         s(&dir.join("a.db")),
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    // A timeout past 100 years overflowed the client's own limit: a panic (exit 101).
+    let o = sync(&["--timeout", "18446744073709551615", s(&dir.join("a.db"))]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }

@@ -335,6 +335,33 @@ fn levels_errors() {
         6,
         &["invalid duration \"soon\"", "(key `interval` in levels[0])"],
     );
+    // Past 100 years: such values overflowed the clocks and dates they were added to (a
+    // panic in a task of the running daemon, exit 101 for a retention rule's warning).
+    assert_fail(
+        &format!("{MINIMAL}levels:\n  - interval: 500000000000years\n"),
+        6,
+        &[
+            "duration \"500000000000years\" is longer than 100 years",
+            "(key `interval` in levels[0])",
+        ],
+    );
+    assert_fail(
+        &format!("{MINIMAL}snapshot:\n  retention: 1000000years\n"),
+        6,
+        &["is longer than 100 years", "(key `retention` in snapshot)"],
+    );
+    assert_fail(
+        &format!("verify-interval: 101y\n{MINIMAL}"),
+        1,
+        &[
+            "is longer than 100 years",
+            "(key `verify-interval` at the top level)",
+        ],
+    );
+    assert!(
+        parse(&format!("{MINIMAL}snapshot:\n  retention: 100y\n")).is_ok(),
+        "100 years is taken"
+    );
     // Unknown, duplicate and missing keys in an entry.
     assert_fail(
         &format!("{MINIMAL}levels:\n  - level: 1\n    interval: 30s\n"),

@@ -461,8 +461,10 @@ pub(crate) fn duration(s: Scalar<'_>) -> Result<Duration, String> {
     const SYNTAX: &str =
         "use Go duration syntax such as 500ms, 10s, 1m, 24h or 1h30m (and d or w: 7d, 2w)";
     match s {
-        Scalar::Str(v) => humantime::parse_duration(v.trim())
-            .map_err(|e| format!("invalid duration {v:?} ({e}): {SYNTAX}")),
+        Scalar::Str(v) => super::parse_duration(v.trim()).map_err(|e| match e {
+            super::DurationError::TooLong => format!("duration {v:?} is {e}"),
+            super::DurationError::Syntax(_) => format!("invalid duration {v:?} ({e}): {SYNTAX}"),
+        }),
         Scalar::Int(_) | Scalar::Float(_) => Err(format!(
             "{s} is a bare number: add a unit, e.g. `{s}s` ({SYNTAX})"
         )),
