@@ -38,6 +38,11 @@
 //!   until a retry applies the file whole (`follow/apply.rs`): readers get "database is locked",
 //!   never pages of two states. A stop meanwhile releases it; the next run re-applies from
 //!   `<db>-txid`.
+//! - A resume never applies a file over a database that is not the replica's state at its
+//!   TXID (another replica's database, or one written to since): a clean stop records the
+//!   last post-apply checksum in `<db>-checksum` (replicad's own; Litestream neither writes
+//!   nor reads it), and the first file after a resume at that TXID must start from it, or the
+//!   run fails. Without that record (a crash, a Litestream follower) it resumes unchecked.
 //! - A shutdown never interrupts step 2..4: it is noticed while listing, downloading or
 //!   sleeping, and between files. One during the first run's restore stops it (nothing is
 //!   placed at `<db>`) and the run fails (exit 1), as a plain restore stopped does.
@@ -79,6 +84,25 @@ pub fn txid_path(db: &Path) -> PathBuf {
     sidecar(db, "-txid")
 }
 
+/// `<db>-checksum`: `<txid> <post-apply checksum>` (hex) at a follower's last clean stop.
+pub fn checksum_path(db: &Path) -> PathBuf {
+    sidecar(db, "-checksum")
+}
+
+/// The post-apply checksum recorded for `db` at `txid`, if the record is of that TXID: any
+/// other (older, unreadable, absent) says nothing about the database.
+fn recorded_checksum(db: &Path, txid: TxId) -> Option<u64> {
+    let text = fs::read_to_string(checksum_path(db)).ok()?;
+    let (at, post) = text.trim().split_once(' ')?;
+    let at: TxId = at.parse().ok()?;
+    (at == txid).then(|| u64::from_str_radix(post, 16).ok())?
+}
+
+/// The checksum a restore proved its output to hold, if its files carried one.
+fn restored_checksum(report: Option<&restore::RestoreReport>) -> Option<u64> {
+    u64::from_str_radix(report?.db_checksum.as_deref()?, 16).ok()
+}
+
 /// Where the first restore is made ready before it is moved to `db`.
 fn restoring_path(db: &Path) -> PathBuf {
     sidecar(db, ".restoring")
@@ -101,10 +125,15 @@ pub fn read_txid(path: &Path) -> Result<Option<TxId>, RestoreError> {
 /// temporary name is new (never a file someone left there, nor a symlink's target) and goes
 /// on failure.
 pub fn write_txid(path: &Path, txid: TxId) -> io::Result<()> {
+    write_sidecar(path, &format!("{txid}\n"))
+}
+
+/// Writes `text` to `path` as [`write_txid`] does.
+fn write_sidecar(path: &Path, text: &str) -> io::Result<()> {
     let tmp = fsutil::unique_tmp_path(path);
     let written = File::create_new(&tmp)
         .and_then(|mut f| {
-            f.write_all(format!("{txid}\n").as_bytes())?;
+            f.write_all(text.as_bytes())?;
             f.sync_all()
         })
         .and_then(|()| fs::rename(&tmp, path));
@@ -283,8 +312,12 @@ pub struct Follower {
     db: Arc<File>,
     page_size: u32,
     txid: TxId,
-    /// Post-apply checksum of the last file this process applied, if it carried one.
+    /// Post-apply checksum of the database's state: of the last file this process applied, if
+    /// it carried one, or as recorded at the last clean stop.
     last_post: Option<u64>,
+    /// Resumed with a recorded checksum, and no file applied since: a file that does not
+    /// start from it shows a database that is not this replica's.
+    checking_resume: bool,
     /// SQLite's exclusive lock, kept over a database whose last apply failed after its first
     /// write (a full disk): readers get "database is locked", never a mix of two states,
     /// until a retry applies the file whole.
@@ -305,18 +338,19 @@ impl Follower {
             }
         };
         let staged = (mode == Start::Restore).then_some(staged);
-        let follower = Follower::attach(client, opts, mode, txid, staged).await?;
+        let post = restored_checksum(restored.as_ref());
+        let follower = Follower::attach(client, opts, mode, (txid, post), staged).await?;
         restored_and_following(opts, restored);
         Ok(follower)
     }
 
     /// Locks the database (restored into `staged`, then moved into place; or resumed at
-    /// `txid`) and records its TXID.
+    /// `txid`) and records its TXID. `post`: the restored state's checksum.
     async fn attach(
         client: &AnyClient,
         opts: &FollowOptions,
         mode: Start,
-        txid: TxId,
+        (txid, post): (TxId, Option<u64>),
         staged: Option<PathBuf>,
     ) -> Result<Follower, RestoreError> {
         let (to, force) = (opts.to.clone(), opts.force);
@@ -361,6 +395,10 @@ impl Follower {
         }
         let incoming = sidecar(&opts.to, ".incoming");
         let _ = fs::remove_file(&incoming);
+        let last_post = match mode {
+            Start::Resume(_) => recorded_checksum(&opts.to, txid),
+            Start::Restore => post,
+        };
         Ok(Follower {
             client: client.clone(),
             to: opts.to.clone(),
@@ -369,7 +407,8 @@ impl Follower {
             db: Arc::new(db),
             page_size,
             txid,
-            last_post: None,
+            last_post,
+            checking_resume: mode != Start::Restore && last_post.is_some(),
             torn: None,
         })
     }
@@ -501,10 +540,35 @@ impl Follower {
                 "applying a file failed after its first write: readers are kept out of the database (SQLite's exclusive lock stays) until it applies");
         }
         self.torn = torn;
-        let applied = applied?;
+        let applied = match applied {
+            Err(e @ RestoreError::Diverged { .. }) if self.checking_resume => {
+                return Err(RestoreError::NotFollowed {
+                    db: self.to.clone(),
+                    txid: self.txid,
+                    reason: e.to_string(),
+                });
+            }
+            r => r?,
+        };
         self.txid = applied.txid;
         self.last_post = applied.post_apply_checksum;
+        self.checking_resume = false;
         Ok(applied)
+    }
+
+    /// Records the database's checksum at its TXID for the next run's resume (a clean stop).
+    async fn record_stop(&self) {
+        let Some(post) = self.last_post else {
+            return;
+        };
+        let (path, text) = (
+            checksum_path(&self.to),
+            format!("{} {post:016x}\n", self.txid),
+        );
+        let written = tokio::task::spawn_blocking(move || write_sidecar(&path, &text)).await;
+        if let Ok(Err(e)) = written {
+            tracing::warn!(db = %self.to.display(), error = %e, "could not record the database's checksum: the next run resumes unchecked");
+        }
     }
 }
 
@@ -674,18 +738,22 @@ async fn follow(
         },
     };
     let staged = (mode == Start::Restore).then_some(staged);
-    let mut follower = Follower::attach(client, opts, mode, txid, staged).await?;
+    let post = restored_checksum(restored.as_ref());
+    let mut follower = Follower::attach(client, opts, mode, (txid, post), staged).await?;
     restored_and_following(opts, restored);
     streak.ok();
     while !stop.is_cancelled() {
         match follower.poll(stop).await {
             Ok(_) => streak.ok(),
+            // No retry makes another database this replica's.
+            Err(e @ RestoreError::NotFollowed { .. }) => return Err(e),
             Err(e) => streak.fail("follow", &e),
         }
         if sleep_or_stop(opts.interval, stop).await {
             break;
         }
     }
+    follower.record_stop().await;
     tracing::info!(db = %opts.to.display(), txid = %follower.txid(), "stopped following");
     Ok(())
 }

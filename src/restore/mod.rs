@@ -105,6 +105,34 @@ pub enum RestoreError {
     /// The chain's files do not fit together.
     #[error("{0}")]
     Inconsistent(String),
+    /// A followed database's next file starts from another state than the database's.
+    #[error(
+        "replica file {file} does not continue the followed history: pre-apply checksum \
+         {pre:016x}, previous post-apply {prev:016x} (was the replica replaced?)"
+    )]
+    Diverged {
+        /// The file's name.
+        file: String,
+        /// Its pre-apply checksum.
+        pre: u64,
+        /// The database's checksum.
+        prev: u64,
+    },
+    /// A resumed follower's database is not the replica's state at its TXID.
+    #[error(
+        "{} at TXID {txid} is not this replica's state at that TXID ({reason}): it was \
+         restored from another replica, or written to since it was last followed; nothing was \
+         applied. Remove it and its -txid to restore it afresh from this replica",
+        db.display()
+    )]
+    NotFollowed {
+        /// The database.
+        db: PathBuf,
+        /// The TXID its `-txid` names.
+        txid: TxId,
+        /// Why its first file did not fit.
+        reason: String,
+    },
     /// Reading the replica failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -586,12 +614,16 @@ fn refuse_followed(to: &Path) -> Result<(), RestoreError> {
 /// file is placed at `db`: a later `--follow` resumed from that TXID over a database that does
 /// not hold it (a restore to an older TXID), and applied only the files after it.
 pub fn forget_follow_position(db: &Path) -> Result<(), RestoreError> {
-    let p = follow::txid_path(db);
-    match fs::remove_file(&p) {
-        Ok(()) => fsutil::fsync_dir(fsutil::parent_dir(&p)).map_err(RestoreError::io("fsync", &p)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(RestoreError::io("remove", &p)(e)),
+    for p in [follow::txid_path(db), follow::checksum_path(db)] {
+        match fs::remove_file(&p) {
+            Ok(()) => {
+                fsutil::fsync_dir(fsutil::parent_dir(&p)).map_err(RestoreError::io("fsync", &p))?
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(RestoreError::io("remove", &p)(e)),
+        }
     }
+    Ok(())
 }
 
 /// `db` with `suffix` appended (`-wal`, `-txid`, ...).

@@ -669,3 +669,49 @@ fn a_follow_position_that_cannot_be_written_leaves_no_database() {
     stop_follower(f, &t);
     assert_same_content(&t.src, &t.follower, "after the way was cleared");
 }
+
+/// A follower resumed over another replica's database (its `-txid` at a TXID that replica
+/// also has) is refused with the database untouched, where it applied the other replica's
+/// pages over it and left a database that fails `integrity_check`: a clean stop records the
+/// database's checksum, and the first file after the resume must start from it.
+#[test]
+fn a_resume_over_another_replicas_database_is_refused() {
+    let seed = seed("a_resume_over_another_replicas_database_is_refused");
+    let t = Setup::new("follow-other");
+    let (src_b, replica_b) = (t.dir.join("src/b.db"), t.dir.join("replica-b"));
+    let mut wa = Writer::open(&t.src, seed);
+    let rep = t.replicate();
+    wa.run(30);
+    stop_replicate(rep);
+    let mut f = t.follow(&t.replica);
+    t.wait_follower(&mut f, max_replica_txid(&t.replica));
+    stop_follower(f, &t);
+    let at = t.follower_txid();
+    let before = file_sha(&t.follower);
+
+    let mut wb = Writer::open(&src_b, seed.wrapping_add(1));
+    let rep = t.replicate_db(&src_b, &replica_b);
+    let past = wait_until(WAIT, || {
+        wb.run(5);
+        max_replica_txid(&replica_b) > at + 1
+    });
+    assert!(
+        past,
+        "replica b stayed at or below TXID {at:x}; {}",
+        t.context()
+    );
+    stop_replicate(rep);
+    let mut f = t.follow(&replica_b);
+    let st = wait_timeout(&mut f.child, WAIT);
+    let log = f.log_text();
+    assert_eq!(st.and_then(|s| s.code()), Some(1), "{log}");
+    assert!(log.contains("is not this replica's state"), "{log}");
+    assert_eq!(file_sha(&t.follower), before, "the database was written");
+    assert_eq!(t.follower_txid(), at);
+    assert!(integrity_ok(&t.follower));
+    // Its own replica still resumes it.
+    let mut f = t.follow(&t.replica);
+    t.wait_log(&f, "resuming follow");
+    t.wait_follower(&mut f, at);
+    stop_follower(f, &t);
+}

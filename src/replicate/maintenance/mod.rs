@@ -520,6 +520,8 @@ fn unrestorable(e: &crate::restore::RestoreError) -> bool {
         | E::Inconsistent(_)
         | E::Integrity(_) => true,
         E::Exists(_) | E::Busy(_) | E::Storage(_) | E::Io { .. } | E::Cancelled => false,
+        // A follower's alone: a verify never meets them.
+        E::Diverged { .. } | E::NotFollowed { .. } => false,
     }
 }
 

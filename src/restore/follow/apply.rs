@@ -164,11 +164,11 @@ impl ApplyJob {
             && h.min_txid.0 == self.txid.0 + 1
             && h.pre_apply_checksum != prev
         {
-            return Err(RestoreError::Inconsistent(format!(
-                "replica file {label} does not continue the followed history: pre-apply \
-                 checksum {:016x}, previous post-apply {prev:016x} (was the replica replaced?)",
-                h.pre_apply_checksum
-            )));
+            return Err(RestoreError::Diverged {
+                file: label,
+                pre: h.pre_apply_checksum,
+                prev,
+            });
         }
         Ok(h)
     }
