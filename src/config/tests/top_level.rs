@@ -103,11 +103,24 @@ fn socket_key() {
             permissions: 0o660,
         }
     );
+    // Unquoted with a leading zero it stays text (YAML 1.2), as Litestream's files write it.
+    let c = parse(&format!("socket:\n  permissions: 0640\n{MINIMAL}")).unwrap();
+    assert_eq!(c.socket.permissions, 0o640);
     for (text, line, parts) in [
         (
             format!("socket:\n  enabled: yes please\n{MINIMAL}"),
             2,
             vec!["expected true or false", "key `enabled` in socket"],
+        ),
+        (
+            format!("socket:\n  permissions: 0o640\n{MINIMAL}"),
+            2,
+            vec!["invalid permissions 416: write the octal mode as a quoted string"],
+        ),
+        (
+            format!("socket:\n  permissions: 600\n{MINIMAL}"),
+            2,
+            vec!["invalid permissions 600", "key `permissions` in socket"],
         ),
         (
             format!("socket:\n  permissions: \"0999\"\n{MINIMAL}"),

@@ -283,6 +283,13 @@ pub(crate) const SOCKET_KEYS: &[&str] = &["enabled", "path", "permissions"];
 
 /// `socket.permissions`: an octal mode such as `"0600"` (at most 0777).
 pub(crate) fn permissions(s: Scalar<'_>) -> Result<u32, String> {
+    // An unquoted number arrives as its value (0o640 as 416, read back as mode 0416): which
+    // digits were written is lost. `0640` unquoted stays text (YAML 1.2), and is taken.
+    if let Scalar::Int(_) = s {
+        return Err(format!(
+            "invalid permissions {s}: write the octal mode as a quoted string, such as \"0600\""
+        ));
+    }
     let v = text(s)?;
     let digits = v.trim().trim_start_matches("0o");
     match u32::from_str_radix(digits, 8) {
