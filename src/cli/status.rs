@@ -24,7 +24,7 @@ pub struct StatusArgs {
     #[arg(long, short = 'c', value_name = "FILE", conflicts_with = "addr")]
     pub config: Option<PathBuf>,
     /// Address of the daemon's HTTP endpoint (HOST:PORT), instead of --config.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", value_parser = host_port)]
     pub addr: Option<String>,
     /// Print the daemon's JSON as it is.
     #[arg(long)]
@@ -64,6 +64,18 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
         super::print_text(&table(&value))?;
     }
     Ok(())
+}
+
+/// `--addr`: `HOST:PORT` (a name or an address, `[v6]:PORT` for IPv6), checked before
+/// anything is asked: a value that is no address is a usage error, not an unreachable daemon.
+fn host_port(s: &str) -> Result<String, String> {
+    let port_ok = |p: &str| p.parse::<u16>().is_ok_and(|p| p > 0);
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port_ok(port) => Ok(s.to_string()),
+        _ => Err(format!(
+            "{s:?} is not HOST:PORT (e.g. 127.0.0.1:9090, localhost:9090 or [::1]:9090)"
+        )),
+    }
 }
 
 /// `GET path` from the daemon at `addr`: the body of a 200 answer.

@@ -277,6 +277,20 @@ fn commands_that_do_not_use_a_replica_do_not_need_its_secrets() {
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
         assert!(!err.contains("value is empty"), "{args:?}: {err}");
     }
+    // An --addr that is no HOST:PORT is a usage error, not an unreachable daemon.
+    for addr in ["garbage", "", "127.0.0.1:99999", ":9090"] {
+        let o = run(&["status", "--addr", addr]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{addr:?}: {err}");
+        assert!(err.contains("is not HOST:PORT"), "{addr:?}: {err}");
+    }
+    let o = run(&["status", "--addr", "localhost:1"]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     // restore uses the replica: the empty secret is still an error naming its key.
     let o = run(&[
         "restore",
