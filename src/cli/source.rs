@@ -21,6 +21,11 @@ pub fn target(txid: Option<&str>, timestamp: Option<&str>) -> Result<Target, Cli
         let txid: TxId = t
             .parse()
             .map_err(|e| CliError::Usage(format!("--txid: {e}")))?;
+        if txid.0 == 0 {
+            return Err(CliError::Usage(
+                "--txid 0000000000000000: TXIDs start at 0000000000000001".into(),
+            ));
+        }
         return Ok(Target::TxId(txid));
     }
     if let Some(ts) = timestamp {

@@ -99,6 +99,17 @@ fn reordered_segments_are_refused_and_a_previous_restore_is_kept() {
     );
 }
 
+/// TXID 0 names no state: a usage error (2), where it was looked for on the replica (1).
+#[test]
+fn txid_zero_is_a_usage_error() {
+    let (_dir, replica, out, previous) = replica_and_previous_restore("txid-zero");
+    let o = restore_cmd(&replica, &out, &["--force", "--txid", "0000000000000000"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("TXIDs start at 0000000000000001"), "{err}");
+    assert_eq!(fs::read(&out).unwrap(), previous);
+}
+
 #[test]
 fn overlapping_segment_ranges_are_refused_and_a_previous_restore_is_kept() {
     let (_dir, replica, out, previous) = replica_and_previous_restore("overlap");
