@@ -34,6 +34,14 @@ pub async fn run(args: LtxArgs) -> Result<(), CliError> {
             .map_err(CliError::Usage)?
             .with_age(Default::default())
     };
+    // An empty listing of a directory that is not there would read as a replica with nothing.
+    if let Some(root) = client.local_root().filter(|r| !r.exists()) {
+        return Err(CliError::Runtime(anyhow!(
+            "{} does not exist (a typo? for a database, its staging: has it been replicated \
+             here?)",
+            root.display()
+        )));
+    }
     let files = client.list_all().await.map_err(|e| anyhow!(e))?;
     // The segment's own time (its header's, the one `restore --timestamp` uses), read with a
     // few requests at a time; an encrypted file without its identity shows none.

@@ -132,6 +132,15 @@ fn restore_with_config_picks_the_named_replica_and_defaults_to_the_db_path() {
         assert!(t.timestamp() > 1_700_000_000, "{r}");
         assert!(r["stored"].is_string(), "{r}");
     }
+    // A mistyped path is no empty replica.
+    let typo = b.with_extension("typo");
+    let o = Command::new(bin())
+        .args(["ltx", typo.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not exist (a typo?"), "{err}");
 }
 
 /// A replica that fails every upload keeps the drain waiting; a second SIGTERM ends it at
