@@ -120,6 +120,7 @@ impl ReplicateArgs {
                 ));
             }
         };
+        config.check_local_replicas().map_err(CliError::Usage)?;
         // Checked again: the file's checks ran before these values replaced its own.
         let invalid = |e: String| CliError::Usage(format!("command line: {e}"));
         for db in &mut config.dbs {

@@ -139,6 +139,38 @@ impl Config {
         Ok(())
     }
 
+    /// Checks that no directory replica is a file that exists (the database itself, most
+    /// likely, given by mistake for the replica): `replicate` refuses to start, where the
+    /// replica would retry, never protected, until the stop.
+    pub fn check_local_replicas(&self) -> Result<(), String> {
+        for db in &self.dbs {
+            let local = db
+                .replicas
+                .iter()
+                .filter(|r| r.s3.is_none() && r.object.is_none() && r.sftp.is_none());
+            for r in local {
+                let Some(path) = r.url.strip_prefix("file://").map(Path::new) else {
+                    continue;
+                };
+                let what = if path == db.path {
+                    "the database itself"
+                } else if std::fs::metadata(path).is_ok_and(|m| !m.is_dir()) {
+                    "a file"
+                } else {
+                    continue;
+                };
+                return Err(format!(
+                    "database {}: replica {} ({}) is {what}: a directory replica is a \
+                     directory of LTX files; give a directory path",
+                    db.path.display(),
+                    r.name,
+                    path.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The configuration a `dir` entry gives the database at `path` (which need not exist:
     /// a restore target): the first entry whose `dir` holds `path` at an allowed depth and
     /// whose `pattern` matches its name. For `--config FILE DB_PATH` commands.

@@ -497,3 +497,54 @@ fn unreadable_database_no_permission() {
         fs::set_permissions(db, fs::Permissions::from_mode(0o000)).unwrap();
     });
 }
+
+/// A directory replica given as a file (the database itself, a typo for its directory) is a
+/// usage error at start (2), where the daemon ran with the replica never protected; nothing
+/// is written to either file.
+#[test]
+fn a_replica_that_is_a_file_is_refused_at_start() {
+    let dir = TestDir::new("replica-file");
+    let db = dir.join("app.db");
+    common::http::make_db(&db);
+    let other = dir.join("notes.txt");
+    fs::write(&other, b"mine").unwrap();
+    let before = fs::read(&db).unwrap();
+    // Accepted, the daemon would run until stopped: a failure, not a hang.
+    let run = |args: &[&str]| {
+        let log = dir.join("replicate.log");
+        let mut child = Command::new(bin())
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let status = wait_timeout(&mut child, WAIT);
+        if status.is_none() {
+            kill9(&mut child);
+        }
+        (
+            status.and_then(|s| s.code()),
+            fs::read_to_string(&log).unwrap(),
+        )
+    };
+    for (replica, what) in [(&db, "the database itself"), (&other, "a file")] {
+        let (code, err) = run(&["replicate", s(&db), s(replica)]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains(&format!("is {what}: a directory replica")),
+            "{err}"
+        );
+        let cfg = dir.join("replicad.yml");
+        let yaml = format!(
+            "dbs:\n  - path: {}\n    replica:\n      path: {}\n",
+            s(&db),
+            s(replica)
+        );
+        fs::write(&cfg, yaml).unwrap();
+        let (code, err) = run(&["replicate", "--config", s(&cfg)]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains(&format!("is {what}")), "{err}");
+    }
+    assert_eq!(fs::read(&db).unwrap(), before);
+    assert_eq!(fs::read(&other).unwrap(), b"mine");
+}
