@@ -67,13 +67,16 @@ struct Events {
 impl Events {
     /// Registers the database if it has no (live) watch yet; true when it got one now (a
     /// commit made before the watch existed sent no event: the caller ticks soon). Cheap
-    /// while inotify is full: the watcher refuses without a syscall for a while.
+    /// while inotify is full: the watcher resolves the path (two local calls) and refuses
+    /// without asking the kernel for a watch, for a while. A database
+    /// on a network file system polls: resolving its path may block without end there, on
+    /// this runtime thread and under the watcher's process-wide lock.
     fn ensure(&mut self, db: &Db) -> bool {
         if self.watch.as_ref().is_some_and(|w| !w.is_lost()) {
             return false;
         }
         self.watch = None;
-        if let Some(watcher) = &self.watcher {
+        if let Some(watcher) = self.watcher.as_ref().filter(|_| !db.on_network_fs()) {
             self.watch = watcher.watch(db.path());
         }
         db.stats()
@@ -211,18 +214,23 @@ pub(super) async fn monitor(
         }
         // A failed sync is retried on its backoff even while the files stay as they were (a
         // dormant database's forced sync that failed would stay reported until a write).
+        // Whether a sync must not wait for `min-sync-interval`, where it was read off the
+        // runtime's threads.
+        let mut urgent = None;
         let skip = if forced || !wanted.is_empty() || failing.is_some() {
             false
         } else if db.on_network_fs() {
             // A call there may block without end: never on the runtime's threads.
             let checked = run_blocking(db, &stats.health, |d| {
                 wait_at_test_gate(d.path());
-                d.fast_path_skip(Instant::now())
+                let skip = d.fast_path_skip(Instant::now());
+                (skip, !skip && d.sync_urgent())
             });
-            let Some((back, skip)) = checked.await else {
+            let Some((back, (skip, now_urgent))) = checked.await else {
                 return;
             };
             db = back;
+            urgent = Some(now_urgent);
             skip
         } else {
             db.fast_path_skip(Instant::now())
@@ -247,7 +255,9 @@ pub(super) async fn monitor(
         if !forced
             && wanted.is_empty()
             && let Some(at) = events.held(now)
-            && !db.sync_urgent()
+            // Not read on a network file system without the fast path: the hold lasts at most
+            // `min-sync-interval`.
+            && !urgent.unwrap_or_else(|| !db.on_network_fs() && db.sync_urgent())
         {
             next = next.min(at);
             // Shown as `held_seconds`: the replicas' lag cannot see changes not yet synced.
@@ -373,8 +383,9 @@ pub(super) async fn monitor(
                 tracing::error!(error = %e, "final sync failed; the next start resumes from the WAL")
             }
         }
-        // Dropping the Db closes the position channel: upload tasks drain and return.
-        drop(back);
+        // Dropping the Db closes the position channel: upload tasks drain and return. Its
+        // close (SQLite's, the files') may block on a hung file system: not on the runtime.
+        let _ = tokio::task::spawn_blocking(move || drop(back)).await;
     }
     drop(lock);
 }

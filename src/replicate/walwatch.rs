@@ -157,6 +157,10 @@ impl WalWatcher {
     /// Registers the database at `db`, or `None` when its commits must be found by polling
     /// (said once per process at WARN when inotify is unavailable or full).
     pub fn watch(self: &Arc<Self>, db: &Path) -> Option<WalWatch> {
+        if self.warned.load(Ordering::Relaxed) && self.lock().unavailable.is_some() {
+            // Said once already: no path resolution for a refusal.
+            return None;
+        }
         // SQLite puts the WAL beside the file a symbolic link points to; one directory reached
         // by two paths must be one entry.
         let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());

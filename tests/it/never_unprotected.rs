@@ -472,6 +472,17 @@ fn a_hung_network_file_system_stops_only_its_own_database() {
     wait_until(dir, "the daemon to answer", || get_status_ok(port));
     caught_up(dir, port, db, a, 0);
     let txid = caught_up(dir, port, other, b, 0);
+    // Registering a watch resolves the path, which may hang there: the database polls.
+    let metrics = get(port, "/metrics").1;
+    let watched = |p: &Path| {
+        let label = format!("db=\"{}\"", p.display());
+        sample(&metrics, "replicad_db_commit_watched", &label)
+    };
+    assert_eq!(
+        (watched(db), watched(other)),
+        (Some(0.0), Some(1.0)),
+        "{metrics}"
+    );
 
     // No commit: the idle check itself hangs (a sync would wait at the gate whatever ran it).
     fs::write(gate, b"").unwrap();
