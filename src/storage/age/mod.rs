@@ -494,24 +494,34 @@ impl ReplicaClient for AgeClient {
         let keys = self.keys.clone();
         let (from, to) = (src.to_path_buf(), tmp.clone());
         let started = std::time::Instant::now();
-        let sealed = tokio::task::spawn_blocking(move || keys.encrypt_file(&from, &to))
-            .await
-            .map_err(|e| StorageError::Transient {
-                op: "encrypt",
-                key: src.display().to_string(),
-                reason: e.to_string(),
-            })
-            .and_then(|r| r.map_err(|e| StorageError::from_io("encrypt", src, e)));
+        // A put dropped mid-way (a job aborted, a shutdown) leaves no sealed copy as large as
+        // the segment: the guard removes it, or the encryption once it ends.
+        let guard = Sealing::new(tmp.clone());
+        let abandoned = guard.abandoned.clone();
+        let sealed = tokio::task::spawn_blocking(move || {
+            let r = keys.encrypt_file(&from, &to);
+            if abandoned.load(std::sync::atomic::Ordering::SeqCst) {
+                let _ = std::fs::remove_file(&to);
+            }
+            r
+        })
+        .await
+        .map_err(|e| StorageError::Transient {
+            op: "encrypt",
+            key: src.display().to_string(),
+            reason: e.to_string(),
+        })
+        .and_then(|r| r.map_err(|e| StorageError::from_io("encrypt", src, e)));
         if let Err(e) = sealed {
             // Each attempt has its own name: a failed one must not stay behind.
-            let _ = tokio::fs::remove_file(&tmp).await;
+            guard.remove().await;
             return Err(e);
         }
         tracing::trace!(elapsed = ?started.elapsed(), "encrypted segment");
         let put = self
             .put_view(true, level, min, max, &tmp, timestamp_ms)
             .await;
-        let _ = tokio::fs::remove_file(&tmp).await;
+        guard.remove().await;
         put
     }
 
@@ -528,6 +538,38 @@ impl ReplicaClient for AgeClient {
             })
             .collect();
         self.delete_inner(&both).await
+    }
+}
+
+/// The sealed copy a put makes on the blocking pool. Dropped before [`Sealing::remove`], it
+/// marks the put abandoned, then removes the file: the encryption, which goes on, removes it
+/// too once it ends, should it have created the file after this removal.
+struct Sealing {
+    abandoned: Arc<std::sync::atomic::AtomicBool>,
+    file: Option<crate::util::fsutil::RemoveOnDrop>,
+}
+
+impl Sealing {
+    fn new(path: PathBuf) -> Sealing {
+        Sealing {
+            abandoned: Arc::default(),
+            file: Some(crate::util::fsutil::RemoveOnDrop(path)),
+        }
+    }
+
+    /// Removes the file now and waits for it (a put that ran to its end).
+    async fn remove(mut self) {
+        if let Some(f) = self.file.take() {
+            f.remove().await;
+        }
+    }
+}
+
+impl Drop for Sealing {
+    fn drop(&mut self) {
+        // Before the file's removal (the field drops after this): see the type's doc.
+        self.abandoned
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
