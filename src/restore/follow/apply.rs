@@ -158,10 +158,12 @@ impl ApplyJob {
         let mut buf = vec![0u8; self.page_size as usize];
         while dec.next_page(&mut buf).map_err(self.ltx_err())?.is_some() {}
         dec.finish().map_err(self.ltx_err())?;
+        // A bare flag is a writer's "predecessor unknown" (its staging was lost), not a state.
         if let Some(prev) = self.last_post
             && h.has_checksums()
             && !h.is_snapshot()
             && h.min_txid.0 == self.txid.0 + 1
+            && h.pre_apply_checksum != ltx::CHECKSUM_FLAG
             && h.pre_apply_checksum != prev
         {
             return Err(RestoreError::Diverged {

@@ -211,10 +211,15 @@ impl Fixture {
         }
     }
 
-    /// Downloads the file again (an apply removes it).
-    fn write_incoming(&self) {
+    /// Downloads the file again (an apply removes it): with checksums when `pre` is its
+    /// pre-apply checksum.
+    fn write_incoming(&self, pre: Option<u64>) {
         let header = Header {
-            flags: ltx::HEADER_FLAG_NO_CHECKSUM,
+            flags: match pre {
+                Some(_) => 0,
+                None => ltx::HEADER_FLAG_NO_CHECKSUM,
+            },
+            pre_apply_checksum: pre.unwrap_or(0),
             page_size: 4096,
             commit: self.new.len() as u32,
             min_txid: TxId(2),
@@ -226,11 +231,12 @@ impl Fixture {
         for (i, page) in self.new.iter().enumerate() {
             enc.encode_page(i as u32 + 1, page).unwrap();
         }
-        fs::write(&self.incoming, enc.finish(0).unwrap().0).unwrap();
+        let post = pre.map_or(0, |_| ltx::CHECKSUM_FLAG | 0x2);
+        fs::write(&self.incoming, enc.finish(post).unwrap().0).unwrap();
     }
 
     fn job(&self, fail_at_page: Option<u32>) -> ApplyJob {
-        self.write_incoming();
+        self.write_incoming(None);
         ApplyJob {
             db: self.db.clone(),
             to: self.to.clone(),
@@ -281,4 +287,30 @@ fn a_followed_database_replaced_at_its_path_gets_no_txid() {
     assert!(e.to_string().contains("was replaced"), "{e}");
     assert!(torn.is_none());
     assert_eq!(read_txid(&txid_path(&f.to)).unwrap(), None);
+}
+
+/// A file that does not start from the state the follower holds (its pre-apply checksum is
+/// not the last post-apply one) is refused with the database untouched; one whose writer did
+/// not know its predecessor (a bare checksum flag: its staging was lost) is applied, where it
+/// was refused at every poll.
+#[test]
+fn a_file_from_another_state_is_refused_and_an_unknown_start_applied() {
+    let f = Fixture::new();
+    let followed = ltx::CHECKSUM_FLAG | 0x1;
+    let job = |pre: u64| {
+        let mut job = f.job(None);
+        f.write_incoming(Some(pre));
+        job.last_post = Some(followed);
+        job
+    };
+    let (applied, torn) = job(ltx::CHECKSUM_FLAG | 0x9).run(None);
+    assert!(
+        matches!(applied, Err(RestoreError::Diverged { .. })),
+        "{applied:?}"
+    );
+    assert!(torn.is_none());
+    assert_eq!(rows_now(&f.to).unwrap(), 3);
+    let (applied, _) = job(ltx::CHECKSUM_FLAG).run(None);
+    assert_eq!(applied.unwrap().txid, TxId(2));
+    assert_eq!(rows_now(&f.to).unwrap(), 40);
 }
