@@ -599,8 +599,9 @@ impl Store {
         watches.values().map(|w| w.parked()).sum()
     }
 
-    /// Stops ingesting, drains uploads within the timeout, and returns when every task ended.
-    /// `abort` (a second signal) cuts the drain short. Returns what was left unprotected:
+    /// Stops ingesting, drains uploads within the timeout, and returns when every task ended,
+    /// or [`AFTER_STOP`] after stopping those still running (file work that does not return
+    /// is left behind and named). `abort` (a second signal) cuts the drain short. Returns what was left unprotected:
     /// one line per database whose last sync failed and per replica that does not hold its
     /// database's last TXID (empty: every segment was uploaded).
     pub async fn shutdown(self, abort: impl Future<Output = ()>) -> Vec<String> {
@@ -619,23 +620,29 @@ impl Store {
                 false
             }
         };
-        let mut hung = Vec::new();
+        let mut timed_out = false;
         if !drained {
             core.root.cancel();
-            if tokio::time::timeout(AFTER_STOP, core.tracker.wait())
+            timed_out = tokio::time::timeout(AFTER_STOP, core.tracker.wait())
                 .await
-                .is_err()
-            {
-                hung = still_working(&self.core.registry().snapshot());
-            }
+                .is_err();
         }
-        let mut left = unprotected(&self.core.registry().snapshot());
-        if !hung.is_empty() {
+        let dbs = self.core.registry().snapshot();
+        let mut left = unprotected(&dbs);
+        if timed_out {
+            let hung = still_working(&dbs);
             tracing::error!(
                 databases = hung.len(),
                 after = ?AFTER_STOP,
                 "file work still runs after the stop (a hung file system or disk?): exiting without waiting for it"
             );
+            if hung.is_empty() {
+                left.push(format!(
+                    "a task had not ended {} s after the stop was forced (a hung file system \
+                     or disk?): what it held is uploaded by the next start",
+                    AFTER_STOP.as_secs()
+                ));
+            }
             left.extend(hung);
         }
         if left.is_empty() {

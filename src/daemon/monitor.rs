@@ -175,6 +175,8 @@ pub(super) async fn monitor(
     let mut parked: Option<Parked> = None;
     loop {
         let forced = tokio::select! {
+            // A stop first: no tick starts once it came.
+            biased;
             _ = ingest.cancelled() => break,
             _ = until_tick(parked.as_ref(), next) => false,
             _ = trigger.wake.notified() => true,
@@ -368,8 +370,15 @@ pub(super) async fn monitor(
     }
     drop(wanted);
     drop(seeds);
+    // Marked as a tick's work is, through the close: a stop that hangs here names this
+    // database (`Store::shutdown`).
+    let _final = stats.health.begin(Instant::now());
     let tick = trigger.begin();
-    if let Some((back, result)) = run_blocking(db, &stats.health, |d| d.final_sync()).await {
+    let last = run_blocking(db, &stats.health, |d| {
+        wait_at_test_gate(d.path());
+        d.final_sync()
+    });
+    if let Some((back, result)) = last.await {
         match result {
             Ok(_) => {
                 if stats.health.recover().is_some() {

@@ -205,11 +205,10 @@ pub fn unprotected(dbs: &[DbHandle]) -> Vec<String> {
     out
 }
 
-/// One line per database whose own file work (a sync, an idle check) still runs, for a
-/// shutdown that leaves it behind; none for those [`unprotected`] already names.
+/// One line per database whose own file work (a sync, an idle check, its final sync and
+/// close) still runs, for a shutdown that leaves it behind.
 pub fn still_working(dbs: &[DbHandle]) -> Vec<String> {
     dbs.iter()
-        .filter(|d| d.stats.health.problem().is_none())
         .filter_map(|d| {
             let ran = d.stats.health.working_for()?;
             Some(format!(

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Path of a file; while it exists, the file work of a database in the same directory waits
-/// before it starts: each full sync, its idle check when on a network file system or in the
+/// before it starts: each full sync (the final one too), its idle check when on a network file system or in the
 /// dormant databases' pass, and its start; and a follower's first database, once placed and
 /// before its position is written.
 pub const SYNC_GATE_ENV: &str = "REPLICAD_TEST_SYNC_GATE";

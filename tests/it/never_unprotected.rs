@@ -312,10 +312,29 @@ fn a_stop_does_not_wait_for_a_sync_that_never_returns() {
         "{text}"
     );
     fs::remove_file(&gate).unwrap();
-    let d = spawn_replicate(dir.path(), &["--config", s(&cfg)]);
+    let d = spawn_replicate_env(
+        dir.path(),
+        &["--config", s(&cfg)],
+        &[("REPLICAD_TEST_SYNC_GATE", s(&gate))],
+    );
     wait_caught_up(&dir, port, &a);
-    d.stop_ok();
     restored_equals(&dir, &a, &db, "after-the-hung-stop.db");
+    // Idle, every commit uploaded: the stop's own final sync hangs, and is named too, where
+    // the stop said every segment was uploaded and exited 0.
+    fs::write(&gate, b"").unwrap();
+    let log = d.log.clone();
+    let st = d.stop();
+    let text = fs::read_to_string(&log).unwrap();
+    assert_eq!(st.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "database {}: a sync or check had not returned",
+            db.display()
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("every segment uploaded"), "{text}");
+    fs::remove_file(&gate).unwrap();
 }
 
 /// A maintenance job whose work was then done another way stops being reported: snapshots
