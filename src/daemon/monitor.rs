@@ -254,12 +254,18 @@ pub(super) async fn monitor(
         // Something to ship: a poll tick keeps to `min-sync-interval` as an event's tick does
         // (and to a partial pause or a backoff), or a busy database would ship at every poll.
         // The polls go on meanwhile: each looks again whether the sync has become urgent.
-        if !forced
-            && wanted.is_empty()
-            && let Some(at) = events.held(now)
-            // Not read on a network file system without the fast path: the hold lasts at most
-            // `min-sync-interval`.
-            && !urgent.unwrap_or_else(|| !db.on_network_fs() && db.sync_urgent())
+        let held = events.held(now).filter(|_| !forced && wanted.is_empty());
+        if held.is_some() && urgent.is_none() && db.on_network_fs() {
+            // A backoff's hold too: read where a call may block, as the fast path is.
+            let read = run_blocking(db, &stats.health, |d| d.sync_urgent());
+            let Some((back, now_urgent)) = read.await else {
+                return;
+            };
+            db = back;
+            urgent = Some(now_urgent);
+        }
+        if let Some(at) = held
+            && !urgent.unwrap_or_else(|| db.sync_urgent())
         {
             next = next.min(at);
             // Shown as `held_seconds`: the replicas' lag cannot see changes not yet synced.
