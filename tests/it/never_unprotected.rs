@@ -377,6 +377,8 @@ fn a_failed_job_whose_work_a_seed_did_is_no_longer_reported() {
     });
     wait_until(&dir, "the report cleared", || maint().is_null());
     assert!(tmp.is_file(), "no job could have run");
+    let log = d.log_text();
+    assert!(log.contains("its failure no longer stands"), "{log}");
     wait_caught_up(&dir, port, &a);
     restored_equals(&dir, &a, &db, "after-seed.db");
     d.stop_ok();

@@ -50,6 +50,19 @@ impl Replica {
     /// a compaction was to read), so its report would otherwise stand until the job next
     /// runs, which may be never on an idle database. Plans need no request.
     fn clear_moot_failures(&mut self) {
+        if self.maint_failing.is_empty() {
+            return;
+        }
+        // Only a change to the index makes a job moot: planning (a restore plan, for a
+        // verify) is not repeated at every round while nothing changed.
+        let files = (0..=crate::storage::SNAPSHOT_LEVEL)
+            .map(|l| self.index.level(l).len())
+            .sum();
+        let seen = Some((self.index.tip(), files));
+        if self.moot_checked == seen {
+            return;
+        }
+        self.moot_checked = seen;
         let failing = self.maint_failing.clone();
         for job in failing {
             let planned = maintenance::plan(
@@ -61,6 +74,10 @@ impl Replica {
                 self.found_tip,
             );
             if let Ok(None) = planned {
+                tracing::info!(db = %self.db, replica = %self.name, ?job, "a failing maintenance job has nothing left to do (its work was done another way): its failure no longer stands");
+                if job == Job::Compact(1) {
+                    self.compacted_l1(true);
+                }
                 self.maintenance_ran(job, None);
             }
         }

@@ -102,6 +102,8 @@ pub struct Replica {
     l1_failures: u32,
     /// The maintenance jobs whose last run failed ([`ReplicaStats::maintenance`]).
     maint_failing: Vec<Job>,
+    /// The index (tip, files) at the last look for failing jobs with nothing left to do.
+    moot_checked: Option<(TxId, usize)>,
     /// Why the last verify found that the replica does not restore: it is not protected
     /// until a verify passes again (after the seed that heals it).
     unrestorable: Option<String>,
@@ -195,6 +197,7 @@ impl Replica {
             swept: None,
             l1_failures: 0,
             maint_failing: Vec::new(),
+            moot_checked: None,
             recheck: false,
             next_check: None,
             failed_tip: TxId(0),
