@@ -38,11 +38,14 @@
 //!   until a retry applies the file whole (`follow/apply.rs`): readers get "database is locked",
 //!   never pages of two states. A stop meanwhile releases it; the next run re-applies from
 //!   `<db>-txid`.
-//! - A resume never applies a file over a database that is not the replica's state at its
-//!   TXID (another replica's database, or one written to since): a clean stop records the
-//!   last post-apply checksum in `<db>-checksum` (replicad's own; Litestream neither writes
-//!   nor reads it), and the first file after a resume at that TXID must start from it, or the
-//!   run fails. Without that record (a crash, a Litestream follower) it resumes unchecked.
+//! - A resume does not apply another replica's files over its database: a clean stop records
+//!   the replica's post-apply checksum at the database's TXID in `<db>-checksum`
+//!   (replicad's own; Litestream neither writes nor reads it), and the replica must agree at
+//!   that TXID (`follow/resume.rs`), or the run fails with the database untouched. It
+//!   resumes unchecked without a record (a crash, a Litestream follower), and with a warning
+//!   when no file of the replica starts right after that TXID or ends at it any more. The
+//!   record is the replica's checksum, not one read from the file: a write to the database
+//!   itself is not seen.
 //! - A shutdown never interrupts step 2..4: it is noticed while listing, downloading or
 //!   sleeping, and between files. One during the first run's restore stops it (nothing is
 //!   placed at `<db>`) and the run fails (exit 1), as a plain restore stopped does.
@@ -63,7 +66,11 @@ use crate::storage::{AnyClient, LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL, Stor
 use crate::util::fsutil;
 
 mod apply;
+mod resume;
+
 use apply::{ApplyJob, SqliteLock};
+pub use resume::checksum_path;
+use resume::{recorded_checksum, restored_checksum};
 
 /// Options of `restore --follow`.
 #[derive(Debug, Clone)]
@@ -82,25 +89,6 @@ pub struct FollowOptions {
 /// `<db>-txid`: the TXID the database file holds.
 pub fn txid_path(db: &Path) -> PathBuf {
     sidecar(db, "-txid")
-}
-
-/// `<db>-checksum`: `<txid> <post-apply checksum>` (hex) at a follower's last clean stop.
-pub fn checksum_path(db: &Path) -> PathBuf {
-    sidecar(db, "-checksum")
-}
-
-/// The post-apply checksum recorded for `db` at `txid`, if the record is of that TXID: any
-/// other (older, unreadable, absent) says nothing about the database.
-fn recorded_checksum(db: &Path, txid: TxId) -> Option<u64> {
-    let text = fs::read_to_string(checksum_path(db)).ok()?;
-    let (at, post) = text.trim().split_once(' ')?;
-    let at: TxId = at.parse().ok()?;
-    (at == txid).then(|| u64::from_str_radix(post, 16).ok())?
-}
-
-/// The checksum a restore proved its output to hold, if its files carried one.
-fn restored_checksum(report: Option<&restore::RestoreReport>) -> Option<u64> {
-    u64::from_str_radix(report?.db_checksum.as_deref()?, 16).ok()
 }
 
 /// Where the first restore is made ready before it is moved to `db`.
@@ -451,6 +439,11 @@ impl Follower {
             _ = stop.cancelled() => return Ok(Vec::new()),
         };
         let ext = extend_chain(&files, self.txid);
+        if self.checking_resume
+            && let Some(first) = ext.files.first()
+        {
+            self.check_resume(&files, first).await?;
+        }
         let mut applied = Vec::new();
         for info in &ext.files {
             let downloaded = tokio::select! {
@@ -554,21 +547,6 @@ impl Follower {
         self.last_post = applied.post_apply_checksum;
         self.checking_resume = false;
         Ok(applied)
-    }
-
-    /// Records the database's checksum at its TXID for the next run's resume (a clean stop).
-    async fn record_stop(&self) {
-        let Some(post) = self.last_post else {
-            return;
-        };
-        let (path, text) = (
-            checksum_path(&self.to),
-            format!("{} {post:016x}\n", self.txid),
-        );
-        let written = tokio::task::spawn_blocking(move || write_sidecar(&path, &text)).await;
-        if let Ok(Err(e)) = written {
-            tracing::warn!(db = %self.to.display(), error = %e, "could not record the database's checksum: the next run resumes unchecked");
-        }
     }
 }
 

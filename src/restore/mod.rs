@@ -121,8 +121,8 @@ pub enum RestoreError {
     /// A resumed follower's database is not the replica's state at its TXID.
     #[error(
         "{} at TXID {txid} is not this replica's state at that TXID ({reason}): it was \
-         restored from another replica, or written to since it was last followed; nothing was \
-         applied. Remove it and its -txid to restore it afresh from this replica",
+         followed from another replica; nothing was applied. Remove it and its -txid to \
+         restore it afresh from this replica",
         db.display()
     )]
     NotFollowed {

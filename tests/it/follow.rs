@@ -693,7 +693,7 @@ fn a_resume_over_another_replicas_database_is_refused() {
     let rep = t.replicate_db(&src_b, &replica_b);
     let past = wait_until(WAIT, || {
         wb.run(5);
-        max_replica_txid(&replica_b) > at + 1
+        max_replica_txid(&replica_b) > at + 3
     });
     assert!(
         past,
@@ -709,6 +709,42 @@ fn a_resume_over_another_replicas_database_is_refused() {
     assert_eq!(file_sha(&t.follower), before, "the database was written");
     assert_eq!(t.follower_txid(), at);
     assert!(integrity_ok(&t.follower));
+
+    // Replica b with its level 0 compacted past the followed TXID: the first file starts
+    // before it (unchecked as it is applied), and the file that ends at it says whose it is.
+    let compacted = t.dir.join("b-compacted");
+    copy_dir(&replica_b, &compacted);
+    let l0 = l0_ranges(&compacted);
+    let k = l0.iter().position(|&(min, _)| min == at + 1);
+    let k = k.unwrap_or_else(|| panic!("no L0 file starts at {:x}: {l0:x?}", at + 1));
+    assert!(k >= 1 && l0[k - 1].1 == at && k + 2 < l0.len(), "{l0:x?}");
+    let name = |(min, max): (u64, u64)| format!("{min:016x}-{max:016x}.ltx");
+    let l0_path = |r: (u64, u64)| compacted.join("ltx/0").join(name(r));
+    let inputs: Vec<Decoder<File>> = [l0[k - 1], l0[k], l0[k + 1]]
+        .iter()
+        .map(|&r| Decoder::new(File::open(l0_path(r)).unwrap()).unwrap())
+        .collect();
+    let l1 = compacted.join("ltx/1");
+    fs::create_dir_all(&l1).unwrap();
+    let tmp = l1.join("compacting.tmp");
+    compact(
+        inputs,
+        File::create(&tmp).unwrap(),
+        CompactOptions::default(),
+    )
+    .unwrap();
+    fs::rename(&tmp, l1.join(name((l0[k - 1].0, l0[k + 1].1)))).unwrap();
+    // Retired as compaction does; level 0 goes on after them.
+    for r in [l0[k], l0[k + 1]] {
+        fs::remove_file(l0_path(r)).unwrap();
+    }
+    let mut f = t.follow(&compacted);
+    let st = wait_timeout(&mut f.child, WAIT);
+    let log = f.log_text();
+    assert_eq!(st.and_then(|s| s.code()), Some(1), "{log}");
+    assert!(log.contains("ends there with checksum"), "{log}");
+    assert_eq!(file_sha(&t.follower), before, "the database was written");
+
     // Its own replica still resumes it.
     let mut f = t.follow(&t.replica);
     t.wait_log(&f, "resuming follow");

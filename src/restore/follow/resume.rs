@@ -1,0 +1,117 @@
+//! A resumed follower's check that its database is the replica's state at its TXID (see the
+//! invariants of [`super`]): the checksum a clean stop records, compared with the first file
+//! that continues the database, or with a file of the replica that ends at that TXID.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::{Follower, file_label, write_sidecar};
+use crate::ltx::{self, Decoder, TxId};
+use crate::restore::{self, RestoreError, sidecar};
+use crate::storage::{LtxFileInfo, SNAPSHOT_LEVEL};
+
+/// `<db>-checksum`: `<txid> <post-apply checksum>` (hex) at a follower's last clean stop.
+pub fn checksum_path(db: &Path) -> PathBuf {
+    sidecar(db, "-checksum")
+}
+
+/// The post-apply checksum recorded for `db` at `txid`, if the record is of that TXID: any
+/// other (older, unreadable, absent) says nothing about the database.
+pub(super) fn recorded_checksum(db: &Path, txid: TxId) -> Option<u64> {
+    let text = fs::read_to_string(checksum_path(db)).ok()?;
+    let (at, post) = text.trim().split_once(' ')?;
+    let at: TxId = at.parse().ok()?;
+    (at == txid).then(|| u64::from_str_radix(post, 16).ok())?
+}
+
+/// The checksum a restore proved its output to hold, if its files carried one.
+pub(super) fn restored_checksum(report: Option<&restore::RestoreReport>) -> Option<u64> {
+    u64::from_str_radix(report?.db_checksum.as_deref()?, 16).ok()
+}
+
+impl Follower {
+    /// Before the first file after a resume with a recorded checksum: a file that starts
+    /// right after the database's TXID is checked as it is applied (its pre-apply checksum),
+    /// and a snapshot replaces the state whole. One that starts before it (the replica
+    /// compacted its level 0 since) is checked here against the smallest listed file that
+    /// ends at that TXID (its post-apply checksum); with none, the resume goes on unchecked,
+    /// and the log says so.
+    pub(super) async fn check_resume(
+        &mut self,
+        files: &[LtxFileInfo],
+        first: &LtxFileInfo,
+    ) -> Result<(), RestoreError> {
+        if first.min_txid.0 == self.txid.0 + 1 {
+            return Ok(());
+        }
+        let Some(recorded) = self.last_post else {
+            self.checking_resume = false;
+            return Ok(());
+        };
+        if first.level == SNAPSHOT_LEVEL {
+            self.checking_resume = false;
+            return Ok(());
+        }
+        let at_tip = files
+            .iter()
+            .filter(|f| f.max_txid == self.txid)
+            .min_by_key(|f| f.size);
+        let Some(f) = at_tip else {
+            tracing::warn!(db = %self.to.display(), txid = %self.txid, file = %file_label(first),
+                "the replica holds no file that ends at the followed TXID (compacted since the last stop): resuming without checking that the database is this replica's state");
+            self.checking_resume = false;
+            return Ok(());
+        };
+        self.download(f).await?;
+        let incoming = self.incoming.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let r = fs::File::open(&incoming)
+                .map_err(ltx::LtxError::Io)
+                .and_then(Decoder::new)
+                .and_then(|d| {
+                    let has = d.header().has_checksums();
+                    d.finish().map(|t| has.then_some(t.post_apply_checksum))
+                });
+            let _ = fs::remove_file(&incoming);
+            r
+        })
+        .await
+        .map_err(|e| RestoreError::Inconsistent(format!("follow task failed: {e}")))?;
+        let post = read.map_err(|source| RestoreError::Ltx {
+            file: file_label(f),
+            source,
+        })?;
+        match post {
+            Some(post) if post != ltx::CHECKSUM_FLAG && post != recorded => {
+                Err(RestoreError::NotFollowed {
+                    db: self.to.clone(),
+                    txid: self.txid,
+                    reason: format!(
+                        "replica file {} ends there with checksum {post:016x}, the database's \
+                         is {recorded:016x}",
+                        file_label(f)
+                    ),
+                })
+            }
+            _ => {
+                self.checking_resume = false;
+                Ok(())
+            }
+        }
+    }
+
+    /// Records the database's checksum at its TXID for the next run's resume (a clean stop).
+    pub(super) async fn record_stop(&self) {
+        let Some(post) = self.last_post else {
+            return;
+        };
+        let (path, text) = (
+            checksum_path(&self.to),
+            format!("{} {post:016x}\n", self.txid),
+        );
+        let written = tokio::task::spawn_blocking(move || write_sidecar(&path, &text)).await;
+        if let Ok(Err(e)) = written {
+            tracing::warn!(db = %self.to.display(), error = %e, "could not record the database's checksum: the next run resumes unchecked");
+        }
+    }
+}
