@@ -442,7 +442,7 @@ impl Follower {
         if self.checking_resume
             && let Some(first) = ext.files.first()
         {
-            self.check_resume(&files, first).await?;
+            self.check_resume(&files, first, stop).await?;
         }
         let mut applied = Vec::new();
         for info in &ext.files {

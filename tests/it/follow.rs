@@ -712,19 +712,56 @@ fn a_resume_over_another_replicas_database_is_refused() {
 
     // Replica b with its level 0 compacted past the followed TXID: the first file starts
     // before it (unchecked as it is applied), and the file that ends at it says whose it is.
-    let compacted = t.dir.join("b-compacted");
-    copy_dir(&replica_b, &compacted);
-    let l0 = l0_ranges(&compacted);
+    let compacted = compacted_past(&t.dir.join("b-compacted"), &replica_b, at);
+    let mut f = t.follow(&compacted);
+    let st = wait_timeout(&mut f.child, WAIT);
+    let log = f.log_text();
+    assert_eq!(st.and_then(|s| s.code()), Some(1), "{log}");
+    assert!(log.contains("ends there with checksum"), "{log}");
+    assert_eq!(file_sha(&t.follower), before, "the database was written");
+
+    // Its own replica, compacted the same way, still resumes it: the file that ends at the
+    // followed TXID agrees.
+    let rep = t.replicate();
+    let past = wait_until(WAIT, || {
+        wa.run(5);
+        max_replica_txid(&t.replica) > at + 3
+    });
+    assert!(
+        past,
+        "replica a stayed at or below TXID {at:x}; {}",
+        t.context()
+    );
+    stop_replicate(rep);
+    let own = compacted_past(&t.dir.join("a-compacted"), &t.replica, at);
+    let mut f = t.follow(&own);
+    t.wait_log(&f, "resuming follow");
+    t.wait_follower(&mut f, max_replica_txid(&own));
+    assert_same_content(&t.src, &t.follower, "resumed from a compacted replica");
+    assert!(
+        !f.log_text().contains("without checking"),
+        "{}",
+        f.log_text()
+    );
+    stop_follower(f, &t);
+}
+
+/// A copy of `replica` at `to` whose level-0 files that start right after `at` and the next
+/// are compacted, with the one before them, into one level-1 file, and retired (as the
+/// replica's own compaction and retention do); level 0 goes on after them.
+fn compacted_past(to: &Path, replica: &Path, at: u64) -> PathBuf {
+    copy_dir(replica, to);
+    let l0 = l0_ranges(to);
     let k = l0.iter().position(|&(min, _)| min == at + 1);
     let k = k.unwrap_or_else(|| panic!("no L0 file starts at {:x}: {l0:x?}", at + 1));
     assert!(k >= 1 && l0[k - 1].1 == at && k + 2 < l0.len(), "{l0:x?}");
     let name = |(min, max): (u64, u64)| format!("{min:016x}-{max:016x}.ltx");
-    let l0_path = |r: (u64, u64)| compacted.join("ltx/0").join(name(r));
+    let l0_path = |r: (u64, u64)| to.join("ltx/0").join(name(r));
     let inputs: Vec<Decoder<File>> = [l0[k - 1], l0[k], l0[k + 1]]
         .iter()
         .map(|&r| Decoder::new(File::open(l0_path(r)).unwrap()).unwrap())
         .collect();
-    let l1 = compacted.join("ltx/1");
+    let l1 = to.join("ltx/1");
     fs::create_dir_all(&l1).unwrap();
     let tmp = l1.join("compacting.tmp");
     compact(
@@ -734,20 +771,8 @@ fn a_resume_over_another_replicas_database_is_refused() {
     )
     .unwrap();
     fs::rename(&tmp, l1.join(name((l0[k - 1].0, l0[k + 1].1)))).unwrap();
-    // Retired as compaction does; level 0 goes on after them.
     for r in [l0[k], l0[k + 1]] {
         fs::remove_file(l0_path(r)).unwrap();
     }
-    let mut f = t.follow(&compacted);
-    let st = wait_timeout(&mut f.child, WAIT);
-    let log = f.log_text();
-    assert_eq!(st.and_then(|s| s.code()), Some(1), "{log}");
-    assert!(log.contains("ends there with checksum"), "{log}");
-    assert_eq!(file_sha(&t.follower), before, "the database was written");
-
-    // Its own replica still resumes it.
-    let mut f = t.follow(&t.replica);
-    t.wait_log(&f, "resuming follow");
-    t.wait_follower(&mut f, at);
-    stop_follower(f, &t);
+    to.to_path_buf()
 }

@@ -379,6 +379,10 @@ fn a_failed_job_whose_work_a_seed_did_is_no_longer_reported() {
     assert!(tmp.is_file(), "no job could have run");
     let log = d.log_text();
     assert!(log.contains("its failure no longer stands"), "{log}");
+    assert!(
+        !log.contains("maintenance runs again"),
+        "no job ran:\n{log}"
+    );
     wait_caught_up(&dir, port, &a);
     restored_equals(&dir, &a, &db, "after-seed.db");
     d.stop_ok();

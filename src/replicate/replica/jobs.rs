@@ -78,7 +78,11 @@ impl Replica {
                 if job == Job::Compact(1) {
                     self.compacted_l1(true);
                 }
-                self.maintenance_ran(job, None);
+                // As `maintenance_ran` clears a job that ran, without its "runs again" line.
+                self.maint_failing.retain(|j| *j != job);
+                if self.maint_failing.is_empty() {
+                    self.stats.maintenance.recover();
+                }
             }
         }
     }

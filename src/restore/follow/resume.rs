@@ -5,10 +5,12 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use tokio_util::sync::CancellationToken;
+
 use super::{Follower, file_label, write_sidecar};
 use crate::ltx::{self, Decoder, TxId};
 use crate::restore::{self, RestoreError, sidecar};
-use crate::storage::{LtxFileInfo, SNAPSHOT_LEVEL};
+use crate::storage::{LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL};
 
 /// `<db>-checksum`: `<txid> <post-apply checksum>` (hex) at a follower's last clean stop.
 pub fn checksum_path(db: &Path) -> PathBuf {
@@ -31,19 +33,17 @@ pub(super) fn restored_checksum(report: Option<&restore::RestoreReport>) -> Opti
 
 impl Follower {
     /// Before the first file after a resume with a recorded checksum: a file that starts
-    /// right after the database's TXID is checked as it is applied (its pre-apply checksum),
-    /// and a snapshot replaces the state whole. One that starts before it (the replica
-    /// compacted its level 0 since) is checked here against the smallest listed file that
-    /// ends at that TXID (its post-apply checksum); with none, the resume goes on unchecked,
-    /// and the log says so.
+    /// right after the database's TXID and names its predecessor's checksum is checked as it
+    /// is applied, and a snapshot replaces the state whole. Otherwise (the replica compacted
+    /// its level 0 since the stop, or the file does not name its predecessor) the record is
+    /// compared here with a listed file that ends at that TXID (its post-apply checksum); with
+    /// none, the resume goes on unchecked, and the log says so. A stop ends it at once.
     pub(super) async fn check_resume(
         &mut self,
         files: &[LtxFileInfo],
         first: &LtxFileInfo,
+        stop: &CancellationToken,
     ) -> Result<(), RestoreError> {
-        if first.min_txid.0 == self.txid.0 + 1 {
-            return Ok(());
-        }
         let Some(recorded) = self.last_post else {
             self.checking_resume = false;
             return Ok(());
@@ -52,17 +52,39 @@ impl Follower {
             self.checking_resume = false;
             return Ok(());
         }
-        let at_tip = files
+        if first.min_txid.0 == self.txid.0 + 1 {
+            let h = self.client.read_header(first).await?;
+            if h.has_checksums() && h.pre_apply_checksum != ltx::CHECKSUM_FLAG {
+                return Ok(());
+            }
+        }
+        let mut ending: Vec<LtxFileInfo> = files
             .iter()
             .filter(|f| f.max_txid == self.txid)
-            .min_by_key(|f| f.size);
-        let Some(f) = at_tip else {
-            tracing::warn!(db = %self.to.display(), txid = %self.txid, file = %file_label(first),
-                "the replica holds no file that ends at the followed TXID (compacted since the last stop): resuming without checking that the database is this replica's state");
-            self.checking_resume = false;
-            return Ok(());
+            .cloned()
+            .collect();
+        if ending.is_empty() && files.iter().all(|f| f.level == 0) {
+            // The listing stopped at level 0 (it extends the database): the others may hold one.
+            for level in 1..=SNAPSHOT_LEVEL {
+                let listed = self.client.list(level).await?;
+                ending.extend(listed.into_iter().filter(|f| f.max_txid == self.txid));
+            }
+        }
+        // A snapshot only when nothing smaller ends there: it may be the whole database.
+        let Some(f) = ending
+            .into_iter()
+            .min_by_key(|f| (f.level == SNAPSHOT_LEVEL, f.size))
+        else {
+            return self.unchecked(first, "no file of the replica ends at the followed TXID");
         };
-        self.download(f).await?;
+        let downloaded = tokio::select! {
+            r = self.download(&f) => r,
+            _ = stop.cancelled() => Ok(()),
+        };
+        if stop.is_cancelled() || downloaded.is_err() {
+            let _ = tokio::fs::remove_file(&self.incoming).await;
+            return downloaded;
+        }
         let incoming = self.incoming.clone();
         let read = tokio::task::spawn_blocking(move || {
             let r = fs::File::open(&incoming)
@@ -78,7 +100,7 @@ impl Follower {
         .await
         .map_err(|e| RestoreError::Inconsistent(format!("follow task failed: {e}")))?;
         let post = read.map_err(|source| RestoreError::Ltx {
-            file: file_label(f),
+            file: file_label(&f),
             source,
         })?;
         match post {
@@ -89,15 +111,27 @@ impl Follower {
                     reason: format!(
                         "replica file {} ends there with checksum {post:016x}, the database's \
                          is {recorded:016x}",
-                        file_label(f)
+                        file_label(&f)
                     ),
                 })
             }
-            _ => {
+            Some(_) => {
                 self.checking_resume = false;
                 Ok(())
             }
+            None => self.unchecked(
+                first,
+                "the file that ends at the followed TXID carries no checksums",
+            ),
         }
+    }
+
+    /// Goes on without checking the resume, and says why.
+    fn unchecked(&mut self, first: &LtxFileInfo, why: &str) -> Result<(), RestoreError> {
+        tracing::warn!(db = %self.to.display(), txid = %self.txid, file = %file_label(first),
+            "{why}: resuming without checking that the database is this replica's state");
+        self.checking_resume = false;
+        Ok(())
     }
 
     /// Records the database's checksum at its TXID for the next run's resume (a clean stop).
