@@ -600,10 +600,11 @@ impl Store {
     }
 
     /// Stops ingesting, drains uploads within the timeout, and returns when every task ended,
-    /// or [`AFTER_STOP`] after stopping those still running (file work that does not return
-    /// is left behind and named). `abort` (a second signal) cuts the drain short. Returns what was left unprotected:
-    /// one line per database whose last sync failed and per replica that does not hold its
-    /// database's last TXID (empty: every segment was uploaded).
+    /// or 5 s after stopping those still running (file work that does not return is left
+    /// behind and named). `abort` (a second signal) cuts the drain short. Returns what was
+    /// left unprotected: one line per database whose last sync failed, per replica that does
+    /// not hold its database's last TXID, and per database whose work was left behind (empty:
+    /// every segment was uploaded).
     pub async fn shutdown(self, abort: impl Future<Output = ()>) -> Vec<String> {
         let core = &*self.core.inner;
         core.ingest.cancel();
