@@ -68,9 +68,9 @@ impl Events {
     /// Registers the database if it has no (live) watch yet; true when it got one now (a
     /// commit made before the watch existed sent no event: the caller ticks soon). Cheap
     /// while inotify is full: the watcher resolves the path (two local calls) and refuses
-    /// without asking the kernel for a watch, for a while. A database
-    /// on a network file system polls: resolving its path may block without end there, on
-    /// this runtime thread and under the watcher's process-wide lock.
+    /// without asking the kernel for a watch, for a while. A database on a network file
+    /// system polls: resolving its path may block without end there, on this runtime thread
+    /// and under the watcher's process-wide lock.
     fn ensure(&mut self, db: &Db) -> bool {
         if self.watch.as_ref().is_some_and(|w| !w.is_lost()) {
             return false;
@@ -214,11 +214,11 @@ pub(super) async fn monitor(
         if !forced {
             next = grid.after(now);
         }
-        // A failed sync is retried on its backoff even while the files stay as they were (a
-        // dormant database's forced sync that failed would stay reported until a write).
         // Whether a sync must not wait for `min-sync-interval`, where it was read off the
         // runtime's threads.
         let mut urgent = None;
+        // A failed sync is retried on its backoff even while the files stay as they were (a
+        // dormant database's forced sync that failed would stay reported until a write).
         let skip = if forced || !wanted.is_empty() || failing.is_some() {
             false
         } else if db.on_network_fs() {

@@ -45,6 +45,22 @@ impl Replica {
         self.due = others;
     }
 
+    /// Plans `job` from the index (no request; see [`maintenance::plan`]).
+    fn plan(
+        &self,
+        job: Job,
+        verified: Option<Verified>,
+    ) -> Result<Option<maintenance::Work>, StorageError> {
+        maintenance::plan(
+            job,
+            &self.maint,
+            &self.client,
+            &self.index,
+            verified,
+            self.found_tip,
+        )
+    }
+
     /// Clears the failure of each failing job that now has nothing to do: what it failed to
     /// do was done another way (a seed stored the snapshot at the tip, a wipe took the files
     /// a compaction was to read), so its report would otherwise stand until the job next
@@ -65,14 +81,7 @@ impl Replica {
         self.moot_checked = seen;
         let failing = self.maint_failing.clone();
         for job in failing {
-            let planned = maintenance::plan(
-                job,
-                &self.maint,
-                &self.client,
-                &self.index,
-                self.verified,
-                self.found_tip,
-            );
+            let planned = self.plan(job, self.verified);
             if let Ok(None) = planned {
                 tracing::info!(db = %self.db, replica = %self.name, ?job, "a failing maintenance job has nothing left to do (its work was done another way): its failure no longer stands");
                 if job == Job::Compact(1) {
@@ -115,14 +124,7 @@ impl Replica {
                 }
                 self.swept = Some(self.index.tip());
             }
-            let planned = maintenance::plan(
-                job,
-                &self.maint,
-                &self.client,
-                &self.index,
-                self.verified,
-                self.found_tip,
-            );
+            let planned = self.plan(job, self.verified);
             let work = match planned {
                 Ok(Some(work)) => work,
                 Ok(None) => continue,
@@ -292,14 +294,7 @@ impl Replica {
                     .expect("the verify semaphore is never closed"),
             };
             let job = Job::Verify;
-            let planned = maintenance::plan(
-                job,
-                &self.maint,
-                &self.client,
-                &self.index,
-                None,
-                self.found_tip,
-            );
+            let planned = self.plan(job, None);
             match planned {
                 Ok(Some(work)) => {
                     let (m, counters) = (&self.maint, &self.stats.counters);
