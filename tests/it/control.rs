@@ -129,14 +129,7 @@ fn sync_wait_replicates_the_latest_txid_through_the_socket() {
         &["sync", "--socket", s(&sock), s(&db)][..],
         &["status", "--config", s(&config)],
     ] {
-        let mut child = Command::new(bin())
-            .args(cmd)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        drop(child.stdout.take());
-        let o = child.wait_with_output().unwrap();
+        let o = common::run_with_stdout_closed(cmd);
         assert_eq!(o.status.code(), Some(0), "{cmd:?}: {}", text(&o));
         let full = std::fs::File::create("/dev/full").unwrap();
         let o = Command::new(bin()).args(cmd).stdout(full).output().unwrap();

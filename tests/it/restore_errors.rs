@@ -503,14 +503,13 @@ fn a_replica_of_a_damaged_database_fails_the_integrity_check_and_writes_nothing(
 fn a_closed_stdout_does_not_fail_a_finished_restore() {
     let f = Fixture::new();
     let out = f.out();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_replicad"))
-        .args(["restore", "--to", out.to_str().unwrap(), &f.replica()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stdout.take());
-    let o = child.wait_with_output().unwrap();
+    let replica = f.replica();
+    let o = crate::common::run_with_stdout_closed(&[
+        "restore",
+        "--to",
+        out.to_str().unwrap(),
+        &replica,
+    ]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");

@@ -34,6 +34,19 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_replicad")
 }
 
+/// Runs `replicad ARGS...` with its stdout closed from the start, as behind a reader that
+/// left (`| head`); its stderr is kept.
+pub fn run_with_stdout_closed(args: &[&str]) -> Output {
+    let mut child = Command::new(bin())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
+}
+
 /// The seed for a test's random choices: `REPLICAD_TEST_SEED` (decimal or `0x` hex) if set,
 /// else random. Printed so that a failure can be reproduced.
 pub fn seed(test: &str) -> u64 {
