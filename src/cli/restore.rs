@@ -74,6 +74,10 @@ pub struct RestoreArgs {
     /// Skip `PRAGMA integrity_check` on the restored database.
     #[arg(long)]
     pub no_integrity_check: bool,
+    /// Litestream's `-integrity-check LEVEL`; `quick` and `full` both run the full check, and
+    /// an unknown level is refused with the valid ones named.
+    #[arg(long = "integrity-check", value_name = "LEVEL", hide = true, value_parser = ["none", "quick", "full"])]
+    pub integrity_check_level: Option<String>,
     /// Ranged GETs in flight while downloading from a remote replica; each holds up to 2 MiB
     /// in memory until it has been applied.
     #[arg(long, value_name = "N", default_value_t = restore::DEFAULT_PARALLELISM, value_parser = parse_parallelism)]
@@ -92,6 +96,14 @@ pub struct RestoreArgs {
         requires = "follow"
     )]
     pub follow_interval: Duration,
+}
+
+impl RestoreArgs {
+    /// Whether the restored database is checked: `--no-integrity-check` and Litestream's
+    /// `-integrity-check none` turn it off.
+    fn integrity_check(&self) -> bool {
+        !self.no_integrity_check && self.integrity_check_level.as_deref() != Some("none")
+    }
 }
 
 fn parse_parallelism(s: &str) -> Result<usize, String> {
@@ -166,7 +178,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
             to,
             interval: args.follow_interval,
             force: args.force,
-            integrity_check: !args.no_integrity_check,
+            integrity_check: args.integrity_check(),
         };
         return follow_until_signal(&client, &opts)
             .await
@@ -190,6 +202,15 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
             );
             return Ok(());
         }
+        Err(RestoreError::NoBackups(_)) if client.local_root().is_some_and(|r| !r.exists()) => {
+            return Err(CliError::Runtime(anyhow!(
+                "replica directory {} does not exist (a typo?); nothing was restored",
+                client
+                    .local_root()
+                    .map(|r| r.display().to_string())
+                    .unwrap_or_default()
+            )));
+        }
         Err(e) => return Err(anyhow!(e).into()),
     };
     if args.dry_run {
@@ -200,7 +221,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
         to,
         target,
         force: args.force,
-        integrity_check: !args.no_integrity_check,
+        integrity_check: args.integrity_check(),
         phases: Default::default(),
         threads: None,
     };

@@ -372,6 +372,16 @@ fn a_replica_directory_that_does_not_exist_is_not_an_empty_replica() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(!out.exists());
+    // Without --if-replica-exists, a typo is said as one, not as an empty replica.
+    let o = Command::new(env!("CARGO_BIN_EXE_replicad"))
+        .args(["restore", "-o", out.to_str().unwrap()])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not exist (a typo?)"), "{err}");
+    assert!(!out.exists());
 }
 
 #[test]
@@ -431,6 +441,21 @@ fn usage_errors_exit_2() {
             "{args:?}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
+    }
+    // Litestream's -integrity-check with a level it does not have: the valid ones are named.
+    for level in [
+        &["-integrity-check", "bogus"][..],
+        &["-integrity-check=fast"],
+    ] {
+        let o = Command::new(bin)
+            .arg("restore")
+            .args(level)
+            .args(["-o", "/tmp/x.db", "/tmp"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{level:?}: {err}");
+        assert!(err.contains("possible values: none, quick, full"), "{err}");
     }
 }
 

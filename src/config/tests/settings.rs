@@ -766,4 +766,26 @@ fn bad_numbers_and_compression() {
         5,
         &["must be 1..=19", "key `compression` in dbs[0]"],
     );
+    // Past u64, YAML gives a u128: said as out of range, not as a type error.
+    assert_fail(
+        &format!("{MINIMAL}    dormant-max-size: 18446744073709551616\n"),
+        5,
+        &[
+            "18446744073709551616 is out of range (at most 18446744073709551615 bytes)",
+            "key `dormant-max-size` in dbs[0]",
+        ],
+    );
+    assert_fail(
+        &format!("{MINIMAL}    dormant-max-size: 340282366920938463463374607431768211455\n"),
+        5,
+        &[
+            "340282366920938463463374607431768211455 is out of range",
+            "key `dormant-max-size` in dbs[0]",
+        ],
+    );
+    assert_fail(
+        &format!("{MINIMAL}    min-checkpoint-page-count: 18446744073709551616\n"),
+        5,
+        &["18446744073709551616 is out of range"],
+    );
 }

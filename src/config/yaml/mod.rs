@@ -21,6 +21,12 @@ macro_rules! visit_scalars {
         fn visit_i128<E: de::Error>(self, v: i128) -> Result<Self::Value, E> {
             self.$method(Scalar::Int(v))
         }
+        fn visit_u128<E: de::Error>(self, v: u128) -> Result<Self::Value, E> {
+            match i128::try_from(v) {
+                Ok(i) => self.$method(Scalar::Int(i)),
+                Err(_) => Err(E::custom(format!("{v} is out of range"))),
+            }
+        }
         fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
             self.$method(Scalar::Float(v))
         }
@@ -571,11 +577,19 @@ pub(crate) fn bucket(s: Scalar<'_>) -> Result<String, String> {
     Ok(b)
 }
 
+/// A size in bytes from an integer, or why it is not one.
+fn bytes_of(i: i128) -> Result<u64, String> {
+    if i < 0 {
+        return Err(format!("{i} is not a size in bytes"));
+    }
+    u64::try_from(i).map_err(|_| format!("{i} is out of range (at most {} bytes)", u64::MAX))
+}
+
 /// Bytes, as an integer or with a unit (`64MiB`).
 pub(crate) fn byte_size(s: Scalar<'_>) -> Result<u64, String> {
     match s {
         Scalar::Str(v) => parse_size(v),
-        Scalar::Int(i) => u64::try_from(i).map_err(|_| format!("{i} is not a size in bytes")),
+        Scalar::Int(i) => bytes_of(i),
         other => Err(format!(
             "expected a size in bytes such as 64MiB or 67108864, found {other}"
         )),
@@ -586,7 +600,7 @@ pub(crate) fn byte_size(s: Scalar<'_>) -> Result<u64, String> {
 pub(crate) fn part_size(s: Scalar<'_>) -> Result<u64, String> {
     let n = match s {
         Scalar::Str(v) => parse_size(v)?,
-        Scalar::Int(i) => u64::try_from(i).map_err(|_| format!("{i} is not a size in bytes"))?,
+        Scalar::Int(i) => bytes_of(i)?,
         other => {
             return Err(format!(
                 "expected a size in bytes such as 10MiB or 10485760, found {other}"
@@ -683,6 +697,15 @@ impl<'de, T> Visitor<'de> for ValueSeed<'_, T> {
     }
     fn visit_i128<E: de::Error>(self, v: i128) -> Result<T, E> {
         self.finish(Scalar::Int(v))
+    }
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<T, E> {
+        match i128::try_from(v) {
+            Ok(i) => self.finish(Scalar::Int(i)),
+            Err(_) => Err(self.ctx.fail(format!(
+                "{v} is out of range (key `{}` {})",
+                self.key, self.place
+            ))),
+        }
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
         self.finish(Scalar::Float(v))
