@@ -7,7 +7,7 @@ use anyhow::anyhow;
 use clap::Args;
 
 use super::CliError;
-use super::source::{source, target};
+use super::source::{refuse_output_in_replica, source, target};
 use crate::restore::{self, RestoreError, RestoreOptions};
 use crate::storage::ReplicaClient;
 use crate::util::stop::Gate;
@@ -152,6 +152,9 @@ pub async fn run(args: RestoreArgs) -> Result<(), CliError> {
             "--to {} is a directory: give the path of the database file to write",
             to.display()
         )));
+    }
+    if !args.dry_run {
+        refuse_output_in_replica(&client, &to)?;
     }
     // Before the lock: a skip writes nothing, so a daemon that holds the database (a pod's
     // init container while the old pod's sidecar still runs) is no reason to fail.

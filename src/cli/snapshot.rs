@@ -22,7 +22,7 @@ use flate2::Compression;
 use flate2::write::GzEncoder;
 
 use super::CliError;
-use super::source::{source, target};
+use super::source::{refuse_output_in_replica, source, target};
 use crate::restore::{self, RestoreOptions};
 use crate::util::fsutil;
 use crate::util::stop::{Gate, Stoppable};
@@ -101,6 +101,7 @@ pub async fn run(args: SnapshotArgs) -> Result<(), CliError> {
             to.display()
         )));
     }
+    refuse_output_in_replica(&client, &to)?;
     check_output(&to, gzip, args.force)?;
 
     let plan = restore::plan(&client, target)

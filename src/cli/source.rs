@@ -36,6 +36,44 @@ pub fn target(txid: Option<&str>, timestamp: Option<&str>) -> Result<Target, Cli
     Ok(Target::Latest)
 }
 
+/// Refuses an output among a directory replica's own files (its `ltx/` tree and its lease),
+/// where writing (and `--force` replacing) would change the backup being read. Elsewhere
+/// under the replica's root, nothing reads a file.
+pub fn refuse_output_in_replica(client: &AnyClient, to: &Path) -> Result<(), CliError> {
+    let Some(root) = client.local_root() else {
+        return Ok(());
+    };
+    let ltx = root.join("ltx");
+    let lease = root.join(crate::storage::LEASE_NAME);
+    if is_inside(to, &ltx) || resolved(to).is_some_and(|t| resolved(&lease) == Some(t)) {
+        return Err(CliError::Usage(format!(
+            "--to {} is one of the replica's own files (under {}, or its lease): writing there \
+             would change the backup it reads; give a path outside them",
+            to.display(),
+            ltx.display()
+        )));
+    }
+    Ok(())
+}
+
+/// `path` with its directory resolved (symlinks, `..`); the file itself need not exist.
+fn resolved(path: &Path) -> Option<PathBuf> {
+    let path = std::path::absolute(path).ok()?;
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => dir.canonicalize().ok().map(|d| d.join(name)),
+        _ => path.canonicalize().ok(),
+    }
+}
+
+/// Whether `path` (which may not exist yet) lies under the directory `root`, through any
+/// symlink or `..` in either.
+fn is_inside(path: &Path, root: &Path) -> bool {
+    match (resolved(path), root.canonicalize()) {
+        (Some(p), Ok(root)) => p.starts_with(root),
+        _ => false,
+    }
+}
+
 /// Whether `path` is an existing regular file starting with the SQLite header string.
 fn is_sqlite_file(path: &Path) -> bool {
     let mut magic = [0u8; 16];

@@ -398,6 +398,54 @@ fn a_directory_as_the_output_is_refused_before_any_work() {
     );
 }
 
+/// An output among a directory replica's own files would change the backup being read;
+/// `--force` (which replaces a file) does not make it right. Also through a symlink to the
+/// replica. Elsewhere under the replica's root, nothing reads a file.
+#[test]
+fn an_output_among_the_replicas_own_files_is_refused_even_with_force() {
+    let f = Fixture::new();
+    let l0 = f.l0(1);
+    let before = fs::read(&l0).unwrap();
+    let link = f.dir.path().join("link");
+    std::os::unix::fs::symlink(f.dir.path().join("replica"), &link).unwrap();
+    let replica = f.replica();
+    let outputs = [
+        l0.display().to_string(),
+        link.join("ltx/0/new.db").display().to_string(),
+        link.join("replicad.lease").display().to_string(),
+    ];
+    for to in &outputs {
+        for cmd in ["restore", "snapshot"] {
+            let o = Command::new(env!("CARGO_BIN_EXE_replicad"))
+                .args([cmd, "--to", to, "--force", &replica])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{cmd} --to {to}: {err}");
+            assert!(err.contains("is one of the replica's own files"), "{err}");
+        }
+    }
+    assert_eq!(
+        fs::read(&l0).unwrap(),
+        before,
+        "the replica's file was changed"
+    );
+    assert!(!f.dir.path().join("replica/ltx/0/new.db").exists());
+    assert!(!f.dir.path().join("replica/replicad.lease").exists());
+    // Beside ltx/ in the replica's root, a restore is allowed.
+    let beside = link.join("restored.db");
+    let o = Command::new(env!("CARGO_BIN_EXE_replicad"))
+        .args(["restore", "--to", beside.to_str().unwrap(), &replica])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 #[test]
 fn usage_errors_exit_2() {
     let bin = env!("CARGO_BIN_EXE_replicad");
