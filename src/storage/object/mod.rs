@@ -435,10 +435,18 @@ impl ReplicaClient for ObjectClient {
     }
 
     async fn delete(&self, files: &[LtxFileInfo]) -> Result<(), StorageError> {
-        let keys: Vec<String> = files
+        // Each file is deleted under its own name, whichever view lists it; a name given twice
+        // is deleted once (two DELETEs of one path race, and WebDAV locks answer 423).
+        let sealed = self.sealed_view();
+        let mut keys: Vec<String> = files
             .iter()
-            .map(|f| self.key(f.level, f.min_txid, f.max_txid))
+            .map(|f| {
+                let view = if f.encrypted { &sealed } else { self };
+                view.key(f.level, f.min_txid, f.max_txid)
+            })
             .collect();
+        keys.sort_unstable();
+        keys.dedup();
         if self.cfg.service == Service::Azure {
             let first = keys.first().cloned().unwrap_or_default();
             // Azure: batch deletes.

@@ -584,10 +584,18 @@ impl ReplicaClient for SftpClient {
         if files.is_empty() {
             return Ok(());
         }
-        let paths: Vec<String> = files
+        // Each file is deleted under its own name, whichever view lists it; a name given twice
+        // is removed once.
+        let sealed = self.sealed_view();
+        let mut paths: Vec<String> = files
             .iter()
-            .map(|f| self.file(f.level, f.min_txid, f.max_txid))
+            .map(|f| {
+                let view = if f.encrypted { &sealed } else { self };
+                view.file(f.level, f.min_txid, f.max_txid)
+            })
             .collect();
+        paths.sort_unstable();
+        paths.dedup();
         self.run("delete", &paths[0], |c| {
             let paths = paths.clone();
             async move {

@@ -11,7 +11,8 @@
 //! whole overwrites; deletes of present and missing files; 16 concurrent puts; a 12 MiB object
 //! (multipart on S3); foreign names and a sibling replica skipped; 1100 files (more than one
 //! listing page) listed and deleted; the temporary files of interrupted writes swept once old,
-//! and nothing else.
+//! and nothing else; encrypted files (the age wrapper over the backend) deleted under their
+//! own names.
 //!
 //! Below it, S3-only tests: request shapes (multipart parts, DeleteObjects batches), error
 //! classes (missing bucket, bad credentials, outage, injected 500s), an aborted multipart
@@ -631,6 +632,7 @@ async fn conformance(env: &Env<'_>) {
         aux_objects_round_trip_beside_the_levels,
         put_after_the_level_vanished,
         leftover_tmp_files_are_swept,
+        encrypted_files_are_deleted_under_their_own_names,
     );
     assert!(
         failed.is_empty(),

@@ -597,3 +597,58 @@ pub(super) async fn leftover_tmp_files_are_swept(b: &Backend<'_>) {
     let again = b.client.sweep_tmp(Duration::from_secs(3)).await.unwrap();
     assert_eq!(again.removed, 0, "{name}: a second sweep");
 }
+
+/// Encrypted files (`<min>-<max>.ltx.age`, written through the age wrapper) are deleted under
+/// their own names: the backend's delete follows each file's `encrypted` flag, and the
+/// wrapper's delete (both names of a range) leaves neither. A backend that deleted only the
+/// plain name kept every encrypted file for ever, and a failed snapshot could not be replaced.
+pub(super) async fn encrypted_files_are_deleted_under_their_own_names(b: &Backend<'_>) {
+    let name = b.name();
+    if b.age {
+        return; // Already the wrapper: its delete is what every other section checks.
+    }
+    let (identity, public) = replicad::storage::age::keys::generate_identity();
+    let id = b.scratch.join("age-identity.txt");
+    std::fs::write(&id, identity).unwrap();
+    let keys = replicad::storage::age::keys::AgeKeys::load(&[public], &[id.display().to_string()])
+        .unwrap();
+    let sealed = b.client.clone().with_age(std::sync::Arc::new(keys));
+    for i in 1..=3u64 {
+        let p = Put::new(6, i, i, 1, 95 + i);
+        let src = b.scratch.join(format!("sealed-src-{i}"));
+        std::fs::write(&src, &p.bytes).unwrap();
+        let got = sealed.put(6, TxId(i), TxId(i), &src, p.ts).await;
+        std::fs::remove_file(&src).unwrap();
+        assert!(got.unwrap().encrypted, "{name}: an encrypted put");
+    }
+    // A plain file beside them, which the encrypted ranges' deletes must leave.
+    put(b, &Put::new(6, 4, 4, 1, 99)).await.unwrap();
+    let listed = sealed.list(6).await.unwrap();
+    assert_eq!(
+        ranges(&listed).len(),
+        4,
+        "{name}: listed through the wrapper"
+    );
+    // The backend itself, given a file marked encrypted, deletes the `.age` name.
+    b.client.delete(&listed[..1]).await.unwrap();
+    assert_eq!(
+        ranges(&sealed.list(6).await.unwrap()),
+        vec![(6, 2, 2), (6, 3, 3), (6, 4, 4)],
+        "{name}: after the backend's delete of an encrypted file"
+    );
+    // The wrapper deletes both names of each range, each once.
+    sealed
+        .delete(&listed[1..3])
+        .await
+        .unwrap_or_else(|e| panic!("{name}: the wrapper's delete of encrypted files: {e:?}"));
+    assert_eq!(
+        ranges(&sealed.list(6).await.unwrap()),
+        vec![(6, 4, 4)],
+        "{name}: encrypted files left after the wrapper's delete"
+    );
+    assert_eq!(
+        ranges(&list(b, 6).await),
+        vec![(6, 4, 4)],
+        "{name}: plain view"
+    );
+}
