@@ -1,6 +1,7 @@
 //! Idle checks of dormant databases, batched per tick slot.
 //!
-//! A dormant database ([`crate::replicate::db`]) needs one `statx` per tick and nothing else. Run from
+//! A dormant database ([`crate::replicate::db`]) needs one `statx` per tick (and, while an
+//! application holds its WAL, one more at every tenth) and nothing else. Run from
 //! each database's own monitor, at 10,000 databases that check costs 10,000 task wake-ups,
 //! timer re-arms and polls a second, several times the `statx` itself. So a dormant monitor
 //! parks here instead: one thread per monitor interval walks the slot that is due, runs each
@@ -188,7 +189,7 @@ impl DormantWatch {
         }
         let _pass = self.pass.begin(Instant::now());
         let before = entries.len();
-        entries.retain(|e| {
+        entries.retain_mut(|e| {
             // Only our clone left: the monitor is gone.
             if Arc::strong_count(&e.wake) == 1 {
                 return false;

@@ -241,3 +241,51 @@ fn descriptor_pressure_makes_idle_databases_dormant_at_once() {
     put_to_sleep(&mut db);
     assert!(open_fds(&path).is_empty());
 }
+
+/// A database replaced (`mv new.db app.db`) or removed while dormant, with an application's
+/// connection holding its WAL, so that the WAL's stamp stays as it was: the monitor's own
+/// check sees it at once, and the parked probe within ten probes (it checks the database
+/// file's stamp at every tenth). Only the WAL was compared, and the change went unseen for as
+/// long as the database stayed idle.
+#[test]
+fn a_dormant_database_replaced_or_removed_under_an_open_connection_is_seen() {
+    for removed in [false, true] {
+        let (dir, path, mut db) =
+            seeded(&format!("dormant-replaced-{removed}"), settings("zstd:3"));
+        let keep = app(&path);
+        insert(&keep, 3, "kept");
+        db.sync(true).unwrap();
+        put_to_sleep(&mut db);
+        assert!(
+            dir.join("app.db-wal").exists(),
+            "the connection keeps the WAL"
+        );
+        let mut probe = db.dormant_probe().expect("dormant and healthy");
+        for _ in 0..12 {
+            assert!(probe.unchanged(), "nothing changed yet");
+        }
+        if removed {
+            std::fs::remove_file(&path).unwrap();
+        } else {
+            let other = dir.join("other.db");
+            let c = Connection::open(&other).unwrap();
+            c.execute_batch("CREATE TABLE o (x); INSERT INTO o VALUES (1);")
+                .unwrap();
+            drop(c);
+            std::fs::rename(&other, &path).unwrap();
+        }
+        let mut probes = 1;
+        while probe.unchanged() {
+            probes += 1;
+            assert!(
+                probes <= 10,
+                "removed={removed}: unseen after {probes} probes"
+            );
+        }
+        assert!(
+            !db.fast_path_skip(Instant::now()),
+            "removed={removed}: the monitor's own check sees it at once"
+        );
+        drop(keep);
+    }
+}

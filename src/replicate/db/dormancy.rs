@@ -52,17 +52,23 @@ pub(super) struct Dormant {
 
 impl Dormant {
     /// The files are as they were at dormancy: one `statx` of the WAL, or two when there was
-    /// none (then the database file's stamp decides).
-    pub(super) fn unchanged(&self, db_path: &Path, wal_path: &Path) -> bool {
+    /// none (then the database file's stamp decides). With `check_db`, a WAL that is there
+    /// (an application holds a connection) is not enough: the database file's stamp must
+    /// hold too, so that a file renamed over the database, copied into it or removed is seen.
+    pub(super) fn unchanged(&self, db_path: &Path, wal_path: &Path, check_db: bool) -> bool {
+        let db_same = || FileStamp::of(db_path).is_ok_and(|now| now == self.db);
         match (FileStamp::of(wal_path), self.wal) {
-            (Ok(now), Some(wal)) => now == wal,
-            (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => {
-                FileStamp::of(db_path).is_ok_and(|now| now == self.db)
-            }
+            (Ok(now), Some(wal)) => now == wal && (!check_db || db_same()),
+            (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => db_same(),
             _ => false,
         }
     }
 }
+
+/// A parked database with a WAL has its database file's stamp checked at every this many
+/// probes, not every one: the replace or removal of a file an application holds open is seen
+/// within that many ticks, for a tenth of a `statx` per idle tick.
+pub(super) const DB_CHECK_EVERY: u32 = 10;
 
 /// The idle check of a dormant database, apart from its Db: what
 /// [`crate::replicate::dormant`] runs for a parked monitor.
@@ -72,13 +78,20 @@ pub struct DormantProbe {
     pub(super) wal_path: PathBuf,
     pub(super) stamps: Dormant,
     pub(super) stats: Arc<DbStats>,
+    /// Probes since the database file's stamp was last checked ([`DB_CHECK_EVERY`]).
+    pub(super) probes: u32,
 }
 
 impl DormantProbe {
     /// The files are as they were at dormancy; counts a skipped tick when they are.
-    pub fn unchanged(&self) -> bool {
+    pub fn unchanged(&mut self) -> bool {
         crate::util::test_gate::wait_at_test_gate(&self.path);
-        let same = self.stamps.unchanged(&self.path, &self.wal_path);
+        self.probes += 1;
+        let check_db = self.probes >= DB_CHECK_EVERY;
+        if check_db {
+            self.probes = 0;
+        }
+        let same = self.stamps.unchanged(&self.path, &self.wal_path, check_db);
         if same {
             self.stats.sync_skipped.fetch_add(1, Ordering::Relaxed);
         }
@@ -225,13 +238,15 @@ impl Db {
             wal_path: self.wal_path.clone(),
             stamps,
             stats: self.stats.clone(),
+            probes: 0,
         })
     }
 
     /// The WAL (and, while dormant, the database file) is as the last sync left it.
     pub(super) fn unchanged_since_sync(&self) -> bool {
         if let Some(d) = self.dormant() {
-            return d.unchanged(&self.path, &self.wal_path);
+            // Not parked (it is checked here at every tick): the database file at every one.
+            return d.unchanged(&self.path, &self.wal_path, true);
         }
         let Some((size, salt1, salt2)) = self.fast else {
             return false;
@@ -465,6 +480,7 @@ impl DormantProbe {
                 wal: None,
             },
             stats: Arc::default(),
+            probes: 0,
         }
     }
 }
