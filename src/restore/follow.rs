@@ -39,13 +39,15 @@
 //!   never pages of two states. A stop meanwhile releases it; the next run re-applies from
 //!   `<db>-txid`.
 //! - A resume does not apply another replica's files over its database: a clean stop records
-//!   the replica's post-apply checksum at the database's TXID in `<db>-checksum`
-//!   (replicad's own; Litestream neither writes nor reads it), and the replica must agree at
-//!   that TXID (`follow/resume.rs`), or the run fails with the database untouched. It
-//!   resumes unchecked without a record (a crash, a Litestream follower), and with a warning
-//!   when no file of the replica starts right after that TXID or ends at it any more. The
-//!   record is the replica's checksum, not one read from the file: a write to the database
-//!   itself is not seen.
+//!   the replica's post-apply checksum at the database's TXID, and the replica's location, in
+//!   `<db>-checksum` (replicad's own; Litestream neither writes nor reads it), and the replica
+//!   must agree at that TXID (`follow/resume.rs`), or the run fails with the database
+//!   untouched. Where no checksum can decide (the files carry none, as Litestream's and lz4
+//!   ones do, or no file of the replica starts right after that TXID or ends at it any more),
+//!   a resume from the recorded replica goes on (with a warning when a checksum was
+//!   recorded) and one from another replica fails. It resumes unchecked without a record (a
+//!   crash, a Litestream follower). The record is the replica's checksum, not one read from
+//!   the file: a write to the database itself is not seen.
 //! - A shutdown never interrupts step 2..4: it is noticed while listing, downloading or
 //!   sleeping, and between files. One during the first run's restore stops it (nothing is
 //!   placed at `<db>`) and the run fails (exit 1), as a plain restore stopped does.
@@ -70,7 +72,7 @@ mod resume;
 
 use apply::{ApplyJob, SqliteLock};
 pub use resume::checksum_path;
-use resume::{recorded_checksum, restored_checksum};
+use resume::{Record, restored_checksum};
 
 /// Options of `restore --follow`.
 #[derive(Debug, Clone)]
@@ -303,9 +305,12 @@ pub struct Follower {
     /// Post-apply checksum of the database's state: of the last file this process applied, if
     /// it carried one, or as recorded at the last clean stop.
     last_post: Option<u64>,
-    /// Resumed with a recorded checksum, and no file applied since: a file that does not
-    /// start from it shows a database that is not this replica's.
+    /// Resumed with a record of the last clean stop, and no file applied since: a file that
+    /// does not start from its checksum shows a database that is not this replica's.
     checking_resume: bool,
+    /// The replica the record names, when it is not this one: a resume this replica cannot
+    /// check is refused rather than applied over another replica's state.
+    followed_from: Option<String>,
     /// SQLite's exclusive lock, kept over a database whose last apply failed after its first
     /// write (a full disk): readers get "database is locked", never a mix of two states,
     /// until a retry applies the file whole.
@@ -383,10 +388,19 @@ impl Follower {
         }
         let incoming = sidecar(&opts.to, ".incoming");
         let _ = fs::remove_file(&incoming);
+        let record = match mode {
+            Start::Resume(_) => Record::read(&opts.to, txid),
+            Start::Restore => None,
+        };
         let last_post = match mode {
-            Start::Resume(_) => recorded_checksum(&opts.to, txid),
+            Start::Resume(_) => record.as_ref().and_then(|r| r.post),
             Start::Restore => post,
         };
+        let here = client.location();
+        let followed_from = record
+            .as_ref()
+            .and_then(|r| r.location.clone())
+            .filter(|l| *l != here);
         Ok(Follower {
             client: client.clone(),
             to: opts.to.clone(),
@@ -396,7 +410,8 @@ impl Follower {
             page_size,
             txid,
             last_post,
-            checking_resume: mode != Start::Restore && last_post.is_some(),
+            checking_resume: record.is_some(),
+            followed_from,
             torn: None,
         })
     }
@@ -724,7 +739,9 @@ async fn follow(
         match follower.poll(stop).await {
             Ok(_) => streak.ok(),
             // No retry makes another database this replica's.
-            Err(e @ RestoreError::NotFollowed { .. }) => return Err(e),
+            Err(e @ (RestoreError::NotFollowed { .. } | RestoreError::Unproven { .. })) => {
+                return Err(e);
+            }
             Err(e) => streak.fail("follow", &e),
         }
         if sleep_or_stop(opts.interval, stop).await {

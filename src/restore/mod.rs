@@ -133,6 +133,26 @@ pub enum RestoreError {
         /// Why its first file did not fit.
         reason: String,
     },
+    /// A resumed follower's database was followed from another replica, and this one cannot
+    /// show that it holds the same state at its TXID (its files carry no checksums there).
+    #[error(
+        "{} at TXID {txid} was followed from {before}, and this replica ({now}) cannot show \
+         that it holds the same state ({why}): nothing was applied. Follow it from {before} \
+         again, or remove it and its -txid to restore it afresh from this replica",
+        db.display()
+    )]
+    Unproven {
+        /// The database.
+        db: PathBuf,
+        /// The TXID its `-txid` names.
+        txid: TxId,
+        /// The replica it was followed from, as its last clean stop recorded it.
+        before: String,
+        /// This replica.
+        now: String,
+        /// Why no check was possible.
+        why: String,
+    },
     /// Reading the replica failed.
     #[error(transparent)]
     Storage(#[from] StorageError),

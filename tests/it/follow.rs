@@ -746,6 +746,53 @@ fn a_resume_over_another_replicas_database_is_refused() {
     stop_follower(f, &t);
 }
 
+/// Replicas whose files carry no checksums (Litestream's, or replicad's lz4): a resume from
+/// another replica than the one the last clean stop recorded cannot be checked, and is refused
+/// with the database untouched, where it applied the other replica's pages over it and exited
+/// 0 with a database that fails `integrity_check`. The recorded replica itself resumes it, as
+/// before, without a warning. Two of Litestream's golden replicas (the same steps, other
+/// pages), the first cut at TXID 5.
+#[test]
+fn a_resume_from_another_replica_without_checksums_is_refused() {
+    let t = Setup::new("follow-other-unchecked");
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/litestream-v0.5");
+    let (a, b) = (t.dir.join("replica-a"), t.dir.join("replica-b"));
+    copy_dir(&golden.join("basic-4k/replica"), &a);
+    copy_dir(&golden.join("legacy-frames-4k/replica"), &b);
+    fs::remove_dir_all(a.join("ltx/9")).unwrap();
+    for txid in 6..=9u64 {
+        fs::remove_file(a.join(format!("ltx/0/{txid:016x}-{txid:016x}.ltx"))).unwrap();
+    }
+    let mut f = t.follow(&a);
+    t.wait_follower(&mut f, 5);
+    stop_follower(f, &t);
+    let before = file_sha(&t.follower);
+
+    let mut f = t.follow(&b);
+    let st = wait_timeout(&mut f.child, WAIT);
+    let log = f.log_text();
+    assert_eq!(st.and_then(|s| s.code()), Some(1), "{log}");
+    assert!(log.contains("was followed from"), "{log}");
+    assert_eq!(file_sha(&t.follower), before, "the database was written");
+    assert_eq!(t.follower_txid(), 5);
+    assert!(integrity_ok(&t.follower));
+
+    // Its own replica, grown meanwhile, resumes it without a word.
+    for txid in 6..=9u64 {
+        let name = format!("ltx/0/{txid:016x}-{txid:016x}.ltx");
+        fs::copy(golden.join("basic-4k/replica").join(&name), a.join(&name)).unwrap();
+    }
+    let mut f = t.follow(&a);
+    t.wait_follower(&mut f, 9);
+    assert!(
+        !f.log_text().contains("without checking"),
+        "{}",
+        f.log_text()
+    );
+    stop_follower(f, &t);
+    assert!(integrity_ok(&t.follower));
+}
+
 /// A copy of `replica` at `to` whose level-0 files that start right after `at` and the next
 /// are compacted, with the one before them, into one level-1 file, and retired (as the
 /// replica's own compaction and retention do); level 0 goes on after them.

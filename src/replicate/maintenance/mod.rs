@@ -521,7 +521,7 @@ fn unrestorable(e: &crate::restore::RestoreError) -> bool {
         | E::Integrity(_) => true,
         E::Exists(_) | E::Busy(_) | E::Storage(_) | E::Io { .. } | E::Cancelled => false,
         // A follower's alone: a verify never meets them.
-        E::Diverged { .. } | E::NotFollowed { .. } => false,
+        E::Diverged { .. } | E::NotFollowed { .. } | E::Unproven { .. } => false,
     }
 }
 

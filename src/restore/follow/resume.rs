@@ -12,18 +12,46 @@ use crate::ltx::{self, Decoder, TxId};
 use crate::restore::{self, RestoreError, sidecar};
 use crate::storage::{LtxFileInfo, ReplicaClient, SNAPSHOT_LEVEL};
 
-/// `<db>-checksum`: `<txid> <post-apply checksum>` (hex) at a follower's last clean stop.
+/// `<db>-checksum`: `<txid> <post-apply checksum> <replica>` at a follower's last clean stop:
+/// the TXID and checksum in hex (`-` when the replica's files carry no checksums), then the
+/// replica's location. A record of an older version has no location.
 pub fn checksum_path(db: &Path) -> PathBuf {
     sidecar(db, "-checksum")
 }
 
-/// The post-apply checksum recorded for `db` at `txid`, if the record is of that TXID: any
-/// other (older, unreadable, absent) says nothing about the database.
-pub(super) fn recorded_checksum(db: &Path, txid: TxId) -> Option<u64> {
-    let text = fs::read_to_string(checksum_path(db)).ok()?;
-    let (at, post) = text.trim().split_once(' ')?;
-    let at: TxId = at.parse().ok()?;
-    (at == txid).then(|| u64::from_str_radix(post, 16).ok())?
+/// What a follower's last clean stop recorded about its database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Record {
+    /// The post-apply checksum at the TXID, if the replica's files carried one.
+    pub(super) post: Option<u64>,
+    /// The replica it was followed from.
+    pub(super) location: Option<String>,
+}
+
+impl Record {
+    /// The record of `db` at `txid`, if it is of that TXID: any other (older, unreadable,
+    /// absent) says nothing about the database.
+    pub(super) fn read(db: &Path, txid: TxId) -> Option<Record> {
+        Record::parse(&fs::read_to_string(checksum_path(db)).ok()?, txid)
+    }
+
+    fn parse(text: &str, txid: TxId) -> Option<Record> {
+        let mut parts = text.trim_end_matches('\n').splitn(3, ' ');
+        let at: TxId = parts.next()?.parse().ok()?;
+        let post = match parts.next()? {
+            "-" => None,
+            hex => Some(u64::from_str_radix(hex, 16).ok()?),
+        };
+        let location = parts.next().filter(|l| !l.is_empty()).map(str::to_string);
+        (at == txid).then_some(Record { post, location })
+    }
+
+    fn format(txid: TxId, post: Option<u64>, location: &str) -> String {
+        match post {
+            Some(post) => format!("{txid} {post:016x} {location}\n"),
+            None => format!("{txid} - {location}\n"),
+        }
+    }
 }
 
 /// The checksum a restore proved its output to hold, if its files carried one.
@@ -44,14 +72,16 @@ impl Follower {
         first: &LtxFileInfo,
         stop: &CancellationToken,
     ) -> Result<(), RestoreError> {
-        let Some(recorded) = self.last_post else {
-            self.checking_resume = false;
-            return Ok(());
-        };
         if first.level == SNAPSHOT_LEVEL {
             self.checking_resume = false;
             return Ok(());
         }
+        let Some(recorded) = self.last_post else {
+            return self.unchecked(
+                first,
+                "the stop recorded no checksum: its files carried none",
+            );
+        };
         if first.min_txid.0 == self.txid.0 + 1 {
             let h = self.client.read_header(first).await?;
             if h.has_checksums() && h.pre_apply_checksum != ltx::CHECKSUM_FLAG {
@@ -126,26 +156,75 @@ impl Follower {
         }
     }
 
-    /// Goes on without checking the resume, and says why.
+    /// Goes on without checking the resume, and says why; refuses instead when the database
+    /// was followed from another replica, whose state this one cannot be shown to continue.
+    /// Without a checksum on either side, the same replica is all there is to check.
     fn unchecked(&mut self, first: &LtxFileInfo, why: &str) -> Result<(), RestoreError> {
-        tracing::warn!(db = %self.to.display(), txid = %self.txid, file = %file_label(first),
-            "{why}: resuming without checking that the database is this replica's state");
+        if let Some(before) = &self.followed_from {
+            return Err(RestoreError::Unproven {
+                db: self.to.clone(),
+                txid: self.txid,
+                before: before.clone(),
+                now: self.client.location(),
+                why: why.to_string(),
+            });
+        }
+        if self.last_post.is_some() {
+            tracing::warn!(db = %self.to.display(), txid = %self.txid, next_file = %file_label(first),
+                "{why}: resuming without checking that the database is this replica's state");
+        }
         self.checking_resume = false;
         Ok(())
     }
 
-    /// Records the database's checksum at its TXID for the next run's resume (a clean stop).
+    /// Records the database's checksum (if its files carried one) and the replica at its TXID
+    /// for the next run's resume (a clean stop).
     pub(super) async fn record_stop(&self) {
-        let Some(post) = self.last_post else {
-            return;
-        };
         let (path, text) = (
             checksum_path(&self.to),
-            format!("{} {post:016x}\n", self.txid),
+            Record::format(self.txid, self.last_post, &self.client.location()),
         );
         let written = tokio::task::spawn_blocking(move || write_sidecar(&path, &text)).await;
         if let Ok(Err(e)) = written {
             tracing::warn!(db = %self.to.display(), error = %e, "could not record the database's checksum: the next run resumes unchecked");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_read_back_only_at_its_txid() {
+        let at = TxId(0x2a);
+        let loc = "file:///srv/a replica";
+        let with = Record::format(at, Some(0xfeed), loc);
+        let without = Record::format(at, None, loc);
+        assert_eq!(
+            Record::parse(&with, at),
+            Some(Record {
+                post: Some(0xfeed),
+                location: Some(loc.into())
+            })
+        );
+        assert_eq!(
+            Record::parse(&without, at),
+            Some(Record {
+                post: None,
+                location: Some(loc.into())
+            })
+        );
+        assert_eq!(Record::parse(&with, TxId(0x2b)), None, "another TXID");
+        // The version before locations: the checksum alone.
+        assert_eq!(
+            Record::parse("000000000000002a 000000000000feed\n", at),
+            Some(Record {
+                post: Some(0xfeed),
+                location: None
+            })
+        );
+        assert_eq!(Record::parse("000000000000002a zz", at), None);
+        assert_eq!(Record::parse("", at), None);
     }
 }
