@@ -182,7 +182,7 @@ fn load(a: &std::sync::atomic::AtomicU64) -> f64 {
     a.load(Ordering::Relaxed) as f64
 }
 
-const DB_METRICS: [DbMetric; 22] = [
+const DB_METRICS: [DbMetric; 23] = [
     (
         "replicad_db_protected",
         "1 while the database's changes are being captured (its last sync succeeded), 0 while \
@@ -237,6 +237,12 @@ const DB_METRICS: [DbMetric; 22] = [
         "TRUNCATE checkpoints (the others are PASSIVE; RESTART is never used).",
         MetricType::COUNTER,
         |d| load(&d.stats.truncate_checkpoints),
+    ),
+    (
+        "replicad_db_truncate_checkpoints_blocked_total",
+        "TRUNCATE checkpoints that another connection's read transaction kept from resetting the WAL (the WAL grows past truncate-page-n until it ends).",
+        MetricType::COUNTER,
+        |d| load(&d.stats.truncate_blocked),
     ),
     (
         "replicad_db_checkpoint_yields_total",

@@ -127,6 +127,7 @@ async fn endpoints_metrics_and_readiness_before_and_after_the_first_sync() {
         "replicad_db_full_segments_total",
         "replicad_db_checkpoints_total",
         "replicad_db_truncate_checkpoints_total",
+        "replicad_db_truncate_checkpoints_blocked_total",
         "replicad_db_checkpoint_write_lock_seconds_total",
         "replicad_db_wal_size_bytes",
         "replicad_db_sync_seconds_total",

@@ -50,6 +50,10 @@ pub(super) const QUIET_BEFORE_SHRINK: Duration = Duration::from_millis(500);
 /// Polls of [`barrier_busy`] before the checkpoint is skipped (about 1-2 s in all).
 pub(super) const BARRIER_BUSY_POLLS: i32 = 20_000;
 
+/// How often a TRUNCATE checkpoint is tried again while another connection's reader keeps
+/// it from resetting the WAL.
+const TRUNCATE_RETRY: Duration = Duration::from_secs(5);
+
 impl Db {
     /// The salts of the WAL generation our mark is in.
     pub(super) fn mark_salts(&self) -> Option<(u32, u32)> {
@@ -130,7 +134,12 @@ impl Db {
     /// (`docs/benchmarks.md`, write lock). The first quiet tick shrinks it instead.
     pub(super) fn checkpoint(&mut self, quiet: bool) -> Result<usize, DbError> {
         let pages = self.wal_pages();
-        let truncate = pages >= u64::from(self.settings.truncate_page_n);
+        // While a reader keeps TRUNCATE from resetting the WAL, it is tried again only every
+        // few seconds (each try takes the write lock); PASSIVE checkpoints run in between.
+        let truncate = pages >= u64::from(self.settings.truncate_page_n)
+            && self
+                .truncate_blocked
+                .is_none_or(|(_, tried)| tried.elapsed() >= TRUNCATE_RETRY);
         let shrink = quiet || pages < u64::from(self.settings.min_checkpoint_page_count);
         // The connection that takes the write lock; during the unlocked passes it takes turns
         // with the pinned one in holding our read transaction ([`Db::leapfrog`]).
@@ -184,6 +193,7 @@ impl Db {
         }
         let locked = Instant::now();
         let mut released = false;
+        let was_continuous = self.continuous;
         #[cfg(test)]
         let mut before_truncate = self.hooks.before_truncate.take();
         let sealed = (|| {
@@ -233,6 +243,19 @@ impl Db {
                 return Err(e);
             }
         };
+        if truncated && self.wal_generation_is_the_marks() {
+            // A reader kept the TRUNCATE from resetting the WAL, and no writer restarted it:
+            // every frame past the mark, those committed around the TRUNCATE included, is
+            // still in the WAL, so the chain goes on from it. A full segment here copied the
+            // whole database at every tick the reader stayed.
+            self.continuous = was_continuous;
+            self.blocked_truncate();
+            return Ok(written);
+        }
+        if truncated && let Some((since, _)) = self.truncate_blocked.take() {
+            tracing::info!(db = %self.path.display(), blocked_for = ?since.elapsed(),
+                "a TRUNCATE checkpoint reset the WAL again");
+        }
         self.checkpointed(truncated);
         if truncated {
             self.wal_oversized = false;
@@ -255,6 +278,33 @@ impl Db {
             written += self.own_segments(|d| d.restart_wal(&barrier, shrink))?;
         }
         Ok(written)
+    }
+
+    /// The WAL at the path still holds the generation of the mark (its salts): it was
+    /// neither reset nor restarted since the mark was taken.
+    fn wal_generation_is_the_marks(&self) -> bool {
+        let Some(mark) = self.mark else {
+            return false;
+        };
+        let header = File::open(&self.wal_path)
+            .ok()
+            .and_then(|f| read_wal_header(&f).ok().flatten());
+        header.is_some_and(|h| (h.salt1, h.salt2) == (mark.salt1, mark.salt2))
+    }
+
+    /// A TRUNCATE checkpoint a reader kept from resetting the WAL: counted, and said once
+    /// per streak (the WAL grows past `truncate-page-n` until the reader ends; PASSIVE
+    /// checkpoints between the tries keep copying what they can into the database file).
+    fn blocked_truncate(&mut self) {
+        self.stats.truncate_blocked.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let since = self.truncate_blocked.map(|(since, _)| since);
+        self.truncate_blocked = Some((since.unwrap_or(now), now));
+        if since.is_none() {
+            tracing::warn!(db = %self.path.display(), wal_pages = self.wal_pages(),
+                "a TRUNCATE checkpoint could not reset the WAL: a read transaction of another \
+                 connection holds it; the WAL grows until that reader ends (replication goes on)");
+        }
     }
 
     /// Counts a checkpoint that ran to the end of the WAL or that truncated it.

@@ -141,6 +141,8 @@ pub struct DbStats {
     pub checkpoints: AtomicU64,
     /// Of which TRUNCATE checkpoints (the rest are PASSIVE).
     pub truncate_checkpoints: AtomicU64,
+    /// TRUNCATE checkpoints that a reader kept from resetting the WAL (not counted above).
+    pub truncate_blocked: AtomicU64,
     /// Time checkpoints held SQLite's write lock (the application's commits wait for it, or
     /// for a TRUNCATE checkpoint), nanoseconds.
     pub write_lock_nanos: AtomicU64,
@@ -347,6 +349,9 @@ pub struct Db {
     /// When a shrink of an oversized WAL was last tried (an application reader holding an
     /// old snapshot can make it fail; it is then retried once per checkpoint interval).
     shrink_tried: Option<Instant>,
+    /// Since when TRUNCATE checkpoints have found the WAL held by a reader (said once), and
+    /// when the last one was tried.
+    truncate_blocked: Option<(Instant, Instant)>,
     /// Segments the last sync's checkpoint wrote for itself (its restart write, the full
     /// segment after a TRUNCATE): not a commit the application is waiting on, so they do not
     /// pace the next sync. Its seals of the application's frames are not counted here.
@@ -454,6 +459,7 @@ impl Db {
             dirty_since_checkpoint: false,
             wal_oversized: false,
             shrink_tried: None,
+            truncate_blocked: None,
             checkpoint_segments: 0,
             poisoned: None,
             network_fs: false,

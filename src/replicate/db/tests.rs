@@ -345,6 +345,82 @@ fn a_commit_the_truncate_moved_is_shipped_when_the_full_segment_first_fails() {
     assert_eq!(rows(&out), want);
 }
 
+/// A TRUNCATE checkpoint that an application's reader keeps from resetting the WAL leaves
+/// every frame in it: the chain goes on incrementally, a commit that landed around the
+/// TRUNCATE included, and the TRUNCATE is not tried again at once. It was counted as a
+/// TRUNCATE and followed by a full segment, a copy of the whole database at every tick the
+/// reader stayed.
+#[test]
+fn a_truncate_a_reader_blocks_writes_no_full_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, app) = wal_app(dir.path());
+    app.execute_batch("CREATE TABLE u (v TEXT)").unwrap();
+    let meta = dir.path().join("meta");
+    let mut db = Db::new(
+        path.clone(),
+        Some(meta.clone()),
+        DbSettings {
+            min_checkpoint_page_count: 1,
+            truncate_page_n: 4,
+            ..DbSettings::default()
+        },
+        RemoteTip::default(),
+    );
+    db.sync(false).unwrap();
+    for i in 0..8 {
+        app.execute("INSERT INTO t VALUES (?1)", [format!("row-{i}")])
+            .unwrap();
+    }
+    // A reader of the application on a snapshot in the WAL.
+    let reader = Connection::open(&path).unwrap();
+    reader
+        .execute_batch("BEGIN; SELECT count(*) FROM t;")
+        .unwrap();
+    let p = path.clone();
+    db.hooks.before_truncate = Some(Box::new(move || {
+        let c = Connection::open(&p).unwrap();
+        c.execute("INSERT INTO u VALUES ('around the truncate')", [])
+            .unwrap();
+    }));
+    let stats = db.stats();
+    let fulls = stats.full_segments.load(Ordering::Relaxed);
+    db.sync(true).unwrap();
+    assert!(
+        std::fs::metadata(dir.path().join("app.db-wal"))
+            .unwrap()
+            .len()
+            > 0,
+        "the reader kept the WAL"
+    );
+    let counted = |s: &DbStats| {
+        (
+            s.full_segments.load(Ordering::Relaxed),
+            s.truncate_checkpoints.load(Ordering::Relaxed),
+            s.truncate_blocked.load(Ordering::Relaxed),
+        )
+    };
+    assert_eq!(
+        counted(&stats),
+        (fulls, 0, 1),
+        "no full segment, no TRUNCATE counted"
+    );
+    // The next ticks, the reader still there: no new TRUNCATE try within the retry interval.
+    app.execute("INSERT INTO t VALUES ('after')", []).unwrap();
+    db.sync(true).unwrap();
+    assert_eq!(counted(&stats), (fulls, 0, 1));
+    reader.execute_batch("COMMIT").unwrap();
+    db.sync(false).unwrap();
+    let out = dir.path().join("restored.db");
+    restore_staged(&meta, &out);
+    let want = rows(&path);
+    assert!(
+        want.contains(&"u:around the truncate".to_string()),
+        "{want:?}"
+    );
+    assert!(want.contains(&"after".to_string()), "{want:?}");
+    assert_eq!(rows(&out), want);
+}
+
 /// A full segment a replica asked for at the start (here as when it switched age encryption
 /// on) is still written when the first attempt fails: the reason was taken before the write,
 /// and the retry went on incrementally, so the new chain did not start with a full copy.

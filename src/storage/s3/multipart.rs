@@ -369,10 +369,17 @@ mod tests {
         assert_eq!(layout(5 * MIB, 12 * MIB), [5 * MIB, 5 * MIB, 2 * MIB]);
         for len in [49 * 1024 * MIB, 100 * 1024 * MIB, 4 * 1024 * 1024 * MIB] {
             let parts = layout(5 * MIB, len);
-            assert!(parts.len() as u64 <= MAX_PARTS, "{len}: {} parts", parts.len());
+            assert!(
+                parts.len() as u64 <= MAX_PARTS,
+                "{len}: {} parts",
+                parts.len()
+            );
             assert_eq!(parts.iter().sum::<u64>(), len);
             let (last, rest) = parts.split_last().unwrap();
-            assert!(rest.iter().all(|&n| (5 * MIB..=5 * 1024 * MIB).contains(&n)));
+            assert!(
+                rest.iter()
+                    .all(|&n| (5 * MIB..=5 * 1024 * MIB).contains(&n))
+            );
             assert!(*last <= 5 * 1024 * MIB);
         }
         assert!(check_part(MAX_PARTS - 1, "k").is_ok());
