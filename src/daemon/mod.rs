@@ -198,6 +198,9 @@ pub(super) struct DbClaim {
 struct Running {
     token: CancellationToken,
     tasks: TaskTracker,
+    /// What the outside world saw of it, kept once it is removed (no longer listed) while
+    /// its final sync and uploads drain, so that a shutdown still reports what they left.
+    removed: Option<DbHandle>,
 }
 
 /// What [`StoreCore::add`] did.
@@ -267,6 +270,7 @@ impl StoreCore {
                 Running {
                     token: token.clone(),
                     tasks: tasks.clone(),
+                    removed: None,
                 },
             );
             prev
@@ -403,9 +407,10 @@ impl StoreCore {
                 core.counters.forget_replica(&label, name);
             }
         }
-        match running.get(path) {
+        match running.get_mut(path) {
             Some(r) if !r.token.is_cancelled() => {
                 r.token.cancel();
+                r.removed = registered.clone().filter(|h| !h.unstarted);
                 // A stand-in says its start has not ended.
                 if registered.is_some_and(|h| !h.unstarted) {
                     Removal::Stopping
@@ -630,6 +635,16 @@ impl Store {
         }
         let dbs = self.core.registry().snapshot();
         let mut left = unprotected(&dbs);
+        // Databases removed while running (a `dir` entry's file deleted): their final sync
+        // and uploads were still owed to their replicas.
+        let removed: Vec<DbHandle> = core
+            .running
+            .lock()
+            .await
+            .values()
+            .filter_map(|r| r.removed.clone())
+            .collect();
+        left.extend(registry::removed_unuploaded(&removed));
         if timed_out {
             let hung = still_working(&dbs);
             tracing::error!(

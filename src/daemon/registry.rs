@@ -176,33 +176,50 @@ impl DbRegistry {
 pub fn unprotected(dbs: &[DbHandle]) -> Vec<String> {
     let mut out = Vec::new();
     for d in dbs {
-        let db = d.path.display();
         if let Some(p) = d.stats.health.problem() {
-            out.push(format!("database {db}: {}", p.reason));
+            out.push(format!("database {}: {}", d.path.display(), p.reason));
         }
-        let txid = d.pos.borrow().txid;
-        for (name, r) in &d.replicas {
-            let remote = r.remote_txid.load(Ordering::Relaxed);
-            if r.lease_lost.load(Ordering::Relaxed) {
-                out.push(format!(
-                    "database {db}: replica {name}: stopped at TXID {remote}: its single-writer lease was taken"
-                ));
-            } else if remote < txid.0 {
-                let why = r
-                    .health
-                    .problem()
-                    .map_or(String::new(), |p| format!(" ({})", p.reason));
-                out.push(format!(
-                    "database {db}: replica {name}: holds TXID {remote} of {}: not fully uploaded{why}",
-                    txid.0
-                ));
-            } else if let Some(p) = r.health.problem() {
-                // Holding as much as the database, but not its chain (a seed still owed).
-                out.push(format!("database {db}: replica {name}: {}", p.reason));
-            }
-        }
+        replicas_behind(d, &mut out);
     }
     out
+}
+
+/// One line per database removed while replicated (a `dir` entry's file deleted) whose
+/// replicas do not hold what it staged: its own problems (a file that is gone) are expected.
+pub fn removed_unuploaded(dbs: &[DbHandle]) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in dbs {
+        replicas_behind(d, &mut out);
+    }
+    out.iter_mut()
+        .for_each(|l| l.push_str(" (the database was removed while replicated)"));
+    out
+}
+
+/// The lines of [`unprotected`] for `d`'s replicas.
+fn replicas_behind(d: &DbHandle, out: &mut Vec<String>) {
+    let db = d.path.display();
+    let txid = d.pos.borrow().txid;
+    for (name, r) in &d.replicas {
+        let remote = r.remote_txid.load(Ordering::Relaxed);
+        if r.lease_lost.load(Ordering::Relaxed) {
+            out.push(format!(
+                "database {db}: replica {name}: stopped at TXID {remote}: its single-writer lease was taken"
+            ));
+        } else if remote < txid.0 {
+            let why = r
+                .health
+                .problem()
+                .map_or(String::new(), |p| format!(" ({})", p.reason));
+            out.push(format!(
+                "database {db}: replica {name}: holds TXID {remote} of {}: not fully uploaded{why}",
+                txid.0
+            ));
+        } else if let Some(p) = r.health.problem() {
+            // Holding as much as the database, but not its chain (a seed still owed).
+            out.push(format!("database {db}: replica {name}: {}", p.reason));
+        }
+    }
 }
 
 /// One line per database whose own file work (a sync, an idle check, its final sync and

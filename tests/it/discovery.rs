@@ -250,6 +250,52 @@ fn watched_directory_adds_and_removes_databases_at_run_time() {
     );
 }
 
+/// A database removed while its replica fails: its replication goes on draining out of
+/// sight (it is no longer listed), and a stop meanwhile names what its replica lacks and
+/// exits 1, where it said "every segment uploaded" and exited 0.
+#[test]
+fn a_stop_names_what_a_removed_database_did_not_upload() {
+    let t = TestDir::new("discovery-removed-failing");
+    let data = t.join("data");
+    let replica = t.join("replica");
+    std::fs::create_dir_all(&data).unwrap();
+    let a = data.join("a.db");
+    let mut wa = Writer::open(&a, seed("discovery_removed_failing"));
+    wa.run(5);
+    let port = free_port();
+    let cfg = config(t.path(), &data, &replica, port, true);
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.insert_str(0, "shutdown-sync-timeout: 1s\n");
+    std::fs::write(&cfg, text).unwrap();
+    let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
+    listening(&d, port);
+    let tip = caught_up(&d, port, &a);
+    // Level 0 of its replica becomes a file: no upload lands any more.
+    let l0 = replica.join("a.db/ltx/0");
+    std::fs::remove_dir_all(&l0).unwrap();
+    std::fs::write(&l0, b"").unwrap();
+    wa.run(5);
+    wait_until(&d, "the new commits staged", || {
+        status(port)["databases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["path"].as_str() == Some(s(&a)) && e["txid"].as_u64() > Some(tip))
+    });
+    drop(wa);
+    remove_db(&a);
+    wait_until(&d, "a.db removed", || !listed(port).contains(&a));
+    let log_path = d.log.clone();
+    let st = d.stop();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(st.code(), Some(1), "{log}");
+    assert!(
+        log.contains("removed while replicated") && log.contains(&format!("holds TXID {tip} of")),
+        "{log}"
+    );
+    assert!(!log.contains("every segment uploaded"), "{log}");
+}
+
 #[test]
 fn without_watch_only_the_databases_present_at_start_are_replicated() {
     let seed = seed("discovery_nowatch");
