@@ -518,6 +518,37 @@ fn a_discovered_database_that_cannot_start_is_reported_until_it_starts() {
     assert!(text.contains(&named), "{text}");
 }
 
+/// A file whose name matches but which cannot be read (here a symlink to itself, which even
+/// root cannot open; a file of another user's is the usual case) is reported as not
+/// protected, never skipped in silence: it may be a database.
+#[test]
+fn a_matching_file_that_cannot_be_read_is_reported() {
+    let t = TestDir::new("discovery-unreadable");
+    let data = t.join("data");
+    let replica = t.join("replica");
+    std::fs::create_dir_all(&data).unwrap();
+    let a = data.join("a.db");
+    let mut wa = Writer::open(&a, seed("discovery_unreadable"));
+    wa.run(3);
+    let looped = data.join("loop.db");
+    std::os::unix::fs::symlink("loop.db", &looped).unwrap();
+    let port = free_port();
+    let cfg = config(t.path(), &data, &replica, port, true);
+    let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
+    listening(&d, port);
+    caught_up(&d, port, &a);
+    wait_until(&d, "loop.db reported", || {
+        let (code, body) = get(port, "/readyz");
+        code == 503 && body.contains(s(&looped))
+    });
+    assert!(listed(port).contains(&looped));
+    drop(wa);
+    let log = d.log.clone();
+    let st = d.stop();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(st.code(), Some(1), "{text}");
+}
+
 /// A database present at start whose start fails stops only itself: the daemon starts, the
 /// other databases are replicated, and the failed one is reported by `/readyz` with how it
 /// is retried. A watched directory retries it at its next change; without `watch` it stays
