@@ -63,7 +63,30 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     } else {
         super::print_text(&table(&value))?;
     }
-    Ok(())
+    // Exit 1 when anything is not protected, so that a script or a cron job can ask.
+    match not_protected(&value) {
+        0 => Ok(()),
+        n => Err(CliError::Runtime(anyhow!(
+            "{n} database{} or replica{} not protected",
+            if n == 1 { "" } else { "s" },
+            if n == 1 { "" } else { "s" }
+        ))),
+    }
+}
+
+/// How many databases and replicas `/status` says are not protected.
+fn not_protected(v: &serde_json::Value) -> usize {
+    let empty = Vec::new();
+    v["databases"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|d| {
+            let replicas = d["replicas"].as_array().unwrap_or(&empty);
+            usize::from(d["protected"] == false)
+                + replicas.iter().filter(|r| r["protected"] == false).count()
+        })
+        .sum()
 }
 
 /// `--addr`: `HOST:PORT` (a name or an address, `[v6]:PORT` for IPv6), checked before
@@ -298,6 +321,16 @@ mod tests {
         let (code, body) = parse_response(raw).unwrap();
         assert_eq!((code, body.as_str()), (503, "abcde"));
         assert!(parse_response(b"HTTP/1.1 200 OK\r\n").is_err());
+    }
+
+    #[test]
+    fn not_protected_counts_databases_and_replicas() {
+        let v = serde_json::json!({"databases": [
+            {"path": "/d/a.db", "protected": true, "replicas": [
+                {"name": "s3", "protected": true}, {"name": "file", "protected": false}]},
+            {"path": "/d/b.db", "protected": false, "replicas": []}]});
+        assert_eq!(not_protected(&v), 2);
+        assert_eq!(not_protected(&serde_json::json!({"databases": []})), 0);
     }
 
     #[test]

@@ -187,6 +187,36 @@ fn status(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `status` exits 1 while something is not protected (here a configured database whose file
+/// does not exist yet), after printing it, so that a script can ask; 0 once all is.
+#[test]
+fn status_exits_1_while_something_is_not_protected() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("later.db");
+    let (config, _) = daemon_config(dir.path(), &db);
+    let cfg = common::s(&config);
+    let d = common::spawn_replicate(dir.path(), &["--config", cfg]);
+    let deadline = Instant::now() + common::WAIT;
+    let out = loop {
+        let out = status(&["--config", cfg]);
+        if String::from_utf8_lossy(&out.stdout).contains("NOT PROTECTED") {
+            break out;
+        }
+        assert!(Instant::now() < deadline, "{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("1 database or replica not protected"), "{err}");
+    let _conn = make_db(&db);
+    let deadline = Instant::now() + common::WAIT;
+    while !status(&["--config", cfg]).status.success() {
+        assert!(Instant::now() < deadline, "{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    d.stop_ok();
+}
+
 #[test]
 fn status_command_against_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
