@@ -170,8 +170,15 @@ pub(super) fn from_status(
                  collections (MKCOL) under the replica's path"
             ),
         },
-        // 423 locked, 429 and 5xx: busy or failing; 507: out of space. All may pass.
-        404 | 423 | 429 | 500..=599 => StorageError::Transient {
+        // 501: the server does not implement a WebDAV method (PROPFIND, MKCOL, MOVE); a
+        // plain HTTP server answers so, and it does not pass.
+        501 => permanent(format!(
+            "the server said {said}; hint: it does not implement WebDAV (PROPFIND, MKCOL, \
+             MOVE): is the URL a WebDAV share?"
+        )),
+        // 408 timed out, 423 locked, 429 and 5xx: busy or failing; 507: out of space. All
+        // may pass.
+        404 | 408 | 423 | 429 | 500..=599 => StorageError::Transient {
             op,
             key,
             reason: format!("the server said {said}"),

@@ -690,6 +690,18 @@ mod tests {
     }
 
     #[test]
+    fn a_server_without_webdav_is_a_setup_error_and_a_timeout_passes() {
+        let cfg = ObjectConfig::from_url("webdav://127.0.0.1:1/replica").unwrap();
+        let e = errors::from_status(&cfg, "list", "ltx/0", 501, "");
+        assert!(
+            matches!(&e, StorageError::Permanent { reason, .. } if reason.contains("WebDAV")),
+            "{e:?}"
+        );
+        let e = errors::from_status(&cfg, "put", "ltx/0/x", 408, "");
+        assert!(matches!(e, StorageError::Transient { .. }), "{e:?}");
+    }
+
+    #[test]
     fn a_sas_signature_in_an_error_is_hidden() {
         let e = "send http request, context: { url: https://acct.blob.core.windows.net/c/k?sv=2022-11-02&sig=abc%2Bdef%3D&se=2027 } => error sending request";
         let s = errors::scrub(e);

@@ -515,12 +515,17 @@ impl ReplicaClient for S3Client {
                 .map(|e| (e.key().unwrap_or("?"), e.code().unwrap_or("?")))
                 .collect();
             if let Some((k, code)) = failed.iter().next() {
-                return Err(transient(
-                    &self.cfg,
-                    "delete",
-                    k,
-                    format!("{code} ({} keys failed)", failed.len()),
-                ));
+                let reason = format!("{code} ({} keys failed)", failed.len());
+                // A missing permission does not pass by itself: said as the setup error it is.
+                if *code == "AccessDenied" {
+                    return Err(permanent(
+                        &self.cfg,
+                        "delete",
+                        k,
+                        &format!("{reason}; hint: the credentials need s3:DeleteObject"),
+                    ));
+                }
+                return Err(transient(&self.cfg, "delete", k, reason));
             }
         }
         Ok(())

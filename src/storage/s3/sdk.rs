@@ -173,6 +173,15 @@ where
         .as_service_error()
         .and_then(|s| s.message())
         .map(str::to_string);
+    // An upload S3 no longer knows (aborted, expired by a lifecycle rule): the put is tried
+    // again whole; its object is not missing.
+    if code.as_deref() == Some("NoSuchUpload") {
+        return StorageError::Transient {
+            op,
+            key: at,
+            reason: "the multipart upload is gone (NoSuchUpload): it is started again".into(),
+        };
+    }
     // A missing bucket is a configuration error, not a missing object.
     if code.as_deref() != Some("NoSuchBucket")
         && (matches!(code.as_deref(), Some("NoSuchKey" | "NotFound")) || status == Some(404))
@@ -287,7 +296,9 @@ fn explain_answer(
         None => format!("server said {said}"),
     };
     // 409 ConditionalRequestConflict: two conditional writes raced; the retry decides.
+    // 400 RequestTimeout: the connection was idle too long mid-request; it may pass.
     let permanent = matches!(status, Some(s) if (400..500).contains(&s) && !matches!(s, 408 | 409 | 429))
+        && code != Some("RequestTimeout")
         || matches!(
             code,
             Some(
@@ -377,4 +388,21 @@ pub(super) fn raw_status<R: fmt::Debug>(raw: &R) -> Option<u16> {
 pub(super) fn from_smithy_time(t: Option<&aws_sdk_s3::primitives::DateTime>) -> DateTime<Utc> {
     t.and_then(|t| DateTime::<Utc>::from_timestamp(t.secs(), t.subsec_nanos()))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_that_pass_are_transient_and_setup_errors_permanent() {
+        let cfg = S3Config::default();
+        let permanent =
+            |code: &str, status: u16| explain_answer(&cfg, Some(code), None, Some(status)).1;
+        // S3 answers an idle connection mid-request with 400 RequestTimeout: it may pass.
+        assert!(!permanent("RequestTimeout", 400));
+        assert!(!permanent("SlowDown", 503));
+        assert!(permanent("InvalidArgument", 400));
+        assert!(permanent("AccessDenied", 403));
+    }
 }
