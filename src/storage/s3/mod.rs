@@ -368,15 +368,37 @@ impl S3Client {
     ) -> Result<ByteStream, StorageError> {
         let c = self.client().await?;
         let mut req = c.get_object().bucket(&self.cfg.bucket).key(key);
-        match end {
-            Some(end) if end > offset => req = req.range(format!("bytes={offset}-{}", end - 1)),
+        let ranged = match end {
+            Some(end) if end > offset => {
+                req = req.range(format!("bytes={offset}-{}", end - 1));
+                true
+            }
             Some(_) => return Ok(ByteStream::from_static(b"")),
-            None if offset > 0 => req = req.range(format!("bytes={offset}-")),
-            None => {}
-        }
+            None if offset > 0 => {
+                req = req.range(format!("bytes={offset}-"));
+                true
+            }
+            None => false,
+        };
         req = with_sse_c!(self, req);
         match req.send().await {
-            Ok(out) => Ok(out.body),
+            Ok(out) => {
+                if ranged && !range_honoured(out.content_range(), out.content_length(), offset, end)
+                {
+                    return Err(permanent(
+                        &self.cfg,
+                        "get",
+                        key,
+                        &format!(
+                            "the server ignored the Range of a ranged GET (bytes from {offset}; \
+                             it answered Content-Range {:?}); hint: the endpoint (or a proxy in \
+                             front of it) must support ranged reads",
+                            out.content_range()
+                        ),
+                    ));
+                }
+                Ok(out.body)
+            }
             // A range starting at the object's end: the object exists, its tail is empty.
             Err(e)
                 if offset > 0
@@ -385,6 +407,33 @@ impl S3Client {
                 Ok(ByteStream::from_static(b""))
             }
             Err(e) => Err(classify(&self.cfg, "get", key, e)),
+        }
+    }
+}
+
+/// Whether a ranged GET's answer holds the range asked for: a `Content-Range` that starts at
+/// `offset`, or, for a range from 0, the whole object within it (a 200 of a small object).
+/// A server (or proxy) that ignores `Range` answers the whole object, and its first bytes
+/// would be read as those at `offset`.
+fn range_honoured(
+    content_range: Option<&str>,
+    content_length: Option<i64>,
+    offset: u64,
+    end: Option<u64>,
+) -> bool {
+    match content_range {
+        Some(r) => {
+            r.strip_prefix("bytes ")
+                .and_then(|r| r.split_once('-'))
+                .and_then(|(start, _)| start.parse::<u64>().ok())
+                == Some(offset)
+        }
+        None => {
+            offset == 0
+                && content_length
+                    .and_then(|n| u64::try_from(n).ok())
+                    .zip(end)
+                    .is_some_and(|(n, end)| n <= end)
         }
     }
 }

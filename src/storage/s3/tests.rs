@@ -43,3 +43,31 @@ fn keys_follow_litestream_layout_and_secrets_never_print() {
     let dbg = format!("{c:?} {}", c.location());
     assert!(!dbg.contains("wJalrXUtnFEMIsecret"), "{dbg}");
 }
+
+#[test]
+fn a_ranged_get_must_answer_the_range() {
+    assert!(range_honoured(
+        Some("bytes 100-199/1000"),
+        Some(100),
+        100,
+        Some(200)
+    ));
+    assert!(range_honoured(
+        Some("bytes 100-999/1000"),
+        Some(900),
+        100,
+        None
+    ));
+    // Ignored: the whole object, or another range.
+    assert!(!range_honoured(None, Some(1000), 100, Some(200)));
+    assert!(!range_honoured(
+        Some("bytes 0-999/1000"),
+        Some(1000),
+        100,
+        None
+    ));
+    assert!(!range_honoured(Some("garbage"), Some(1000), 100, None));
+    // From 0: a whole object within the range is the range.
+    assert!(range_honoured(None, Some(50), 0, Some(200)));
+    assert!(!range_honoured(None, Some(500), 0, Some(200)));
+}
