@@ -34,6 +34,7 @@ fn main() {
                 _ => cli.log_level.as_str(),
             };
             init_tracing(level, config.logging.format);
+            args.warn_unset_vars();
             let rt = runtime();
             let code = rt
                 .block_on(cli::replicate::run_config(config))

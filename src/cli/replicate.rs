@@ -92,6 +92,16 @@ impl ReplicateArgs {
         }
     }
 
+    /// Says which variables the config file names and the environment does not set (once
+    /// logging is up: [`ReplicateArgs::load_config`] runs before it).
+    pub fn warn_unset_vars(&self) {
+        if let (Some(path), false) = (&self.config, self.no_expand_env)
+            && let Ok(text) = std::fs::read_to_string(path)
+        {
+            crate::config::warn_unset_vars(&text, &path.display().to_string());
+        }
+    }
+
     /// The configuration these arguments describe.
     pub fn load_config(&self) -> Result<Config, CliError> {
         let mut config = match (&self.config, &self.db) {

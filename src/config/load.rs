@@ -41,6 +41,7 @@ impl Config {
     /// `expand_env` as for [`Config::load`].
     pub fn parse(text: &str, origin: &str, expand_env: bool) -> Result<Config, ConfigError> {
         if expand_env {
+            warn_unset_vars(text, origin);
             Config::parse_with_env(text, origin, |name| {
                 std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
             })
@@ -208,6 +209,39 @@ impl Config {
 
 /// Replaces `${NAME}` and `$NAME` (NAME = `[A-Za-z_][A-Za-z0-9_]*`) by `lookup(NAME)`, or by
 /// nothing when it returns `None`. Any other `$` is kept.
+/// A WARN line for each variable a configuration names (outside comments) that is not set:
+/// it expands to an empty string, as in Litestream, which silently turns `${ROOT}/app`
+/// into `/app`.
+pub fn warn_unset_vars(text: &str, origin: &str) {
+    for name in unset_vars(text, |name| std::env::var_os(name).is_some()) {
+        tracing::warn!(config = origin, variable = %name,
+            "${{{name}}} is not set: it expands to an empty string (a path under it becomes \
+             one under /)");
+    }
+}
+
+/// The variables `text` names outside YAML comments that `is_set` says are not set, each
+/// once, in order.
+pub(crate) fn unset_vars(text: &str, is_set: impl Fn(&str) -> bool) -> Vec<String> {
+    let unset = std::cell::RefCell::new(Vec::<String>::new());
+    for line in text.lines() {
+        // A `#` at the start or after a blank starts a comment (quotes aside).
+        let code = match line.find('#') {
+            Some(0) => "",
+            Some(i) if line[..i].ends_with([' ', '\t']) => &line[..i],
+            _ => line,
+        };
+        expand_vars(code, |name| {
+            let mut u = unset.borrow_mut();
+            if !is_set(name) && !u.iter().any(|n| n == name) {
+                u.push(name.to_string());
+            }
+            None
+        });
+    }
+    unset.into_inner()
+}
+
 pub(crate) fn expand_vars(text: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
     pub(crate) fn name_len(s: &str) -> usize {
         let bytes = s.as_bytes();

@@ -37,6 +37,7 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
 mod load;
 pub mod notify;
+pub use load::warn_unset_vars;
 mod url;
 mod yaml;
 

@@ -383,3 +383,35 @@ fn command_line_overrides_of_a_config_file_are_checked() {
     assert!(err.contains("longer than 100 years"), "{err}");
     assert!(!t.path().join("replica").exists(), "nothing replicated");
 }
+
+/// A variable the config names that the environment does not set expands to an empty string
+/// (as in Litestream), which turns `${ROOT}/replica` into `/replica`: the daemon says so in a
+/// WARN line, and not for a variable in a comment.
+#[test]
+fn an_unset_variable_in_the_config_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.db");
+    let cfg = dir.path().join("replicad.yml");
+    fs::write(
+        &cfg,
+        format!(
+            "# ${{REPLICAD_TEST_IN_A_COMMENT}}\ndbs:\n  - path: {}\n    replica:\n      \
+             path: {}${{REPLICAD_TEST_UNSET_ROOT}}/replica\n",
+            db.display(),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let d = common::spawn_replicate(dir.path(), &["-c", common::s(&cfg)]);
+    common::wait_for(
+        "the warning",
+        || d.log_text(),
+        || {
+            d.log_text()
+                .contains("${REPLICAD_TEST_UNSET_ROOT} is not set")
+        },
+    );
+    let log = d.log_text();
+    assert!(!log.contains("REPLICAD_TEST_IN_A_COMMENT"), "{log}");
+    d.stop();
+}

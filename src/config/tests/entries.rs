@@ -641,3 +641,11 @@ fn example_file_parses() {
         }
     }
 }
+
+#[test]
+fn unset_variables_are_named_outside_comments() {
+    let text = "# ${IN_COMMENT}\ndbs:\n  - path: ${ROOT}/a.db # ${ALSO_COMMENT}\n    \
+                replica: {path: $ROOT/r, x: \"${SET}\"}\n";
+    let set = |n: &str| n == "SET";
+    assert_eq!(unset_vars(text, set), ["ROOT"]);
+}

@@ -9,7 +9,7 @@ mod s3;
 mod settings;
 mod top_level;
 
-use super::load::expand_vars;
+use super::load::{expand_vars, unset_vars};
 use super::url::{absolutize, file_url};
 use super::yaml::{DB_KEYS, LEVEL_KEYS, REPLICA_KEYS, RETENTION_KEYS, ROOT_KEYS, SNAPSHOT_KEYS};
 use super::*;
