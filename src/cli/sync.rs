@@ -45,10 +45,17 @@ pub async fn run(args: SyncArgs) -> Result<(), CliError> {
     let socket = match (&args.socket, &args.config) {
         (Some(s), _) => s.clone(),
         (None, Some(path)) => {
-            Config::load_without_credentials(path, true)
+            let socket = Config::load_without_credentials(path, true)
                 .map_err(|e| CliError::Usage(e.to_string()))?
-                .socket
-                .path
+                .socket;
+            if !socket.enabled {
+                return Err(CliError::Usage(format!(
+                    "{} does not enable the control socket: the daemon it configures cannot \
+                     be asked (set `socket: {{enabled: true}}`, or pass --socket PATH)",
+                    path.display()
+                )));
+            }
+            socket.path
         }
         (None, None) => PathBuf::from(DEFAULT_SOCKET_PATH),
     };

@@ -164,4 +164,22 @@ fn sync_usage_errors_exit_2() {
     // A timeout past 100 years overflowed the client's own limit: a panic (exit 101).
     let o = sync(&["--timeout", "18446744073709551615", s(&dir.join("a.db"))]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    // A config without the control socket: said as such, not as an unreachable default path.
+    let cfg = dir.join("no-socket.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "dbs:\n  - path: {}\n    replica:\n      path: {}\n",
+            s(&dir.join("a.db")),
+            s(&dir.join("r"))
+        ),
+    )
+    .unwrap();
+    let o = sync(&["--config", s(&cfg), s(&dir.join("a.db"))]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("does not enable the control socket"),
+        "{}",
+        text(&o)
+    );
 }
