@@ -207,8 +207,6 @@ impl Config {
 // ---------------------------------------------------------------------------------------------
 // Environment expansion and paths.
 
-/// Replaces `${NAME}` and `$NAME` (NAME = `[A-Za-z_][A-Za-z0-9_]*`) by `lookup(NAME)`, or by
-/// nothing when it returns `None`. Any other `$` is kept.
 /// A WARN line for each variable a configuration names (outside comments) that is not set:
 /// it expands to an empty string, as in Litestream, which silently turns `${ROOT}/app`
 /// into `/app`.
@@ -242,6 +240,8 @@ pub(crate) fn unset_vars(text: &str, is_set: impl Fn(&str) -> bool) -> Vec<Strin
     unset.into_inner()
 }
 
+/// Replaces `${NAME}` and `$NAME` (NAME = `[A-Za-z_][A-Za-z0-9_]*`) by `lookup(NAME)`, or by
+/// nothing when it returns `None`. Any other `$` is kept.
 pub(crate) fn expand_vars(text: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
     pub(crate) fn name_len(s: &str) -> usize {
         let bytes = s.as_bytes();

@@ -83,20 +83,25 @@ pub fn is_state_dir(name: &OsStr) -> bool {
     name.starts_with('.') && name.ends_with("-replicad")
 }
 
-/// Whether the file at `path` starts with the SQLite header (false for short files), or
-/// cannot be read (true: a database we may not read is reported by its failed start, never
-/// skipped in silence). Never for a database this process has open: closing the descriptor
-/// read here drops every POSIX lock the process holds on the file, SQLite's included, and
-/// the application's last connection could then checkpoint past our read mark and delete
-/// the WAL.
+/// Whether the file at `path` starts with the SQLite header (false for short files and for
+/// anything that is not a regular file: a socket, a directory behind a symlink), or is a
+/// regular file that cannot be read, or one we cannot even stat (a symlink loop, a directory
+/// we may not search): true, since a database we may not read is reported by its failed
+/// start, never skipped in silence. Never for a database this process has open: closing the
+/// descriptor read here drops every POSIX lock the process holds on the file, SQLite's
+/// included, and the application's last connection could then checkpoint past our read mark
+/// and delete the WAL.
 pub fn has_sqlite_header(path: &Path) -> bool {
+    use std::io::ErrorKind;
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return false,
+        Ok(_) => {}
+        Err(e) => return e.kind() != ErrorKind::NotFound,
+    }
     let mut buf = [0u8; 16];
     match std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut buf)) {
         Ok(()) => &buf == HEADER,
-        Err(e) => !matches!(
-            e.kind(),
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::UnexpectedEof
-        ),
+        Err(e) => !matches!(e.kind(), ErrorKind::NotFound | ErrorKind::UnexpectedEof),
     }
 }
 

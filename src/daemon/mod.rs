@@ -398,8 +398,15 @@ impl StoreCore {
     pub async fn remove(&self, path: &Path) -> Removal {
         let core = &*self.inner;
         let mut running = core.running.lock().await;
-        // Forget databases removed earlier whose start and tasks have all ended.
-        running.retain(|_, r| !r.token.is_cancelled() || !drained(r));
+        // Forget databases removed earlier whose start and tasks have all ended, unless their
+        // replicas still lack what they staged (a task that ended on its own: the stop says so).
+        running.retain(|_, r| {
+            !r.token.is_cancelled()
+                || !drained(r)
+                || r.removed.as_ref().is_some_and(|h| {
+                    !registry::removed_unuploaded(std::slice::from_ref(h)).is_empty()
+                })
+        });
         let registered = core.registry.remove(path);
         if let Some(handle) = &registered {
             let label = path.display().to_string();

@@ -38,8 +38,12 @@ impl FileClient {
     /// A client for the replica rooted at `root` (the directory that holds `ltx/`). A path that
     /// names the `ltx` directory itself is accepted too.
     pub fn new(root: PathBuf) -> FileClient {
-        // Absolute, so that `file://` locations in messages are URLs (not `file://rep`).
-        let root = std::path::absolute(&root).unwrap_or(root);
+        // Absolute, so that `file://` locations in messages are URLs (not `file://rep`), and
+        // one spelling per directory (no trailing `/` or `.`: a follower records it).
+        let root: PathBuf = std::path::absolute(&root)
+            .unwrap_or(root)
+            .components()
+            .collect();
         let root = if root.file_name().is_some_and(|n| n == "ltx") && !root.join("ltx").exists() {
             root.parent().map(Path::to_path_buf).unwrap_or(root)
         } else {

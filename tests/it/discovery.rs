@@ -532,6 +532,12 @@ fn a_matching_file_that_cannot_be_read_is_reported() {
     wa.run(3);
     let looped = data.join("loop.db");
     std::os::unix::fs::symlink("loop.db", &looped).unwrap();
+    // No regular file, so no database: never reported.
+    std::fs::create_dir_all(t.join("elsewhere")).unwrap();
+    let to_dir = data.join("dir.db");
+    std::os::unix::fs::symlink(t.join("elsewhere"), &to_dir).unwrap();
+    let socket = data.join("sock.db");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     let port = free_port();
     let cfg = config(t.path(), &data, &replica, port, true);
     let d = spawn_replicate(t.path(), &["-c", s(&cfg)]);
@@ -541,7 +547,12 @@ fn a_matching_file_that_cannot_be_read_is_reported() {
         let (code, body) = get(port, "/readyz");
         code == 503 && body.contains(s(&looped))
     });
-    assert!(listed(port).contains(&looped));
+    let shown = listed(port);
+    assert!(shown.contains(&looped), "{shown:?}");
+    assert!(
+        !shown.contains(&to_dir) && !shown.contains(&socket),
+        "{shown:?}"
+    );
     drop(wa);
     let log = d.log.clone();
     let st = d.stop();

@@ -777,12 +777,13 @@ fn a_resume_from_another_replica_without_checksums_is_refused() {
     assert_eq!(t.follower_txid(), 5);
     assert!(integrity_ok(&t.follower));
 
-    // Its own replica, grown meanwhile, resumes it without a word.
+    // Its own replica, grown meanwhile (and spelled with a trailing `/`), resumes it without
+    // a word.
     for txid in 6..=9u64 {
         let name = format!("ltx/0/{txid:016x}-{txid:016x}.ltx");
         fs::copy(golden.join("basic-4k/replica").join(&name), a.join(&name)).unwrap();
     }
-    let mut f = t.follow(&a);
+    let mut f = t.follow(Path::new(&format!("{}/", a.display())));
     t.wait_follower(&mut f, 9);
     assert!(
         !f.log_text().contains("without checking"),

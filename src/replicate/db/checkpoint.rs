@@ -244,17 +244,19 @@ impl Db {
             }
         };
         if truncated && self.wal_generation_is_the_marks() {
-            // A reader kept the TRUNCATE from resetting the WAL, and no writer restarted it:
-            // every frame past the mark, those committed around the TRUNCATE included, is
-            // still in the WAL, so the chain goes on from it. A full segment here copied the
-            // whole database at every tick the reader stayed.
-            self.continuous = was_continuous;
-            self.blocked_truncate();
-            return Ok(written);
-        }
-        if truncated && let Some((since, _)) = self.truncate_blocked.take() {
-            tracing::info!(db = %self.path.display(), blocked_for = ?since.elapsed(),
-                "a TRUNCATE checkpoint reset the WAL again");
+            // A reader kept the TRUNCATE from resetting the WAL. The frames committed around
+            // it are still in the WAL, but the TRUNCATE may have copied them all into the
+            // database file, and then, with our read on SQLite's read mark 0, the next write
+            // may restart the WAL over them. So they are sealed now, under the write lock,
+            // and the generation checked again there: a chain that covers the whole WAL goes
+            // on from it. A full segment here copied the whole database at every tick the
+            // reader stayed. Without the lock, or with a restart already, it is written.
+            if let Some(sealed) = self.seal_after_blocked_truncate(&barrier)? {
+                written += sealed;
+                self.continuous = was_continuous;
+                self.blocked_truncate();
+                return Ok(written);
+            }
         }
         self.checkpointed(truncated);
         if truncated {
@@ -292,6 +294,29 @@ impl Db {
         header.is_some_and(|h| (h.salt1, h.salt2) == (mark.salt1, mark.salt2))
     }
 
+    /// After a TRUNCATE a reader kept from resetting the WAL: under the write lock again,
+    /// seals every frame since the mark if the WAL still holds the mark's generation.
+    /// `None`: the lock was busy or the WAL restarted meanwhile (a full segment is owed).
+    fn seal_after_blocked_truncate(
+        &mut self,
+        barrier: &Connection,
+    ) -> Result<Option<usize>, DbError> {
+        if barrier.execute_batch("BEGIN IMMEDIATE").is_err() {
+            return Ok(None);
+        }
+        let locked = Instant::now();
+        let sealed = if self.wal_generation_is_the_marks() {
+            self.seal().map(Some)
+        } else {
+            Ok(None)
+        };
+        if !barrier.is_autocommit() {
+            barrier.execute_batch("ROLLBACK")?;
+        }
+        self.count_write_lock(locked);
+        sealed
+    }
+
     /// A TRUNCATE checkpoint a reader kept from resetting the WAL: counted, and said once
     /// per streak (the WAL grows past `truncate-page-n` until the reader ends; PASSIVE
     /// checkpoints between the tries keep copying what they can into the database file).
@@ -307,8 +332,13 @@ impl Db {
         }
     }
 
-    /// Counts a checkpoint that ran to the end of the WAL or that truncated it.
+    /// Counts a checkpoint that ran to the end of the WAL or that truncated it (which ends
+    /// a streak of blocked TRUNCATEs: the WAL restarts).
     fn checkpointed(&mut self, truncated: bool) {
+        if let Some((since, _)) = self.truncate_blocked.take() {
+            tracing::info!(db = %self.path.display(), blocked_for = ?since.elapsed(),
+                "the WAL was checkpointed to its end again after TRUNCATE checkpoints a reader had blocked");
+        }
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         if truncated {
             self.stats

@@ -13,8 +13,12 @@
 //!    either runs under SQLite's write lock (no commit can land) after a sealing sync, or
 //!    runs without it but stops at our read mark, which is never past the sealed frames: it
 //!    moves either under that lock right after a seal, or by a leapfrog (a second connection
-//!    of ours begins its read, a seal reaches its mark, then the old read ends). The one
-//!    exception is invariant 7's yield, which proves afterwards that nothing was lost.
+//!    of ours begins its read, a seal reaches its mark, then the old read ends). The
+//!    exceptions: invariant 7's yield, which proves afterwards that nothing was lost, and our
+//!    TRUNCATE, which runs without our read and may copy commits that landed after its seal:
+//!    when it truncated, a full segment follows; when a reader kept it from resetting the
+//!    WAL, those commits are sealed under the write lock again (the WAL's generation checked
+//!    there) before the chain goes on, so no restart can come before they are staged.
 //! 3. While the process runs, one of our connections holds a read transaction at all times
 //!    except inside that write-locked window and a yield (invariant 7), so the WAL
 //!    generation changes only when we allow it. (Begun on a completely checkpointed WAL it

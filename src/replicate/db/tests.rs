@@ -421,6 +421,61 @@ fn a_truncate_a_reader_blocks_writes_no_full_segment() {
     assert_eq!(rows(&out), want);
 }
 
+/// The blocked TRUNCATE's worst case: the reader begins after a commit that lands around the
+/// TRUNCATE, so the TRUNCATE copies every frame into the database file and only cannot reset
+/// the WAL; our read then sits on SQLite's read mark 0, and once the reader ends, the next
+/// write restarts the WAL over that commit. It must be in a segment before that: sealed under
+/// the write lock right after the TRUNCATE. (Going on from the mark lost it.)
+#[test]
+fn a_commit_around_a_blocked_truncate_survives_the_next_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, app) = wal_app(dir.path());
+    app.execute_batch("CREATE TABLE u (v TEXT)").unwrap();
+    let meta = dir.path().join("meta");
+    let mut db = Db::new(
+        path.clone(),
+        Some(meta.clone()),
+        DbSettings {
+            min_checkpoint_page_count: 1,
+            truncate_page_n: 4,
+            ..DbSettings::default()
+        },
+        RemoteTip::default(),
+    );
+    db.sync(false).unwrap();
+    for i in 0..8 {
+        app.execute("INSERT INTO t VALUES (?1)", [format!("row-{i}")])
+            .unwrap();
+    }
+    let reader: Arc<std::sync::Mutex<Option<Connection>>> = Arc::default();
+    let (p, r) = (path.clone(), reader.clone());
+    db.hooks.before_truncate = Some(Box::new(move || {
+        let c = Connection::open(&p).unwrap();
+        c.execute("INSERT INTO u VALUES ('around the truncate')", [])
+            .unwrap();
+        let rd = Connection::open(&p).unwrap();
+        rd.execute_batch("BEGIN; SELECT count(*) FROM u;").unwrap();
+        *r.lock().unwrap() = Some(rd);
+    }));
+    let stats = db.stats();
+    let fulls = stats.full_segments.load(Ordering::Relaxed);
+    db.sync(true).unwrap();
+    assert_eq!(stats.truncate_blocked.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.full_segments.load(Ordering::Relaxed), fulls);
+    // The reader ends; the next write restarts the WAL (everything is in the database file).
+    drop(reader.lock().unwrap().take());
+    app.execute("INSERT INTO t VALUES ('after')", []).unwrap();
+    db.sync(false).unwrap();
+    let out = dir.path().join("restored.db");
+    restore_staged(&meta, &out);
+    let want = rows(&path);
+    assert!(
+        want.contains(&"u:around the truncate".to_string()),
+        "{want:?}"
+    );
+    assert_eq!(rows(&out), want);
+}
+
 /// A full segment a replica asked for at the start (here as when it switched age encryption
 /// on) is still written when the first attempt fails: the reason was taken before the write,
 /// and the retry went on incrementally, so the new chain did not start with a full copy.

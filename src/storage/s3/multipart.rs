@@ -29,31 +29,12 @@ pub(super) async fn file_part(
 /// S3's most parts in one upload.
 const MAX_PARTS: u64 = 10_000;
 
-/// Parts of the same size double every this many, so that 10,000 parts reach 5 TiB from the
-/// 5 MiB minimum; equal parts of the configured size would stop at 48.8 GiB (a database's full
-/// segment refused at part 10,001, after the upload of all the others).
-const PARTS_PER_SIZE: u64 = 1000;
-
-/// The length of part `index` (from 0) for a configured `base` part size: `base` for the
-/// first thousand, then twice as much for each next thousand, up to S3's 5 GiB.
-fn part_len(base: u64, index: u64) -> u64 {
-    const MAX_PART: u64 = 5 * 1024 * 1024 * 1024;
-    let doublings = u32::try_from(index / PARTS_PER_SIZE).unwrap_or(u32::MAX);
-    base.checked_shl(doublings)
-        .filter(|n| *n <= MAX_PART)
-        .unwrap_or(MAX_PART.max(base))
-}
-
-/// Refuses part `index` past S3's limit, before it is uploaded.
-fn check_part(index: u64, key: &str) -> Result<(), StorageError> {
-    if index >= MAX_PARTS {
-        return Err(StorageError::Permanent {
-            op: "put",
-            key: key.to_string(),
-            reason: format!("the object needs more than S3's {MAX_PARTS} parts"),
-        });
-    }
-    Ok(())
+/// The part size for an object of `len` bytes: the configured `base`, or, for an object that
+/// would need more than 10,000 parts of it (48.8 GiB at 5 MiB), the smallest whole MiB that
+/// fits 10,000. Every part but the last has the same size: Cloudflare R2 requires it.
+fn part_size_for(base: u64, len: u64) -> u64 {
+    const MIB: u64 = 1024 * 1024;
+    base.max(len.div_ceil(MAX_PARTS).div_ceil(MIB) * MIB)
 }
 
 impl S3Client {
@@ -66,26 +47,22 @@ impl S3Client {
     ) -> Result<(), StorageError> {
         let c = self.client().await?;
         let upload_id = self.create_upload(c, key, timestamp).await?;
-        let part_size = self.cfg.part_size;
+        let part_size = part_size_for(self.cfg.part_size, len);
+        let parts = len.div_ceil(part_size);
         let upload_id = &upload_id;
         let mut inflight = futures_util::stream::FuturesUnordered::new();
         let mut done = Vec::new();
-        let (mut next, mut offset) = (0u64, 0u64);
+        let mut next = 0u64;
         let result = loop {
-            while offset < len && inflight.len() < self.cfg.concurrency {
-                if let Err(e) = check_part(next, key) {
-                    settle(&mut inflight).await;
-                    self.abort(c, key, upload_id).await;
-                    return Err(e);
-                }
-                let (index, at) = (next, offset);
-                let n = part_len(part_size, index).min(len - at);
+            while next < parts && inflight.len() < self.cfg.concurrency {
+                let offset = next * part_size;
+                let index = next;
                 inflight.push(async move {
-                    let body = file_part(src, at, n, key).await?;
+                    let n = part_size.min(len - offset);
+                    let body = file_part(src, offset, n, key).await?;
                     self.upload_part(c, key, upload_id, index, body, n).await
                 });
                 next += 1;
-                offset += n;
             }
             match inflight.next().await {
                 None => break Ok(std::mem::take(&mut done)),
@@ -172,7 +149,7 @@ impl S3Client {
         let part_size = self.cfg.part_size;
         let mut inflight = futures_util::stream::FuturesUnordered::new();
         let mut done = Vec::new();
-        let (mut next, mut offset) = (0u64, 0u64);
+        let mut next = 0u64;
         loop {
             let now = *progress.borrow_and_update();
             let (written, end) = match now {
@@ -184,30 +161,31 @@ impl S3Client {
                 }
             };
             while inflight.len() < self.cfg.concurrency {
-                let whole = part_len(part_size, next);
+                let offset = next * part_size;
                 let ready = match end {
-                    None => offset + whole <= written,
+                    None => offset + part_size <= written,
                     Some(len) => offset < len,
                 };
                 if !ready {
                     break;
                 }
-                if let Err(e) = check_part(next, key) {
+                if next >= MAX_PARTS {
+                    // Past S3's limit at this part size: the staged file is put whole instead,
+                    // in parts sized from its length.
                     settle(&mut inflight).await;
-                    return Err(e);
+                    return Ok(None);
                 }
-                let (index, at) = (next, offset);
-                let n = whole.min(written - at);
+                let n = part_size.min(written - offset);
+                let index = next;
                 let seg = seg.clone();
                 inflight.push(async move {
-                    let body = file_part(&seg.reopen_path(), at, n, key).await?;
+                    let body = file_part(&seg.reopen_path(), offset, n, key).await?;
                     let part = self.upload_part(c, key, upload_id, index, body, n).await?;
                     // Uploaded: its pages are dead weight in the page cache (see `storage/feed.rs`).
-                    let _ = tokio::task::spawn_blocking(move || seg.release(at, n)).await;
+                    let _ = tokio::task::spawn_blocking(move || seg.release(offset, n)).await;
                     Ok::<_, StorageError>(part)
                 });
                 next += 1;
-                offset += n;
             }
             if let Some(len) = end
                 && inflight.is_empty()
@@ -351,40 +329,16 @@ async fn settle<F: std::future::Future>(inflight: &mut futures_util::stream::Fut
 mod tests {
     use super::*;
 
-    /// The parts of an object of `len` bytes: contiguous, whole, within S3's limits.
-    fn layout(base: u64, len: u64) -> Vec<u64> {
-        let (mut parts, mut offset) = (Vec::new(), 0);
-        while offset < len {
-            let n = part_len(base, parts.len() as u64).min(len - offset);
-            parts.push(n);
-            offset += n;
-        }
-        parts
-    }
-
     #[test]
-    fn parts_reach_terabytes_within_ten_thousand() {
+    fn parts_are_equal_and_at_most_ten_thousand() {
         const MIB: u64 = 1024 * 1024;
-        // Small objects: equal parts of the configured size, as before.
-        assert_eq!(layout(5 * MIB, 12 * MIB), [5 * MIB, 5 * MIB, 2 * MIB]);
+        assert_eq!(part_size_for(5 * MIB, 12 * MIB), 5 * MIB);
+        assert_eq!(part_size_for(5 * MIB, 48 * 1024 * MIB), 5 * MIB);
         for len in [49 * 1024 * MIB, 100 * 1024 * MIB, 4 * 1024 * 1024 * MIB] {
-            let parts = layout(5 * MIB, len);
-            assert!(
-                parts.len() as u64 <= MAX_PARTS,
-                "{len}: {} parts",
-                parts.len()
-            );
-            assert_eq!(parts.iter().sum::<u64>(), len);
-            let (last, rest) = parts.split_last().unwrap();
-            assert!(
-                rest.iter()
-                    .all(|&n| (5 * MIB..=5 * 1024 * MIB).contains(&n))
-            );
-            assert!(*last <= 5 * 1024 * MIB);
+            let size = part_size_for(5 * MIB, len);
+            assert!(len.div_ceil(size) <= MAX_PARTS, "{len}: {size}");
+            assert_eq!(size % MIB, 0);
+            assert!(size <= 5 * 1024 * MIB);
         }
-        assert!(check_part(MAX_PARTS - 1, "k").is_ok());
-        assert!(check_part(MAX_PARTS, "k").is_err());
-        // A configured 5 GiB part is never doubled past S3's maximum.
-        assert_eq!(part_len(5 * 1024 * MIB, 3000), 5 * 1024 * MIB);
     }
 }
