@@ -251,9 +251,8 @@ impl Db {
             // and the generation checked again there: a chain that covers the whole WAL goes
             // on from it. A full segment here copied the whole database at every tick the
             // reader stayed. Without the lock, or with a restart already, it is written.
-            if let Some(sealed) = self.seal_after_blocked_truncate(&barrier)? {
+            if let Some(sealed) = self.seal_after_blocked_truncate(&barrier, was_continuous)? {
                 written += sealed;
-                self.continuous = was_continuous;
                 self.blocked_truncate();
                 return Ok(written);
             }
@@ -295,18 +294,27 @@ impl Db {
     }
 
     /// After a TRUNCATE a reader kept from resetting the WAL: under the write lock again,
-    /// seals every frame since the mark if the WAL still holds the mark's generation.
-    /// `None`: the lock was busy or the WAL restarted meanwhile (a full segment is owed).
+    /// seals every frame since the mark if the WAL still holds the mark's generation, going
+    /// on from the mark (`continuous` as it was before the TRUNCATE: a seal from scratch
+    /// would read the whole database under the lock). `None`: the lock was busy or the WAL
+    /// restarted meanwhile (a full segment is owed, `continuous` stays off).
     fn seal_after_blocked_truncate(
         &mut self,
         barrier: &Connection,
+        was_continuous: bool,
     ) -> Result<Option<usize>, DbError> {
         if barrier.execute_batch("BEGIN IMMEDIATE").is_err() {
             return Ok(None);
         }
         let locked = Instant::now();
         let sealed = if self.wal_generation_is_the_marks() {
-            self.seal().map(Some)
+            self.continuous = was_continuous;
+            let sealed = self.seal();
+            if sealed.is_err() {
+                // A seal cut short may leave the mark before those commits: decide afresh.
+                self.continuous = false;
+            }
+            sealed.map(Some)
         } else {
             Ok(None)
         };
@@ -332,12 +340,19 @@ impl Db {
         }
     }
 
-    /// Counts a checkpoint that ran to the end of the WAL or that truncated it (which ends
-    /// a streak of blocked TRUNCATEs: the WAL restarts).
-    fn checkpointed(&mut self, truncated: bool) {
+    /// Ends a streak of blocked TRUNCATEs once the WAL really reset or restarted (the reader
+    /// is gone), and says so.
+    fn wal_reset_again(&mut self) {
         if let Some((since, _)) = self.truncate_blocked.take() {
             tracing::info!(db = %self.path.display(), blocked_for = ?since.elapsed(),
-                "the WAL was checkpointed to its end again after TRUNCATE checkpoints a reader had blocked");
+                "the WAL was reset again after TRUNCATE checkpoints a reader had blocked");
+        }
+    }
+
+    /// Counts a checkpoint that ran to the end of the WAL or that truncated it.
+    fn checkpointed(&mut self, truncated: bool) {
+        if truncated {
+            self.wal_reset_again();
         }
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         if truncated {
@@ -405,6 +420,7 @@ impl Db {
             return Ok(usize::from(wrote));
         }
         tracing::debug!(db = %self.path.display(), shrink, restart_ms = restarting.elapsed().as_millis(), "WAL restarted");
+        self.wal_reset_again();
         // Our own restart write is not new application data.
         self.dirty_since_checkpoint = false;
         self.wal_oversized = !shrink;

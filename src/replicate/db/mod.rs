@@ -411,6 +411,8 @@ struct TestHooks {
     before_truncate: Option<Box<dyn FnMut() + Send>>,
     /// Between the last look at the WAL and the stamps a database goes dormant with.
     before_dormant_stamps: Option<Box<dyn FnMut() + Send>>,
+    /// Syncs that started from scratch (`startup_sync`), which read the whole database.
+    startup_syncs: usize,
 }
 
 impl Db {

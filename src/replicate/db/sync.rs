@@ -299,6 +299,10 @@ impl Db {
         header: Option<WalHeader>,
         wal_len: u64,
     ) -> Result<(bool, bool), DbError> {
+        #[cfg(test)]
+        {
+            self.hooks.startup_syncs += 1;
+        }
         let scan = match (wal_file, header) {
             (Some(f), Some(_)) => wal::scan(f, WAL_HEADER_SIZE, u64::MAX)?,
             _ => None,
