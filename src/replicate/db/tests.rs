@@ -345,17 +345,12 @@ fn a_commit_the_truncate_moved_is_shipped_when_the_full_segment_first_fails() {
     assert_eq!(rows(&out), want);
 }
 
-/// A TRUNCATE checkpoint that an application's reader keeps from resetting the WAL leaves
-/// every frame in it: the chain goes on incrementally, a commit that landed around the
-/// TRUNCATE included, and the TRUNCATE is not tried again at once. It was counted as a
-/// TRUNCATE and followed by a full segment, a copy of the whole database at every tick the
-/// reader stayed.
-#[test]
-fn a_truncate_a_reader_blocks_writes_no_full_segment() {
-    let dir = tempfile::tempdir().unwrap();
-    let (path, app) = wal_app(dir.path());
+/// An application database with tables `t` and `u`, and its `Db` (staging in `<dir>/meta`)
+/// synced, then 8 commits: past `truncate-page-n` (4), so the next checkpoint is a TRUNCATE.
+fn past_truncate_page_n(dir: &Path) -> (PathBuf, Connection, PathBuf, Db) {
+    let (path, app) = wal_app(dir);
     app.execute_batch("CREATE TABLE u (v TEXT)").unwrap();
-    let meta = dir.path().join("meta");
+    let meta = dir.join("meta");
     let mut db = Db::new(
         path.clone(),
         Some(meta.clone()),
@@ -371,6 +366,18 @@ fn a_truncate_a_reader_blocks_writes_no_full_segment() {
         app.execute("INSERT INTO t VALUES (?1)", [format!("row-{i}")])
             .unwrap();
     }
+    (path, app, meta, db)
+}
+
+/// A TRUNCATE checkpoint that an application's reader keeps from resetting the WAL leaves
+/// every frame in it: the chain goes on incrementally, a commit that landed around the
+/// TRUNCATE included, and the TRUNCATE is not tried again at once. It was counted as a
+/// TRUNCATE and followed by a full segment, a copy of the whole database at every tick the
+/// reader stayed.
+#[test]
+fn a_truncate_a_reader_blocks_writes_no_full_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, app, meta, mut db) = past_truncate_page_n(dir.path());
     // A reader of the application on a snapshot in the WAL.
     let reader = Connection::open(&path).unwrap();
     reader
@@ -436,24 +443,7 @@ fn a_truncate_a_reader_blocks_writes_no_full_segment() {
 #[test]
 fn a_commit_around_a_blocked_truncate_survives_the_next_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let (path, app) = wal_app(dir.path());
-    app.execute_batch("CREATE TABLE u (v TEXT)").unwrap();
-    let meta = dir.path().join("meta");
-    let mut db = Db::new(
-        path.clone(),
-        Some(meta.clone()),
-        DbSettings {
-            min_checkpoint_page_count: 1,
-            truncate_page_n: 4,
-            ..DbSettings::default()
-        },
-        RemoteTip::default(),
-    );
-    db.sync(false).unwrap();
-    for i in 0..8 {
-        app.execute("INSERT INTO t VALUES (?1)", [format!("row-{i}")])
-            .unwrap();
-    }
+    let (path, app, meta, mut db) = past_truncate_page_n(dir.path());
     let reader: Arc<std::sync::Mutex<Option<Connection>>> = Arc::default();
     let (p, r) = (path.clone(), reader.clone());
     db.hooks.before_truncate = Some(Box::new(move || {
